@@ -1,0 +1,15 @@
+"""kernelwright: fast, tested Triton kernels for LLM training.
+
+On a machine without a CUDA GPU, importing kernelwright selects Triton's CPU interpreter
+(TRITON_INTERPRET=1) so the kernels run — slowly — on CPU tensors.
+"""
+
+from kernelwright.runtime.device import ensure_backend
+
+ensure_backend()
+
+from kernelwright.ops.rms_norm import RMSNorm, rms_norm, rms_norm_ref  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = ["RMSNorm", "rms_norm", "rms_norm_ref", "__version__"]

@@ -1,0 +1,1 @@
+"""The kernel library: one module per op (kernels → launcher → autograd → function → module)."""

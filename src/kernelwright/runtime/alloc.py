@@ -1,0 +1,42 @@
+"""Output allocation. Tests switch on poisoning so that elements a kernel never writes show up.
+
+Every op allocates its outputs through `empty()`. Under `poisoned()` the buffers are filled
+with NaN (floats) or a sentinel (integers), so a missing store fails the comparison with the
+reference instead of passing on memory that happened to hold the right value or zeros.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+
+import torch
+
+_state = threading.local()
+
+
+def poisoning() -> bool:
+    return getattr(_state, "poison", False)
+
+
+@contextlib.contextmanager
+def poisoned(enabled: bool = True) -> Iterator[None]:
+    """Within this block, every buffer kernelwright allocates starts as NaN."""
+    before = poisoning()
+    _state.poison = enabled
+    try:
+        yield
+    finally:
+        _state.poison = before
+
+
+def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if poisoning() and not torch.compiler.is_compiling():
+        out.fill_(float("nan") if out.is_floating_point() else -(2**30))
+    return out
+
+
+def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return empty(t.shape, dtype=dtype or t.dtype, device=t.device)

@@ -1,0 +1,89 @@
+"""Input validation shared by the ops: clear errors instead of Triton compile traces."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kernelwright.runtime.device import interpreter_mode
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _dtype_names(dtypes: Sequence[torch.dtype]) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(
+    op: str,
+    name: str,
+    t: object,
+    *,
+    dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
+    min_dim: int = 1,
+) -> torch.Tensor:
+    """Check that `t` is a tensor the kernels can read: a float dtype, on a usable device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(
+            f"{op}: argument '{name}' must have dtype in ({_dtype_names(dtypes)}), "
+            f"got {str(t.dtype).replace('torch.', '')}"
+        )
+    if t.dim() < min_dim:
+        raise ValueError(
+            f"{op}: argument '{name}' must have at least {min_dim} dimension(s), "
+            f"got shape {tuple(t.shape)}"
+        )
+    if t.device.type == "cuda":
+        if interpreter_mode():
+            raise RuntimeError(
+                f"{op}: argument '{name}' is on {t.device} but TRITON_INTERPRET=1 is set; "
+                "the interpreter runs on CPU tensors. Unset TRITON_INTERPRET to use the GPU."
+            )
+    elif t.device.type == "cpu":
+        if not interpreter_mode():
+            raise RuntimeError(
+                f"{op}: argument '{name}' is on the CPU; kernelwright kernels run on a CUDA GPU, "
+                "or on CPU tensors only through Triton's interpreter (TRITON_INTERPRET=1)."
+            )
+    else:
+        raise RuntimeError(
+            f"{op}: argument '{name}' is on {t.device}; expected a CUDA tensor"
+            " (or a CPU tensor under TRITON_INTERPRET=1)."
+        )
+    return t
+
+
+def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    items = [(k, v) for k, v in tensors.items() if v is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise RuntimeError(
+                f"{op}: argument '{name}' is on {t.device} but '{first_name}' is on {first.device}"
+            )
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, expected: Sequence[int], why: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(
+            f"{op}: argument '{name}' must have shape {tuple(expected)} ({why}), "
+            f"got {tuple(t.shape)}"
+        )
+
+
+def rows_view(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
+    """`t` as a 2-D [rows, n] view whose last dimension is contiguous (copying only if needed).
+
+    Leading dimensions of any rank fold into rows; a row stride other than n (a slice of a
+    wider tensor) is kept and passed to the kernel instead of copying.
+    """
+    n = t.shape[-1]
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    t2 = t.reshape(-1, n)
+    if t2.dim() == 2 and t2.shape[0] > 1 and t2.stride(1) != 1:
+        t2 = t2.contiguous()
+    return t2

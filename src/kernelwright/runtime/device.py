@@ -1,0 +1,98 @@
+"""Where kernels run: a CUDA GPU, or Triton's CPU interpreter when there is none.
+
+`ensure_backend()` runs when kernelwright is imported: on a machine without a GPU it sets
+`TRITON_INTERPRET=1` before any kernel is decorated, so the same kernels run (slowly, on CPU
+tensors) through the interpreter. `device_info()` describes the device a kernel will run on;
+the launch-config tables are keyed by its `arch`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Compute-capability major → architecture name used as a key in the launch-config tables.
+_ARCH_BY_MAJOR = {8: "ampere", 9: "hopper", 10: "blackwell", 12: "blackwell"}
+
+
+def interpreter_mode() -> bool:
+    """True when Triton kernels run through the CPU interpreter (`TRITON_INTERPRET=1`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def ensure_backend() -> None:
+    """Select the interpreter on machines without a CUDA GPU, before kernels are defined.
+
+    Triton reads `TRITON_INTERPRET` when a `@triton.jit` function is decorated, so this must
+    run before `kernelwright.ops` is imported. An explicit setting of the variable is kept.
+    """
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: str  # "cuda" | "interpreter"
+    name: str  # e.g. "NVIDIA H100 80GB HBM3"
+    arch: str  # "interpreter" | "ampere" | "ada" | "hopper" | "blackwell" | "unknown"
+    capability: tuple[int, int] | None
+    sm_count: int
+    l2_bytes: int
+    total_memory_bytes: int
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda" if self.backend == "cuda" else "cpu")
+
+
+def _arch_name(major: int, minor: int) -> str:
+    if (major, minor) == (8, 9):
+        return "ada"
+    return _ARCH_BY_MAJOR.get(major, "unknown")
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_info(index: int) -> DeviceInfo:
+    p = torch.cuda.get_device_properties(index)
+    return DeviceInfo(
+        backend="cuda",
+        name=p.name,
+        arch=_arch_name(p.major, p.minor),
+        capability=(p.major, p.minor),
+        sm_count=p.multi_processor_count,
+        l2_bytes=int(getattr(p, "L2_cache_size", 0)),
+        total_memory_bytes=int(p.total_memory),
+    )
+
+
+# The interpreter runs program instances one after another on the CPU: a "device" with few
+# streaming multiprocessors keeps persistent grids (and so test run times) small.
+_INTERPRETER = DeviceInfo(
+    backend="interpreter",
+    name="Triton interpreter (CPU)",
+    arch="interpreter",
+    capability=None,
+    sm_count=4,
+    l2_bytes=0,
+    total_memory_bytes=0,
+)
+
+
+def device_info(device: torch.device | str | None = None) -> DeviceInfo:
+    """Describe the device that kernels for tensors on `device` run on."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda":
+        return _cuda_info(dev.index if dev.index is not None else torch.cuda.current_device())
+    if dev is None and torch.cuda.is_available() and not interpreter_mode():
+        return _cuda_info(torch.cuda.current_device())
+    return _INTERPRETER
+
+
+def default_device() -> torch.device:
+    """The device kernelwright's demo, tests and benchmarks put their tensors on."""
+    if torch.cuda.is_available() and not interpreter_mode():
+        return torch.device("cuda")
+    return torch.device("cpu")

@@ -1,0 +1,43 @@
+"""Launch-config tables: launch parameters as data, keyed by architecture and shape regime.
+
+Each op keeps its tables in `kernelwright/runtime/tables/<op>.py`: for every kernel, a list of
+rows `(max_n, LaunchConfig)` per architecture, sorted by `max_n`. The first row whose `max_n`
+is at least the row length wins. Kernels never choose their own block sizes, so the optimize
+workflow can retune an op by rewriting its table alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kernelwright.runtime.device import DeviceInfo
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int  # columns one program handles per step (a power of two)
+    num_warps: int = 4
+    rows: int = 1  # rows one program handles per step
+    num_stages: int = 1
+    programs_per_sm: int = 1  # persistent kernels launch sm_count * programs_per_sm programs
+
+    def with_(self, **changes) -> LaunchConfig:
+        return replace(self, **changes)
+
+
+Row = tuple[int, LaunchConfig]
+# Tables: {kernel name: {arch: [rows]}}. "default" serves any architecture not listed.
+Table = dict[str, dict[str, list[Row]]]
+
+
+def lookup(table: Table, op: str, kernel: str, device: DeviceInfo, n: int) -> LaunchConfig:
+    """The launch config for `kernel` of `op` at row length `n` on `device`."""
+    per_arch = table[kernel]
+    rows = per_arch.get(device.arch) or per_arch["default"]
+    for max_n, cfg in rows:
+        if n <= max_n:
+            return cfg
+    raise ValueError(
+        f"{op}: no launch config for kernel '{kernel}' at row length {n} on {device.arch}; "
+        f"the table ends at {rows[-1][0]}. Extend kernelwright/runtime/tables/{op}.py."
+    )

@@ -1,0 +1,1 @@
+"""Launch-config tables, one module per op (see kernelwright.runtime.launch)."""

@@ -1,0 +1,36 @@
+"""Test setup: kernels run on the GPU when there is one, else through Triton's interpreter.
+
+Importing kernelwright first sets TRITON_INTERPRET=1 on machines without CUDA, before any
+kernel is decorated. Shapes are chosen per backend: small under the interpreter (every
+program instance costs milliseconds), realistic on the GPU.
+"""
+
+import pytest
+import torch
+
+import kernelwright  # noqa: F401  (selects the backend before kernels are defined)
+from kernelwright.runtime import default_device, interpreter_mode
+
+DEVICE = default_device()
+ON_GPU = DEVICE.type == "cuda"
+
+
+def pytest_report_header(config):
+    if ON_GPU:
+        return f"kernelwright: CUDA, {torch.cuda.get_device_name()}"
+    return "kernelwright: Triton interpreter on CPU (TRITON_INTERPRET=1)"
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return DEVICE
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(skip_gpu)
+
+
+__all__ = ["DEVICE", "ON_GPU", "interpreter_mode"]
