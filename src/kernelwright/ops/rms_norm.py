@@ -23,7 +23,8 @@ from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.rms_norm import TABLE
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
-_NONE, _LLAMA, _GEMMA = 0, 1, 2
+# tl.constexpr globals: compiled kernels may read only constexpr globals.
+_NONE, _LLAMA, _GEMMA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 # --------------------------------------------------------------------------- kernels
 

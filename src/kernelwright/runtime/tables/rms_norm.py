@@ -8,16 +8,18 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
+# "default" rows: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22; results in
+# benchmarks/results/tune_rms_norm_h200.csv). Other architectures use them until tuned.
 TABLE = {
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
-            (2048, C(block_n=2048, rows=2, num_warps=8)),
-            (4096, C(block_n=4096, rows=1, num_warps=8)),
-            (8192, C(block_n=8192, rows=1, num_warps=16)),
-            (16384, C(block_n=16384, rows=1, num_warps=16)),
-            (32768, C(block_n=32768, rows=1, num_warps=32)),
+            (2048, C(block_n=2048, rows=2, num_warps=4)),
+            (4096, C(block_n=4096, rows=2, num_warps=8)),
+            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            (16384, C(block_n=16384, rows=1, num_warps=8)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
@@ -28,11 +30,11 @@ TABLE = {
     },
     "bwd": {
         "default": [
-            (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=4)),
-            (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=4)),
-            (2048, C(block_n=2048, rows=2, num_warps=8, programs_per_sm=2)),
-            (4096, C(block_n=4096, rows=1, num_warps=8, programs_per_sm=2)),
-            (8192, C(block_n=8192, rows=1, num_warps=16, programs_per_sm=1)),
+            (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
+            (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
+            (2048, C(block_n=2048, rows=4, num_warps=8, programs_per_sm=2)),
+            (4096, C(block_n=4096, rows=2, num_warps=8, programs_per_sm=2)),
+            (8192, C(block_n=8192, rows=2, num_warps=16, programs_per_sm=1)),
             (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
             (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, programs_per_sm=1)),

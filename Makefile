@@ -1,0 +1,57 @@
+# kernelwright — two commands on a fresh machine: `make demo` and `make test`.
+# The first target you run creates .venv and installs what it needs (once).
+#
+# Without a GPU the CPU build of torch is pinned (torch==2.13.0+cpu); a plain `torch` from PyPI
+# would pull several GB of CUDA packages. With a GPU (nvidia-smi answers), PyPI's CUDA build.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_CPU := torch==2.13.0+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TRITON := triton==3.9.0
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+OUT ?= benchmarks/results/latest
+
+.PHONY: demo test lint format gpu-check bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+ifeq ($(HAS_GPU),1)
+	$(BIN)/pip install -q torch triton
+else
+	# CPU build: from a local wheel cache if pip has one, else from PyTorch's CPU index.
+	$(BIN)/pip install -q "$(TORCH_CPU)" || \
+		$(BIN)/pip install -q "$(TORCH_CPU)" --extra-index-url $(TORCH_CPU_INDEX)
+	$(BIN)/pip install -q "$(TRITON)"
+endif
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+# Verify every library kernel against its reference, then a benchmark table. On a GPU it runs
+# there; otherwise through Triton's interpreter on small shapes.
+demo: $(STAMP)
+	$(BIN)/kernelwright demo
+
+# The CPU test suite, through Triton's interpreter (also on machines that have a GPU).
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests && $(BIN)/ruff check --fix src tests
+
+# On the GPU machine (no venv, no registry: the image's python3 with src/ on the path):
+# the whole test suite on the GPU, then every benchmark; CSVs and plots to $(OUT).
+gpu-check:
+	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m pytest -q -x tests
+	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m kernelwright.cli bench all --out $(OUT)
+
+bench: $(STAMP)
+	$(BIN)/kernelwright bench all --out $(OUT)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
