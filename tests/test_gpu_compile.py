@@ -1,0 +1,42 @@
+"""Every launch-table config of every kernel compiles for sm_90 (Hopper), checked on the CPU.
+
+The interpreter runs code that the GPU compiler rejects; this catches it before the GPU does.
+"""
+
+import pytest
+import torch
+from conftest import ON_GPU
+
+from kernelwright.ops import rms_norm as rms
+from kernelwright.runtime.tables.rms_norm import TABLE as RMS_TABLE
+from kernelwright.testing.gpu_compile import check_compiles
+
+pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
+
+
+def _row_lengths(table, kernel):
+    # One row length per table row: its upper bound, capped so the interpreter run stays cheap
+    # (the last, looped row gets a length past the previous bound).
+    bounds = [max_n for max_n, _ in table[kernel]["default"]]
+    return [min(b, bounds[-2] + 7) for b in bounds], [cfg for _, cfg in table[kernel]["default"]]
+
+
+def test_rms_norm_kernels_compile_for_hopper():
+    def run():
+        for kernel in ("fwd", "bwd"):
+            for n, cfg in zip(*_row_lengths(RMS_TABLE, kernel)):
+                for mode in rms.CASTING_MODES:
+                    x = torch.randn(2, n, dtype=torch.bfloat16)
+                    w = torch.randn(n, dtype=torch.bfloat16) if mode != "none" else None
+                    y, rstd = torch.empty_like(x), torch.empty(2)
+                    if kernel == "fwd":
+                        rms.rms_norm_fwd_launch(x, w, y, rstd, 1e-6, 0.0, mode, config=cfg)
+                    else:
+                        rstd.fill_(1.0)
+                        dw = torch.empty_like(w) if w is not None else None
+                        rms.rms_norm_bwd_launch(y, x, w, rstd, x.clone(), dw, 0.0, mode, config=cfg)
+
+    results = check_compiles(run)
+    failures = [f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok]
+    assert not failures, "\n".join(failures)
+    assert len(results) >= 20
