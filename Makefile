@@ -48,7 +48,7 @@ format: $(STAMP)
 # the whole test suite on the GPU, then every benchmark; CSVs and plots to $(OUT).
 gpu-check:
 	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m pytest -q -x tests
-	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m kernelwright.cli bench all --out $(OUT)
+	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m kernelwright.cli bench all --strict --out $(OUT)
 
 bench: $(STAMP)
 	$(BIN)/kernelwright bench all --out $(OUT)

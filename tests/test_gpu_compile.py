@@ -8,7 +8,9 @@ import torch
 from conftest import ON_GPU
 
 from kernelwright.ops import rms_norm as rms
+from kernelwright.ops import swiglu as sw
 from kernelwright.runtime.tables.rms_norm import TABLE as RMS_TABLE
+from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
 from kernelwright.testing.gpu_compile import check_compiles
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
@@ -24,7 +26,7 @@ def _row_lengths(table, kernel):
 def test_rms_norm_kernels_compile_for_hopper():
     def run():
         for kernel in ("fwd", "bwd"):
-            for n, cfg in zip(*_row_lengths(RMS_TABLE, kernel)):
+            for n, cfg in zip(*_row_lengths(RMS_TABLE, kernel), strict=False):
                 for mode in rms.CASTING_MODES:
                     x = torch.randn(2, n, dtype=torch.bfloat16)
                     w = torch.randn(n, dtype=torch.bfloat16) if mode != "none" else None
@@ -37,6 +39,26 @@ def test_rms_norm_kernels_compile_for_hopper():
                         rms.rms_norm_bwd_launch(y, x, w, rstd, x.clone(), dw, 0.0, mode, config=cfg)
 
     results = check_compiles(run)
-    failures = [f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok]
+    failures = [
+        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
+    ]
     assert not failures, "\n".join(failures)
     assert len(results) >= 20
+
+
+def test_swiglu_kernels_compile_for_hopper():
+    def run():
+        for kernel in ("fwd", "bwd"):
+            for n, cfg in zip(*_row_lengths(SWIGLU_TABLE, kernel), strict=True):
+                for dtype in (torch.bfloat16, torch.float32):
+                    a, b = torch.randn(2, n, dtype=dtype), torch.randn(2, n, dtype=dtype)
+                    if kernel == "fwd":
+                        sw.swiglu_fwd_launch(a, b, torch.empty_like(a), config=cfg)
+                    else:
+                        da, db = torch.empty_like(a), torch.empty_like(a)
+                        sw.swiglu_bwd_launch(a.clone(), a, b, da, db, config=cfg)
+
+    results = check_compiles(run)
+    failures = [f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok]
+    assert not failures, "\n".join(failures)
+    assert len(results) >= 8

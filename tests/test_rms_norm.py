@@ -97,17 +97,20 @@ def test_forced_looped_path_matches_fused_path():
             rms_norm_bwd_launch(dy, x, w, rstd, dx, dw, 0.0, "llama", config=cfg)
         results.append((y, dx, dw))
     ref_y = rms_norm_ref(x, w)
-    for a, b in zip(results[0], results[1]):
+    for a, b in zip(results[0], results[1], strict=True):
         assert rel_norm_error(a, b) < 1e-6
     assert rel_norm_error(results[1][0], ref_y) < 1e-6
 
 
-@pytest.mark.parametrize("dtype,mode,offset", [
-    (torch.float16, "llama", 0.0),
-    (torch.float16, "gemma", 1.0),
-    pytest.param(torch.bfloat16, "llama", 0.0, marks=pytest.mark.gpu),
-    pytest.param(torch.bfloat16, "gemma", 1.0, marks=pytest.mark.gpu),
-])
+@pytest.mark.parametrize(
+    "dtype,mode,offset",
+    [
+        (torch.float16, "llama", 0.0),
+        (torch.float16, "gemma", 1.0),
+        pytest.param(torch.bfloat16, "llama", 0.0, marks=pytest.mark.gpu),
+        pytest.param(torch.bfloat16, "gemma", 1.0, marks=pytest.mark.gpu),
+    ],
+)
 def test_matches_hugging_face_rounding(dtype, mode, offset):
     # The casting modes exist to reproduce the model's own roundings: nearly every element must
     # equal the eager HF-style result bit for bit (only fp32 summation order may differ). bf16

@@ -9,7 +9,26 @@ from kernelwright.runtime.device import ensure_backend
 ensure_backend()
 
 from kernelwright.ops.rms_norm import RMSNorm, rms_norm, rms_norm_ref  # noqa: E402
+from kernelwright.ops.swiglu import (  # noqa: E402
+    SwiGLU,
+    SwiGLUFused,
+    swiglu,
+    swiglu_fused,
+    swiglu_fused_ref,
+    swiglu_ref,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["RMSNorm", "rms_norm", "rms_norm_ref", "__version__"]
+__all__ = [
+    "RMSNorm",
+    "SwiGLU",
+    "SwiGLUFused",
+    "__version__",
+    "rms_norm",
+    "rms_norm_ref",
+    "swiglu",
+    "swiglu_fused",
+    "swiglu_fused_ref",
+    "swiglu_ref",
+]

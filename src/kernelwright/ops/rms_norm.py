@@ -51,9 +51,16 @@ def _normalize(x, rstd, x_dtype: tl.constexpr, CASTING: tl.constexpr):
 
 @triton.jit
 def _rms_norm_fwd_kernel(
-    x_ptr, w_ptr, y_ptr, rstd_ptr,  # x, y: [M, N] with row strides; w: [N]; rstd: [M] fp32
-    M, N, stride_x, stride_y,
-    eps, offset,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rstd_ptr,  # x, y: [M, N] with row strides; w: [N]; rstd: [M] fp32
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -77,9 +84,16 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_fwd_looped_kernel(
-    x_ptr, w_ptr, y_ptr, rstd_ptr,
-    M, N, stride_x, stride_y,
-    eps, offset,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rstd_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -107,8 +121,17 @@ def _rms_norm_fwd_looped_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,  # dw_partial: [programs, N] fp32
-    M, N, stride_dy, stride_x, stride_dx,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,  # dw_partial: [programs, N] fp32
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -141,15 +164,26 @@ def _rms_norm_bwd_kernel(
             g = dy
         c = tl.sum(g * x_hat, axis=1)[:, None] / N
         dx = (g - x_hat * c) * rstd
-        tl.store(dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask)
+        tl.store(
+            dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
+        )
     if HAS_WEIGHT:
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
 @triton.jit
 def _rms_norm_bwd_looped_kernel(
-    dy_ptr, x_ptr, w_ptr, rstd_ptr, dx_ptr, dw_partial_ptr,
-    M, N, stride_dy, stride_x, stride_dx,
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -249,7 +283,14 @@ def rms_norm_bwd_launch(
         partial = empty((programs, N), dtype=torch.float32, device=x.device)
         if not fits:
             partial.zero_()
-    args = (dy, x, weight if weight is not None else x, rstd, dx, partial if partial is not None else rstd)
+    args = (
+        dy,
+        x,
+        weight if weight is not None else x,
+        rstd,
+        dx,
+        partial if partial is not None else rstd,
+    )
     args += (M, N, dy.stride(0), x.stride(0), dx.stride(0), offset)
     common = dict(
         CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
@@ -382,7 +423,9 @@ def rms_norm(
     """
     check_tensor("rms_norm", "x", x)
     if x.shape[-1] == 0:
-        raise ValueError(f"rms_norm: argument 'x' has an empty last dimension, shape {tuple(x.shape)}")
+        raise ValueError(
+            f"rms_norm: argument 'x' has an empty last dimension, shape {tuple(x.shape)}"
+        )
     if weight is not None:
         check_tensor("rms_norm", "weight", weight)
         check_shape("rms_norm", "weight", weight, (x.shape[-1],), "the last dimension of x")

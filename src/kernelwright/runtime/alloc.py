@@ -8,27 +8,29 @@ reference instead of passing on memory that happened to hold the right value or 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 
 import torch
 
-_state = threading.local()
+# Process-wide, not thread-local: autograd runs CUDA backward passes on its own worker thread,
+# which must see the flag too.
+_poison = False
 
 
 def poisoning() -> bool:
-    return getattr(_state, "poison", False)
+    return _poison
 
 
 @contextlib.contextmanager
 def poisoned(enabled: bool = True) -> Iterator[None]:
     """Within this block, every buffer kernelwright allocates starts as NaN."""
-    before = poisoning()
-    _state.poison = enabled
+    global _poison
+    before = _poison
+    _poison = enabled
     try:
         yield
     finally:
-        _state.poison = before
+        _poison = before
 
 
 def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

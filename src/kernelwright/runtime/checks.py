@@ -83,7 +83,10 @@ def rows_view(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     n = t.shape[-1]
     if t.stride(-1) != 1:
         t = t.contiguous()
-    t2 = t.reshape(-1, n)
+    rows = 1
+    for s in t.shape[:-1]:
+        rows *= s
+    t2 = t.reshape(rows, n)  # not reshape(-1, n): ambiguous when n == 0
     if t2.dim() == 2 and t2.shape[0] > 1 and t2.stride(1) != 1:
         t2 = t2.contiguous()
     return t2

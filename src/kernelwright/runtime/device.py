@@ -54,7 +54,7 @@ def _arch_name(major: int, minor: int) -> str:
     return _ARCH_BY_MAJOR.get(major, "unknown")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_info(index: int) -> DeviceInfo:
     p = torch.cuda.get_device_properties(index)
     return DeviceInfo(

@@ -60,7 +60,9 @@ class CheckReport:
         lines = [f"{self.label}:"]
         for r in self.rows:
             mark = "ok  " if r.ok else "FAIL"
-            lines.append(f"  {mark} {r.kind:6s} {r.name:12s} rel-err {r.error:.3e}  tol {r.tol:.1e}")
+            lines.append(
+                f"  {mark} {r.kind:6s} {r.name:12s} rel-err {r.error:.3e}  tol {r.tol:.1e}"
+            )
         return "\n".join(lines)
 
     def assert_ok(self) -> None:
@@ -104,7 +106,8 @@ def check_op(
     for k, v in tensors.items():
         # detach() keeps the view's strides, so the kernel sees the layout the test built
         k_in[k] = v.detach().requires_grad_(k in grad_inputs)
-        r_in[k] = v.detach().to(ref_dtype).requires_grad_(k in grad_inputs)
+        # copy=True: an in-place kernel (backward over its inputs) must not touch the reference's
+        r_in[k] = v.detach().to(ref_dtype, copy=True).requires_grad_(k in grad_inputs)
 
     with poisoned():
         outs = _as_tuple(fn(**k_in, **kwargs))
@@ -112,24 +115,27 @@ def check_op(
     if len(outs) != len(refs):
         raise AssertionError(f"{label}: kernel returned {len(outs)} outputs, reference {len(refs)}")
     report = CheckReport(label or getattr(fn, "__name__", "op"))
-    for i, (o, r) in enumerate(zip(outs, refs)):
+    for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
         report.rows.append(CheckRow("output", f"out{i}", rel_norm_error(o, r), tol.fwd))
 
     if backward and grad_inputs:
         gen = generator(seed + 1000)
-        pairs = [(o, r) for o, r in zip(outs, refs) if o.requires_grad]
+        pairs = [(o, r) for o, r in zip(outs, refs, strict=True) if o.requires_grad]
         dys = [rand(o.shape, o.dtype, o.device, gen=gen) for o, _ in pairs]
         with poisoned():
             k_grads = torch.autograd.grad(
-                [o for o, _ in pairs], [k_in[k] for k in grad_inputs], dys, allow_unused=True
+                [o for o, _ in pairs],
+                [k_in[k] for k in grad_inputs],
+                [d.clone() for d in dys],  # an in-place backward may write over its dy
+                allow_unused=True,
             )
         r_grads = torch.autograd.grad(
             [r for _, r in pairs],
             [r_in[k] for k in grad_inputs],
-            [d.to(ref_dtype) for d in dys],
+            [d.to(ref_dtype, copy=True) for d in dys],
             allow_unused=True,
         )
-        for name, kg, rg in zip(grad_inputs, k_grads, r_grads):
+        for name, kg, rg in zip(grad_inputs, k_grads, r_grads, strict=True):
             if kg is None or rg is None:
                 err = 0.0 if kg is None and rg is None else math.inf
             else:
@@ -152,7 +158,9 @@ def check_op_seeds(
     reports = []
     for seed in seeds:
         label = f"{options.pop('label', getattr(fn, '__name__', 'op'))}"
-        report = check_op(fn, ref, make_inputs(seed), seed=seed, label=f"{label} seed={seed}", **options)
+        report = check_op(
+            fn, ref, make_inputs(seed), seed=seed, label=f"{label} seed={seed}", **options
+        )
         report.assert_ok()
         reports.append(report)
         options["label"] = label

@@ -69,7 +69,7 @@ def capture_launches() -> Iterator[list[Launch]]:
         params = inspect.signature(fn).parameters.values()
         # annotations may be strings (`from __future__ import annotations`), as Triton allows
         constexpr_names = {p.name for p in params if "constexpr" in str(p.annotation)}
-        values = dict(zip(names, args))
+        values = dict(zip(names, args, strict=False))
         values.update({k: v for k, v in kwargs.items() if k in names})
         sig, consts = [], []
         for name in names:
@@ -133,7 +133,9 @@ def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResu
     if proc.returncode != 0:
         raise RuntimeError(f"compile subprocess failed:\n{proc.stderr[-4000:]}")
     errors = json.loads(proc.stdout.strip().splitlines()[-1])
-    return [CompileResult(launch, not err, err) for launch, err in zip(unique, errors)]
+    return [
+        CompileResult(launch, not err, err) for launch, err in zip(unique, errors, strict=False)
+    ]
 
 
 def check_compiles(run: Callable[[], object], arch: int = 90) -> list[CompileResult]:

@@ -1,0 +1,633 @@
+"""Timing, peak memory and achieved bandwidth of every provider of a `BenchSpec`.
+
+Modes, all with grad-enabled inputs as in training:
+- forward: the provider's forward (the autograd graph and saved tensors included).
+- backward: the forward runs once, untimed; `backward(dy, retain_graph=True)` is timed.
+- full: forward + `backward(dy)`.
+
+Before every rep, outside the timed region, a setup step resets the gradients to None (no
+rep pays for accumulation) and, for providers that write into their inputs or into dy
+(in-place backward, Liger), copies the original values back. Without that restore the
+values drift rep after rep towards inf/NaN/denormals, and the time drifts with them: seen
+on an H200, SwiGLU fwd+bwd with an in-place backward timed 1.21 ms instead of 0.46 ms.
+
+On CUDA, `cuda_timer` measures as `triton.testing.do_bench` does — CUDA events around each
+rep, L2 flushed before each rep (so inputs need no rotation), warm-up and rep counts from
+time budgets, p20/p50/p80 — plus that per-rep setup, which do_bench cannot run outside its
+timed region (its `grad_to_none` is also skipped during its warm-up). Under the interpreter
+a perf_counter fallback runs a few reps and the rows say so: those numbers are not speeds.
+
+Every measurement turns into one `BenchRow`. A provider that fails (OOM, a peer not
+installed, an exception) gives a row with NaN numbers and the error, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+
+from kernelwright.bench.specs import MODES, BenchSpec, Provider, importable
+from kernelwright.runtime import default_device, device_info, interpreter_mode
+
+NAN = float("nan")
+QUANTILES = (0.2, 0.5, 0.8)
+
+# (fn, setup) -> (p20, p50, p80) of fn in ms. A timer calls setup() before every call of fn,
+# warm-up calls included, and keeps setup out of the timed region.
+Timer = Callable[[Callable[[], Any], Callable[[], None]], tuple[float, float, float]]
+
+
+@dataclass
+class BenchRow:
+    """One measurement; the field order is the CSV's column order (see bench.report)."""
+
+    op: str
+    mode: str
+    provider: str
+    x_name: str
+    x_value: int
+    shape: str  # e.g. "8192x4096", dims in the spec's order
+    dtype: str
+    ms_p20: float = NAN
+    ms_p50: float = NAN
+    ms_p80: float = NAN
+    peak_mem_mb: float = NAN  # peak allocated above what existed before the run (see _peak_mb)
+    host_ms: float = NAN  # CPU time to issue one call; near ms_p50 means launch-bound
+    bytes: int = 0  # the spec's byte model for this shape and mode
+    gbps: float = NAN  # bytes / ms_p50
+    pct_copy_bw: float = NAN  # gbps as % of the measured device-to-device copy bandwidth
+    copy_gbps: float = NAN
+    timing: str = ""  # "cuda_events" | "interpreter" (interpreter times are not speeds)
+    gpu: str = ""
+    torch: str = ""
+    triton: str = ""
+    commit: str = ""
+    timestamp: str = ""
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and math.isfinite(self.ms_p50)
+
+    @property
+    def host_bound(self) -> bool:
+        """The CPU takes about as long to issue the call as the GPU to run it: the time
+        measures Python/launch overhead as much as the kernels (small shapes)."""
+        return self.ok and math.isfinite(self.host_ms) and self.host_ms >= 0.8 * self.ms_p50
+
+
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchRow))
+
+
+# --------------------------------------------------------------------------- run context
+
+
+def git_commit(cwd: str | Path | None = None) -> str:
+    """The short commit kernelwright runs from, "+dirty" if tracked files changed since.
+
+    Falls back to $KERNELWRIGHT_COMMIT (a copy of the tree without .git, as on a remote GPU
+    machine: pass the commit in the environment), then to "unknown".
+    """
+    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=where, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return os.environ.get("KERNELWRIGHT_COMMIT", "unknown")
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return commit
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every row of one run records: where, with what, and the bandwidth ceiling."""
+
+    device: torch.device
+    gpu: str
+    torch: str
+    triton: str
+    commit: str
+    timestamp: str
+    copy_gbps: float
+    timing: str  # "cuda_events" | "cuda_events_gpu_only" (hide_host) | "interpreter"
+    hide_host: bool = False  # see cuda_timer
+
+    @property
+    def interpreter(self) -> bool:
+        return self.timing == "interpreter"
+
+
+def make_context(
+    device: torch.device | None = None,
+    *,
+    timer: Timer | None = None,
+    copy_gbps: float | None = None,
+    hide_host: bool = False,
+) -> RunContext:
+    """Describe this run and measure the copy bandwidth once (unless `copy_gbps` is given).
+
+    `hide_host`: time GPU work alone, without host overhead (see `cuda_timer`).
+    """
+    device = device or default_device()
+    timer = timer or default_timer(device, hide_host=hide_host)
+    on_cuda = device.type == "cuda"
+    timing = "interpreter"
+    if on_cuda:
+        timing = "cuda_events_gpu_only" if hide_host else "cuda_events"
+    if copy_gbps is None:
+        copy_gbps = measure_copy_bandwidth(device, timer=timer)
+    return RunContext(
+        device=device,
+        gpu=device_info(device).name,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        commit=git_commit(),
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        copy_gbps=float(copy_gbps),
+        timing=timing,
+        hide_host=hide_host and on_cuda,
+    )
+
+
+# --------------------------------------------------------------------------- timers
+
+
+def _quantiles(times_ms: Sequence[float]) -> tuple[float, float, float]:
+    p20, p50, p80 = np.quantile(np.asarray(times_ms, dtype=np.float64), QUANTILES)
+    return float(p20), float(p50), float(p80)
+
+
+def cuda_timer(
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    *,
+    hide_host: bool = False,
+    flush_bytes: int = 2**28,
+) -> Timer:
+    """CUDA-event timer, do_bench's method with a per-rep setup outside the timed region.
+
+    Each rep: setup(), L2 flush (zeroing a `flush_bytes` buffer, larger than any L2 so far),
+    start event, fn(), end event. Rep counts come from a 5-rep estimate and the time budgets.
+
+    `hide_host`: before the start event, the GPU also sleeps for twice the CPU time fn takes
+    to issue, so all of fn's kernels are queued before the clock starts: the times are GPU
+    time alone, as in a training step where the CPU runs ahead. Without it (do_bench's way,
+    and how the published numbers were taken) a launch-bound call also times its Python and
+    launch overhead.
+    """
+    flush: list[torch.Tensor] = []
+
+    def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
+        if not flush:
+            flush.append(torch.empty(flush_bytes, dtype=torch.int8, device="cuda"))
+        sleep_cycles = 0
+
+        def prepare() -> None:
+            setup()
+            flush[0].zero_()
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
+
+        prepare()
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        estimate = host = 0.0
+        for _ in range(5):
+            prepare()
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            host = max(host, (time.perf_counter() - t0) * 1e3)
+            end.record()
+            torch.cuda.synchronize()
+            estimate += start.elapsed_time(end) / 5
+        sleep_ms = 2 * host + 0.02 if hide_host else 0.0
+        sleep_cycles = int(sleep_ms * _sleep_cycles_per_ms()) if hide_host else 0
+        n_warmup = max(1, int(warmup_ms / max(estimate, 1e-3)))
+        n_rep = max(5, min(10_000, int(rep_ms / max(estimate + sleep_ms, 1e-3))))
+        for _ in range(n_warmup):
+            setup()
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+        for i in range(n_rep):
+            prepare()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return _quantiles([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
+
+    return time_fn
+
+
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    # torch.cuda._sleep spins for a number of GPU clock cycles: calibrate cycles per ms once.
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    return 10_000_000 / max(start.elapsed_time(end), 1e-3)
+
+
+def interpreter_timer(reps: int = 3) -> Timer:
+    """perf_counter over a few reps: for the CPU interpreter, where one call takes ~ms-s."""
+
+    def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
+        times = []
+        for _ in range(reps):
+            setup()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return _quantiles(times)
+
+    return time_fn
+
+
+def default_timer(device: torch.device, *, hide_host: bool = False) -> Timer:
+    return cuda_timer(hide_host=hide_host) if device.type == "cuda" else interpreter_timer()
+
+
+def measure_copy_bandwidth(
+    device: torch.device, *, timer: Timer | None = None, nbytes: int | None = None
+) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
+
+    The practical ceiling for memory-bound kernels: %copy-bw = achieved GB/s over this. 1 GB
+    on a GPU, far larger than L2; 64 MB on the CPU, where the number only fills the column.
+    """
+    timer = timer or default_timer(device)
+    nbytes = nbytes or (2**30 if device.type == "cuda" else 2**26)
+    bufs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()]
+    bufs.append(torch.empty_like(bufs[0]))
+    _, p50, _ = timer(lambda: bufs[1].copy_(bufs[0]), lambda: None)
+    bufs.clear()
+    _free(device)
+    return 2 * nbytes / (p50 * 1e-3) / 1e9
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _free(device: torch.device, *, collect: bool = True) -> None:
+    # gc only when something may sit in a reference cycle (an exception's traceback holds
+    # the frames, and their tensors): a collection costs ~0.1 s with torch loaded.
+    if collect:
+        gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _peak_mb(fn: Callable[[], Any], device: torch.device) -> float:
+    """Peak bytes allocated while `fn` runs, above what was allocated before it, in MB.
+
+    Taken after the mode's setup: for "backward" the forward's output and saved tensors
+    already exist, so this is what the backward itself adds (grads and temporaries).
+    """
+    if device.type != "cuda":
+        return NAN  # the CPU allocator keeps no peak statistics
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
+
+
+def _host_ms(fn: Callable[[], Any], setup: Callable[[], None], device: torch.device) -> float:
+    """Median CPU time to issue one call of `fn` onto an idle GPU (NaN off CUDA).
+
+    Kernels run asynchronously, so this is Python, autograd and launch overhead. When it is
+    close to the GPU time, the GPU waits on the CPU and the timing measures the overhead.
+    """
+    if device.type != "cuda":
+        return NAN
+    times = []
+    for _ in range(5):
+        setup()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize(device)
+    return float(np.median(times))
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return "OOM: " + str(e).splitlines()[0][:200]
+    first = (str(e).splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}"[:300]
+
+
+def measure(
+    spec: BenchSpec,
+    provider: Provider,
+    mode: str,
+    base_inputs: dict[str, torch.Tensor],
+    row: BenchRow,
+    *,
+    ctx: RunContext,
+    timer: Timer,
+    seed: int = 0,
+) -> BenchRow:
+    """Time one provider in one mode on copies of `base_inputs`; fill in and return `row`."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    device = ctx.device
+    try:
+        if provider.requires and not importable(provider.requires):
+            raise ModuleNotFoundError(f"{provider.requires} is not installed")
+        # Fresh copies per provider and mode: some providers write into their inputs or into
+        # dy (Liger's SwiGLU backward, in-place backward), and must not hand that to the next.
+        inputs = {
+            k: v.detach().clone().requires_grad_(k in spec.grad_inputs)
+            for k, v in base_inputs.items()
+        }
+        leaves = [inputs[k] for k in spec.grad_inputs]
+        fwd = provider.build(inputs)
+
+        def through(out: Any) -> tuple[torch.Tensor, ...]:
+            outs = _as_tuple(out)
+            return tuple(outs[i] for i in spec.backward_through)
+
+        restore: list[tuple[torch.Tensor, torch.Tensor]] = []  # (buffer, original values)
+        if provider.mutates:
+            # `.data`: a write autograd does not version-count, as the provider's own kernel
+            # writes are not — the graph kept by "backward" mode stays valid.
+            restore += [(inputs[k].data, base_inputs[k]) for k in inputs]
+        if mode == "forward":
+            fn = fwd
+        else:
+            outs = through(fwd())
+            # dy drawn on the device: a CPU draw (testing.rand) of a GB-sized output would take
+            # seconds for every provider and mode.
+            gen = torch.Generator(device=device).manual_seed(seed + 1000)
+            dys = [torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in outs]
+            if provider.mutates:
+                restore += [(d, d.clone()) for d in dys]
+            if mode == "backward":
+                # retain_graph: the same graph is walked every rep; the forward is not timed.
+                def fn():
+                    torch.autograd.backward(outs, dys, retain_graph=True)
+            else:
+                del outs
+
+                def fn():
+                    torch.autograd.backward(through(fwd()), dys)
+
+        def setup() -> None:
+            for t in leaves:
+                t.grad = None
+            for buf, original in restore:
+                buf.copy_(original)
+
+        # Untimed first run: torch.compile builds its graphs, Triton compiles, the caching
+        # allocator warms up — none of which should land in the memory or time figures.
+        setup()
+        fn()
+        setup()
+        row.peak_mem_mb = _peak_mb(fn, device)
+        row.ms_p20, row.ms_p50, row.ms_p80 = timer(fn, setup)
+        row.host_ms = _host_ms(fn, setup, device)
+    except Exception as e:  # a failing provider is a result (an error row), not the end of a run
+        row.error = _error_text(e)
+        row.ms_p20 = row.ms_p50 = row.ms_p80 = row.peak_mem_mb = row.host_ms = NAN
+    finally:
+        inputs = leaves = fwd = fn = outs = dys = restore = setup = None  # noqa: F841  (drop refs)
+        _free(device, collect=bool(row.error))
+    return _with_bandwidth(row)
+
+
+def _with_bandwidth(row: BenchRow) -> BenchRow:
+    if math.isfinite(row.ms_p50) and row.ms_p50 > 0:
+        row.gbps = row.bytes / (row.ms_p50 * 1e-3) / 1e9
+        if math.isfinite(row.copy_gbps) and row.copy_gbps > 0:
+            row.pct_copy_bw = row.gbps / row.copy_gbps * 100.0
+    return row
+
+
+# --------------------------------------------------------------------------- planning and runs
+
+
+def select_providers(
+    spec: BenchSpec, names: Iterable[str] | None = None, *, device: torch.device | None = None
+) -> list[Provider]:
+    """The providers to run: `names` as given (unknown names raise), or the defaults.
+
+    Defaults: every provider whose required package imports; on the CPU, without the
+    torch.compile ones (inductor takes ~15 s per shape there, for numbers that mean nothing).
+    A provider named explicitly always runs, and fails into an error row if it cannot.
+    """
+    if names is not None:
+        return [spec.provider(n) for n in names]
+    device = device or default_device()
+    chosen = []
+    for p in spec.providers:
+        if p.requires and not importable(p.requires):
+            continue
+        if p.compiled and device.type != "cuda":
+            continue
+        chosen.append(p)
+    return chosen
+
+
+def _dynamo_limits(limit: int = 256) -> dict[str, Any]:
+    """Config changes that let every benchmarked shape compile its own graph.
+
+    Each shape is a new static graph (dynamic=False); past dynamo's recompile limit (8 by
+    default) it would silently run the function eagerly. Raise the limit, and should it still
+    be hit, fail into an error row rather than time eager code under the torch_compile name.
+    """
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    changes: dict[str, Any] = {}
+    for name in (
+        "recompile_limit",
+        "cache_size_limit",
+        "accumulated_recompile_limit",
+        "accumulated_cache_size_limit",
+    ):
+        if hasattr(cfg, name):
+            changes[name] = max(int(getattr(cfg, name)), limit)
+    if hasattr(cfg, "fail_on_recompile_limit_hit"):
+        changes["fail_on_recompile_limit_hit"] = True
+    return changes
+
+
+@dataclass
+class Plan:
+    """The points one `run_spec` call measures: (sweep, x value, shape) x provider x mode."""
+
+    spec: BenchSpec
+    points: list[tuple[str, int, dict[str, int]]]
+    providers: list[Provider]
+    modes: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.points) * len(self.providers) * len(self.modes)
+
+
+def plan(
+    spec: BenchSpec,
+    *,
+    modes: Sequence[str] = MODES,
+    sweep: str | None = None,
+    providers: Sequence[str] | None = None,
+    quick: bool = False,
+    device: torch.device | None = None,
+) -> Plan:
+    device = device or default_device()
+    interp = device.type != "cuda" or interpreter_mode()
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {m!r}")
+    sweeps = spec.sweeps_for(quick=quick, interpreter=interp)
+    if sweep is not None:
+        sweeps = (spec.sweep(sweep, quick=quick, interpreter=interp),)
+    points = [(s.name, x, shape) for s in sweeps for x, shape in s.shapes()]
+    return Plan(spec, points, select_providers(spec, providers, device=device), list(modes))
+
+
+def run_spec(
+    spec: BenchSpec,
+    *,
+    modes: Sequence[str] = MODES,
+    sweep: str | None = None,
+    providers: Sequence[str] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    quick: bool = False,
+    ctx: RunContext | None = None,
+    timer: Timer | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
+) -> list[BenchRow]:
+    """Measure `spec` over its sweeps: every shape x provider x mode, one `BenchRow` each.
+
+    `ctx` carries the device and the copy bandwidth (measured once by `make_context`; pass the
+    same one to every spec of a run). `timer` replaces the device timer (tests inject one).
+    `on_row` is called after every row, for progress display.
+    """
+    ctx = ctx or make_context(timer=timer)
+    p = plan(spec, modes=modes, sweep=sweep, providers=providers, quick=quick, device=ctx.device)
+    return run_plan(p, dtype=dtype, ctx=ctx, timer=timer, on_row=on_row)
+
+
+def run_plan(
+    p: Plan,
+    *,
+    dtype: torch.dtype,
+    ctx: RunContext,
+    timer: Timer | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
+) -> list[BenchRow]:
+    """Measure the points of `p` (see `run_spec`)."""
+    timer = timer or default_timer(ctx.device, hide_host=ctx.hide_host)
+    if not any(pr.compiled for pr in p.providers):
+        return _run_points(p, dtype, ctx, timer, on_row)
+    import torch._dynamo
+
+    # Graphs of an earlier spec would count against the limits; the limits are restored after.
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(_dynamo_limits()):
+        try:
+            return _run_points(p, dtype, ctx, timer, on_row)
+        finally:
+            torch._dynamo.reset()
+
+
+def _run_points(p: Plan, dtype, ctx: RunContext, timer: Timer, on_row) -> list[BenchRow]:
+    spec = p.spec
+    rows: list[BenchRow] = []
+    done: dict[tuple[str, str, str], BenchRow] = {}  # (shape, provider, mode) -> first row
+    for x_name, x_value, shape in p.points:
+        label = spec.shape_label(shape)
+        skip = spec.too_large(shape, dtype)
+        base: dict[str, torch.Tensor] | Exception | None = None
+        for pr in p.providers:
+            for mode in p.modes:
+                key = (label, pr.name, mode)
+                if key in done:
+                    # The same shape met again in another sweep (e.g. 8192x4096 is on both the
+                    # hidden and the tokens sweep): reuse the measurement, relabel its x.
+                    row = replace(done[key], x_name=x_name, x_value=x_value)
+                else:
+                    row = _new_row(spec, ctx, pr.name, mode, x_name, x_value, shape, dtype)
+                    if skip:
+                        row.error = skip
+                    else:
+                        if base is None:
+                            base = _make_base(spec, shape, dtype, ctx.device)
+                        if isinstance(base, Exception):
+                            row.error = "make_inputs failed: " + _error_text(base)
+                        else:
+                            row = measure(spec, pr, mode, base, row, ctx=ctx, timer=timer)
+                    done[key] = row
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+        base = None
+        _free(ctx.device)
+    return rows
+
+
+def _new_row(spec, ctx, provider, mode, x_name, x_value, shape, dtype) -> BenchRow:
+    return BenchRow(
+        op=spec.op,
+        mode=mode,
+        provider=provider,
+        x_name=x_name,
+        x_value=x_value,
+        shape=spec.shape_label(shape),
+        dtype=str(dtype).replace("torch.", ""),
+        bytes=spec.bytes(shape, dtype, mode),
+        copy_gbps=ctx.copy_gbps,
+        timing=ctx.timing,
+        gpu=ctx.gpu,
+        torch=ctx.torch,
+        triton=ctx.triton,
+        commit=ctx.commit,
+        timestamp=ctx.timestamp,
+    )
+
+
+def _make_base(spec: BenchSpec, shape, dtype, device) -> dict[str, torch.Tensor] | Exception:
+    # Drawn once per shape (CPU draws of GB-sized tensors take seconds); every provider gets
+    # clones of the same values, so all of them see the same inputs.
+    try:
+        with torch.no_grad():
+            return spec.make_inputs(shape, dtype, device)
+    except Exception as e:  # e.g. OOM at a large shape: every provider gets the error row
+        return e

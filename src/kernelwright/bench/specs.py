@@ -1,0 +1,317 @@
+"""Benchmark declarations: one `BenchSpec` per op, registered in `SPECS`.
+
+A spec says what to run and what the ideal costs; the harness (`bench.harness`) says how to
+time it. To benchmark a new op, write its spec below (or in the op's own module) and call
+`register(spec)`:
+
+- providers: name -> a builder that takes the inputs and returns a zero-argument function
+  running the op's forward on them (ours, eager PyTorch, torch.compile, peers if importable);
+- `make_inputs`: fresh random inputs (never zeros: zeros hide unwritten outputs and can run
+  faster than real data), and which of them get gradients;
+- `bytes`: the minimal device-memory traffic per mode (each input read once, each output
+  written once), with a comment that counts it — achieved GB/s is this over the time;
+- sweeps: (x name, x values, fixed dims), the values taken from `bench.models`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kernelwright.bench.models import (
+    DEFAULT_TOKENS,
+    REFERENCE,
+    distinct,
+    token_counts,
+)
+from kernelwright.testing import generator, rand
+
+MODES = ("forward", "backward", "full")
+
+Shape = Mapping[str, int]  # named dims, e.g. {"tokens": 8192, "hidden": 4096}
+Inputs = Mapping[str, torch.Tensor]
+Builder = Callable[[Inputs], Callable[[], Any]]
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str
+    build: Builder  # inputs -> fn() running the forward; may raise (missing package...)
+    requires: str | None = None  # a module that must import, for peers such as liger_kernel
+    compiled: bool = False  # built with torch.compile: slow to build, left out on CPU by default
+    # Writes into its inputs or into dy (in-place backward): the harness copies the original
+    # values back before every rep, so no rep runs on what the last one wrote.
+    mutates: bool = False
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str  # the dim that varies: the x axis and the CSV's x_name
+    values: tuple[int, ...]
+    fixed: Mapping[str, int]  # the other dims
+
+    def shapes(self) -> list[tuple[int, dict[str, int]]]:
+        return [(v, {**self.fixed, self.name: v}) for v in self.values]
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    op: str
+    dims: tuple[str, ...]  # order of the dims in the shape label, e.g. ("tokens", "hidden")
+    providers: tuple[Provider, ...]
+    make_inputs: Callable[..., dict[str, torch.Tensor]]  # (shape, dtype, device, *, seed=0)
+    grad_inputs: tuple[str, ...]
+    bytes: Callable[[Shape, torch.dtype, str], int]  # (shape, dtype, mode) -> bytes moved
+    sweeps: tuple[Sweep, ...]  # the full sweeps, on a GPU
+    quick_sweeps: tuple[Sweep, ...]  # `--quick` on a GPU: a couple of real shapes
+    # Under the interpreter every program instance takes milliseconds on the CPU: tiny shapes,
+    # which exercise the harness end to end but say nothing about speed.
+    interpreter_sweeps: tuple[Sweep, ...]
+    backward_through: tuple[int, ...] = (0,)  # outputs that backward runs through
+    input_bytes: Callable[[Shape, torch.dtype], int] | None = None
+    max_input_bytes: int | None = None  # shapes whose inputs are larger are skipped
+    notes: Mapping[str, str] = field(default_factory=dict)  # provider -> what it measures
+
+    @property
+    def provider_names(self) -> list[str]:
+        return [p.name for p in self.providers]
+
+    def provider(self, name: str) -> Provider:
+        for p in self.providers:
+            if p.name == name:
+                return p
+        raise KeyError(f"{self.op}: no provider {name!r}; known: {', '.join(self.provider_names)}")
+
+    def sweep(self, name: str, *, quick: bool = False, interpreter: bool = False) -> Sweep:
+        for s in self.sweeps_for(quick=quick, interpreter=interpreter):
+            if s.name == name:
+                return s
+        known = sorted({s.name for s in self.sweeps + self.quick_sweeps + self.interpreter_sweeps})
+        raise KeyError(f"{self.op}: no sweep {name!r}; known: {', '.join(known)}")
+
+    def sweeps_for(self, *, quick: bool, interpreter: bool) -> tuple[Sweep, ...]:
+        if interpreter:
+            return self.interpreter_sweeps
+        return self.quick_sweeps if quick else self.sweeps
+
+    def shape_label(self, shape: Shape) -> str:
+        return "x".join(str(shape[d]) for d in self.dims)
+
+    def too_large(self, shape: Shape, dtype: torch.dtype) -> str | None:
+        """Why `shape` is skipped, or None when it is measured."""
+        if self.input_bytes is None or self.max_input_bytes is None:
+            return None
+        n = self.input_bytes(shape, dtype)
+        if n > self.max_input_bytes:
+            cap = self.max_input_bytes / 1e9
+            return f"skipped: inputs take {n / 1e9:.1f} GB, over the {cap:.0f} GB cap"
+        return None
+
+
+SPECS: dict[str, BenchSpec] = {}
+
+
+def register(spec: BenchSpec) -> BenchSpec:
+    if spec.op in SPECS:
+        raise ValueError(f"a benchmark spec for {spec.op!r} is already registered")
+    SPECS[spec.op] = spec
+    return spec
+
+
+def get_spec(op: str) -> BenchSpec:
+    try:
+        return SPECS[op]
+    except KeyError:
+        raise KeyError(f"no benchmark spec for {op!r}; known: {', '.join(sorted(SPECS))}") from None
+
+
+def importable(module: str) -> bool:
+    """True when `module` imports (peers are optional; a broken install counts as absent)."""
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True
+
+
+def compiled(fn: Callable) -> Callable:
+    # dynamic=False: one static graph per shape, as a training step of fixed shape gets; the
+    # harness raises dynamo's recompile limit so no shape falls back to eager.
+    return torch.compile(fn, dynamic=False)
+
+
+# --------------------------------------------------------------------------- rms_norm
+
+EPS = 1e-6
+
+
+def _rms_norm_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    m, n = shape["tokens"], shape["hidden"]
+    return {
+        "x": rand((m, n), dtype, device, gen=gen),  # [M, N]
+        "weight": rand((n,), dtype, device, gen=gen, mean=1.0, std=0.1),  # [N], near 1 as trained
+    }
+
+
+def _rms_norm_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    m, n, s = shape["tokens"], shape["hidden"], dtype.itemsize
+    # forward: read x (M*N*s) and w (N*s); write y (M*N*s) and rstd (M fp32, saved for bwd)
+    fwd = m * n * s + n * s + m * n * s + m * 4
+    # backward: read dy and x (2*M*N*s), w (N*s), rstd (M*4); write dx (M*N*s), dw (N*s)
+    bwd = 2 * m * n * s + n * s + m * 4 + m * n * s + n * s
+    return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
+
+
+def _rms_norm_providers() -> tuple[Provider, ...]:
+    from kernelwright.ops.rms_norm import rms_norm, rms_norm_eager
+
+    def ours(in_place: bool) -> Builder:
+        def build(inp: Inputs):
+            x, w = inp["x"], inp["weight"]
+            return lambda: rms_norm(x, w, EPS, in_place_backward=in_place)
+
+        return build
+
+    def eager(inp: Inputs):
+        x, w = inp["x"], inp["weight"]
+        return lambda: rms_norm_eager(x, w, EPS, casting_mode="llama")
+
+    def torch_compile(inp: Inputs):
+        x, w, fn = inp["x"], inp["weight"], compiled(rms_norm_eager)
+        return lambda: fn(x, w, EPS, casting_mode="llama")
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+        x, w = inp["x"], inp["weight"]
+        # (X, W, eps, offset, casting_mode, in_place): in_place=True is Liger's default, so
+        # this is Liger as users get it — dx written over dy.
+        return lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", True)
+
+    return (
+        Provider("kernelwright", ours(False)),
+        Provider("kernelwright_inplace", ours(True), mutates=True),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel", mutates=True),
+    )
+
+
+RMS_NORM = register(
+    BenchSpec(
+        op="rms_norm",
+        dims=("tokens", "hidden"),
+        providers=_rms_norm_providers(),
+        make_inputs=_rms_norm_inputs,
+        grad_inputs=("x", "weight"),
+        bytes=_rms_norm_bytes,
+        sweeps=(
+            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
+            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
+        ),
+        quick_sweeps=(
+            # Llama-3-8B's and the widest (405B) hidden size, as in GPU.md's table
+            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
+        ),
+        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+        notes={
+            "kernelwright_inplace": "in_place_backward=True: dx over dy (Liger's default)",
+            "liger": "LigerRMSNormFunction, in_place=True (its default)",
+        },
+    )
+)
+
+
+# --------------------------------------------------------------------------- swiglu
+
+
+def _swiglu_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    m, n = shape["tokens"], shape["intermediate"]
+    return {
+        "gate": rand((m, n), dtype, device, gen=gen),  # [M, N] = x @ W_gate^T
+        "up": rand((m, n), dtype, device, gen=gen),  # [M, N] = x @ W_up^T
+    }
+
+
+def _swiglu_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    mn_s = shape["tokens"] * shape["intermediate"] * dtype.itemsize
+    # forward: read gate, up; write out = silu(gate) * up            -> 3 * M*N*s
+    # backward: read dout, gate, up (silu recomputed); write dgate, dup -> 5 * M*N*s
+    per_mode = {"forward": 3, "backward": 5, "full": 8}
+    return per_mode[mode] * mn_s
+
+
+def _swiglu_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    return 2 * shape["tokens"] * shape["intermediate"] * dtype.itemsize
+
+
+def _swiglu_providers() -> tuple[Provider, ...]:
+    # kernelwright.ops.swiglu is imported when a provider is built, not here, so the harness
+    # (and rms_norm's benchmarks) work while that module does not exist yet: its providers
+    # then give error rows.
+    def ours(in_place: bool) -> Builder:
+        def build(inp: Inputs):
+            from kernelwright.ops.swiglu import swiglu
+
+            g, u = inp["gate"], inp["up"]
+            return lambda: swiglu(g, u, in_place_backward=in_place)
+
+        return build
+
+    def eager(inp: Inputs):
+        from kernelwright.ops.swiglu import swiglu_eager
+
+        g, u = inp["gate"], inp["up"]
+        return lambda: swiglu_eager(g, u)
+
+    def torch_compile(inp: Inputs):
+        from kernelwright.ops.swiglu import swiglu_eager
+
+        g, u, fn = inp["gate"], inp["up"], compiled(swiglu_eager)
+        return lambda: fn(g, u)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+        g, u = inp["gate"], inp["up"]
+        # Liger's backward writes dgate/dup into the saved gate/up buffers (in place, always).
+        return lambda: LigerSiLUMulFunction.apply(g, u)
+
+    return (
+        Provider("kernelwright", ours(False)),
+        Provider("kernelwright_inplace", ours(True), mutates=True),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel", mutates=True),
+    )
+
+
+SWIGLU = register(
+    BenchSpec(
+        op="swiglu",
+        dims=("tokens", "intermediate"),
+        providers=_swiglu_providers(),
+        make_inputs=_swiglu_inputs,
+        grad_inputs=("gate", "up"),
+        bytes=_swiglu_bytes,
+        sweeps=(
+            Sweep("tokens", token_counts(1024, 16384), {"intermediate": REFERENCE.intermediate}),
+            Sweep("intermediate", distinct("intermediate"), {"tokens": DEFAULT_TOKENS}),
+        ),
+        quick_sweeps=(
+            Sweep("tokens", (DEFAULT_TOKENS, 16384), {"intermediate": REFERENCE.intermediate}),
+        ),
+        interpreter_sweeps=(Sweep("intermediate", (256, 512), {"tokens": 64}),),
+        input_bytes=_swiglu_input_bytes,
+        # Full mode holds inputs, output, saved tensors and both grads at once (~3.5x inputs);
+        # past 8 GB of inputs the run is about memory capacity, not the kernel.
+        max_input_bytes=8 * 10**9,
+        notes={"liger": "LigerSiLUMulFunction: grads written in place into gate/up"},
+    )
+)

@@ -1,0 +1,246 @@
+"""The `kernelwright` command. Each command is a function on the module-level `app`:
+
+    kernelwright bench rms_norm --quick        # time ops against their peers, CSV + plots
+    kernelwright info                          # the device, its architecture and versions
+    kernelwright demo                          # verify every kernel, then a benchmark table
+
+A new command is one more `@app.command()` function below (or in another module that
+imports `app`). Without an installed package: `PYTHONPATH=src python -m kernelwright.cli ...`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
+
+app = typer.Typer(
+    name="kernelwright",
+    help="Fast, tested Triton kernels for LLM training: benchmarks and device info.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def make_console() -> Console:
+    # Off a terminal (the GPU machine's captured output, CI logs) rich falls back to 80
+    # columns, which wraps the summary tables; use a wider page unless COLUMNS says otherwise.
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=180)
+    return console
+
+
+def _split(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return items or None
+
+
+@app.command()
+def bench(
+    op: Annotated[str, typer.Argument(help="An op with a benchmark spec, or 'all'.")],
+    mode: Annotated[str, typer.Option(help="forward, backward, full, or all (the three).")] = "all",
+    sweep: Annotated[
+        str | None, typer.Option(help="Run only this sweep (e.g. hidden, tokens).")
+    ] = None,
+    providers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated providers (default: all available on this device)."),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    out: Annotated[
+        Path, typer.Option(help="Output folder: <op>.csv, PNG plots, summary.md.")
+    ] = Path("kernelwright-runs/bench"),
+    quick: Annotated[
+        bool, typer.Option(help="A couple of shapes per op (tiny ones on the CPU interpreter).")
+    ] = False,
+    append: Annotated[
+        bool, typer.Option(help="Append to existing CSVs instead of replacing them.")
+    ] = False,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    hide_host: Annotated[
+        bool,
+        typer.Option(
+            help="Time GPU work alone: a GPU sleep before each rep lets the CPU queue all "
+            "kernels first, so Python/launch overhead drops out (as in a training step)."
+        ),
+    ] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
+    ] = False,
+) -> None:
+    """Time each provider of OP (forward/backward/full), write DIR/<op>.csv and plots."""
+    import torch
+
+    from kernelwright.bench import (
+        MODES,
+        SPECS,
+        make_context,
+        plan,
+        print_summary,
+        summary_markdown,
+        write_csv,
+        write_plots,
+    )
+    from kernelwright.bench.specs import get_spec
+
+    console = make_console()
+    if op == "all":
+        specs = list(SPECS.values())
+    else:
+        try:
+            specs = [get_spec(op)]
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="OP") from None
+    modes = list(MODES) if mode == "all" else [mode]
+    if any(m not in MODES for m in modes):
+        raise typer.BadParameter(
+            f"{mode!r}; use one of {', '.join(MODES)} or all", param_hint="--mode"
+        )
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r}; use one of {', '.join(DTYPES)}", param_hint="--dtype")
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    provider_names = _split(providers)
+
+    known = {n for spec in specs for n in spec.provider_names}
+    unknown = sorted(set(provider_names or ()) - known)
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown provider(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            param_hint="--providers",
+        )
+    plans = []
+    for spec in specs:
+        names = None
+        if provider_names is not None:
+            names = [n for n in provider_names if n in spec.provider_names]
+        try:
+            plans.append(plan(spec, modes=modes, sweep=sweep, providers=names, quick=quick))
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="--sweep") from None
+
+    ctx = make_context(hide_host=hide_host)
+    console.print(
+        f"[bold]kernelwright bench[/] on {ctx.gpu} · torch {ctx.torch} · triton {ctx.triton} · "
+        f"commit {ctx.commit} · copy bandwidth {ctx.copy_gbps:,.0f} GB/s"
+    )
+    if ctx.hide_host:
+        console.print("Timing GPU work alone (--hide-host): host overhead is not in the times.")
+    if ctx.interpreter:
+        console.print(
+            "[yellow]No GPU: kernels run in Triton's CPU interpreter on tiny shapes. The times "
+            "check that the harness works; they are not speeds.[/]"
+        )
+
+    all_rows = []
+    for p in plans:
+        rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
+        csv_path = write_csv(rows, out / f"{p.spec.op}.csv", append=append)
+        written = write_plots(rows, out) if plots else []
+        console.print(f"{p.spec.op}: {len(rows)} rows -> {csv_path}, {len(written)} plot(s)")
+        all_rows.extend(rows)
+
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "summary.md"
+    md.write_text(summary_markdown(all_rows))
+    print_summary(all_rows, console)
+    console.print(f"Markdown summary: {md}")
+    failed = [r for r in all_rows if r.provider.startswith("kernelwright") and r.error]
+    failed = [r for r in failed if not r.error.startswith("skipped")]
+    if strict and failed:
+        console.print(f"[red]{len(failed)} kernelwright row(s) failed.[/]")
+        raise typer.Exit(1)
+
+
+def _run_with_progress(console: Console, p, **kwargs):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from kernelwright.bench.harness import run_plan
+
+    names = [pr.name for pr in p.providers]
+    per_shape = max(1, len(p.providers) * len(p.modes))
+    done = [0]
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{p.spec.op} ({', '.join(names)})", total=p.size)
+
+        def on_row(row) -> None:
+            done[0] += 1
+            progress.advance(task)
+            if row.error and not row.error.startswith("skipped"):
+                console.print(
+                    f"  [yellow]{row.op}/{row.provider}/{row.mode} {row.shape}:[/] {row.error}"
+                )
+            if not console.is_terminal and done[0] % per_shape == 0:
+                # Off a terminal the bar is not drawn: one line per finished shape instead.
+                console.print(
+                    f"  {row.op} {row.x_name}={row.x_value} ({row.shape}) [{done[0]}/{p.size}]"
+                )
+
+        return run_plan(p, on_row=on_row, **kwargs)
+
+
+@app.command()
+def demo() -> None:
+    """Verify every library kernel against its reference, then print a benchmark table."""
+    from kernelwright.demo import run_demo
+
+    if not run_demo(make_console()):
+        raise typer.Exit(1)
+
+
+@app.command()
+def info() -> None:
+    """Print the device kernels run on: architecture, SMs, L2, memory, and versions."""
+    import platform
+
+    import torch
+    import triton
+
+    from kernelwright.bench.specs import importable
+    from kernelwright.runtime import device_info, interpreter_mode
+
+    d = device_info()
+    table = Table(title="kernelwright info", show_header=False, title_justify="left")
+    rows = [
+        ("device", d.name),
+        ("backend", d.backend + ("  (TRITON_INTERPRET=1)" if interpreter_mode() else "")),
+        ("arch", d.arch + (f"  (sm_{d.capability[0]}{d.capability[1]})" if d.capability else "")),
+        ("SMs", str(d.sm_count)),
+        ("L2", f"{d.l2_bytes / 2**20:.0f} MiB"),
+        ("memory", f"{d.total_memory_bytes / 2**30:.1f} GiB"),
+        ("kernelwright", kernelwright.__version__),
+        ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
+        ("triton", triton.__version__),
+        ("python", platform.python_version()),
+        ("liger_kernel", "installed" if importable("liger_kernel") else "not installed"),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    make_console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`kernelwright demo`: verify every library kernel against its reference, then benchmark.
+
+On a GPU both run there (benchmarks at real model shapes, all providers); without one, the
+kernels run through Triton's interpreter on small shapes and the benchmark table only shows
+that the harness works end to end — interpreter timings say nothing about GPU speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from kernelwright.ops.rms_norm import rms_norm, rms_norm_ref
+from kernelwright.ops.swiglu import swiglu, swiglu_fused, swiglu_fused_ref, swiglu_ref
+from kernelwright.runtime import default_device, device_info
+from kernelwright.testing import check_op, generator, rand
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    op: str
+    fn: Callable
+    ref: Callable
+    make: Callable[[tuple[int, ...], torch.dtype, torch.device, int], dict]
+    kwargs: dict
+
+
+def _rms_inputs(shape, dtype, device, seed):
+    gen = generator(seed)
+    x = rand(shape, dtype, device, gen=gen)
+    return {"x": x, "weight": rand(shape[-1:], dtype, device, gen=gen, mean=1.0, std=0.5)}
+
+
+def _swiglu_inputs(shape, dtype, device, seed):
+    gen = generator(seed)
+    return {"gate": rand(shape, dtype, device, gen=gen), "up": rand(shape, dtype, device, gen=gen)}
+
+
+def _swiglu_fused_inputs(shape, dtype, device, seed):
+    *lead, n = shape
+    return {"x": rand((*lead, 2 * n), dtype, device, gen=generator(seed))}
+
+
+CASES = [
+    VerifyCase("rms_norm (llama)", rms_norm, rms_norm_ref, _rms_inputs, {}),
+    VerifyCase(
+        "rms_norm (gemma)",
+        rms_norm,
+        rms_norm_ref,
+        _rms_inputs,
+        {"casting_mode": "gemma", "offset": 1.0},
+    ),
+    VerifyCase("swiglu", swiglu, swiglu_ref, _swiglu_inputs, {}),
+    VerifyCase("swiglu_fused", swiglu_fused, swiglu_fused_ref, _swiglu_fused_inputs, {}),
+]
+
+# Tolerances on the relative-norm error, as in the test suite's tables.
+_TOL = {torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 4e-3), torch.bfloat16: (1.4e-2, 1.6e-2)}
+
+
+def verify(console: Console, device: torch.device) -> bool:
+    """Forward and backward of every case against its fp32 reference; prints a table."""
+    from kernelwright.testing import Tolerance
+
+    tols = {dt: Tolerance(*t) for dt, t in _TOL.items()}
+    shapes = [(4, 1000, 4096), (2048, 16384)] if device.type == "cuda" else [(3, 5, 300), (7, 1500)]
+    table = Table(title=f"Correctness against the fp32 reference ({device_info(device).name})")
+    for col in ("op", "dtype", "shape", "max output err", "max grad err", "result"):
+        table.add_column(col)
+    all_ok = True
+    for case in CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape in shapes:
+                report = check_op(
+                    case.fn,
+                    case.ref,
+                    case.make(shape, dtype, device, 0),
+                    kwargs=case.kwargs,
+                    tolerances=tols,
+                    dtype=dtype,
+                )
+                out = max(r.error for r in report.rows if r.kind == "output")
+                grad = max((r.error for r in report.rows if r.kind == "grad"), default=0.0)
+                all_ok &= report.ok
+                table.add_row(
+                    case.op,
+                    str(dtype).replace("torch.", ""),
+                    "x".join(map(str, shape)),
+                    f"{out:.2e}",
+                    f"{grad:.2e}",
+                    "[green]ok" if report.ok else "[red]FAIL",
+                )
+    console.print(table)
+    return all_ok
+
+
+def run_demo(console: Console | None = None) -> bool:
+    from kernelwright.bench.harness import make_context, run_spec
+    from kernelwright.bench.report import print_summary
+    from kernelwright.bench.specs import SPECS
+
+    console = console or Console()
+    device = default_device()
+    info = device_info(device)
+    console.print(
+        f"[bold]kernelwright demo[/] on {info.name} ({info.arch}); torch {torch.__version__}"
+    )
+    ok = verify(console, device)
+    ctx = make_context()
+    if device.type != "cuda":
+        console.print(
+            "[yellow]No GPU: the benchmark below runs through the interpreter on tiny shapes; "
+            "its times show the harness works, not how fast anything is."
+        )
+    rows = []
+    for op in ("rms_norm", "swiglu"):
+        rows += run_spec(SPECS[op], modes=("forward", "full"), quick=True, ctx=ctx)
+    print_summary(rows, console=console)
+    if not ok:
+        console.print("[red bold]Some kernels do not match their reference (table above).")
+    return ok
