@@ -46,9 +46,10 @@ format: $(STAMP)
 
 # On the GPU machine (no venv, no registry: the image's python3 with src/ on the path):
 # the whole test suite on the GPU, then every benchmark; CSVs and plots to $(OUT).
+# --hide-host times GPU work alone (the CPU's launch overhead is recorded as host_ms).
 gpu-check:
 	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m pytest -q -x tests
-	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m kernelwright.cli bench all --strict --out $(OUT)
+	PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1 $(PYTHON) -m kernelwright.cli bench all --strict --hide-host --out $(OUT)
 
 bench: $(STAMP)
 	$(BIN)/kernelwright bench all --out $(OUT)

