@@ -43,11 +43,13 @@ TOL = {
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 # Odd row lengths around the tiles (interpreter: 512 columns x 16 rows per program; GPU:
-# 256 / 1024 / 2048 columns), a single row, and leading dims of rank 1 to 3.
+# 256 / 1024 / 2048 columns), a single row, and leading dims of rank 1 to 3. The last shape
+# has M*N divisible by the tile but N not: the launcher re-tiles dense tensors to full tiles.
 if ON_GPU:
     SHAPES = [(37, 300), (2, 3, 515), (1, 1000), (2, 3, 5, 96), (4099, 1025), (257, 14336)]
+    SHAPES += [(1024, 1000)]
 else:
-    SHAPES = [(37, 300), (2, 3, 515), (1, 1000), (2, 3, 5, 96), (17, 1100)]
+    SHAPES = [(37, 300), (2, 3, 515), (1, 1000), (2, 3, 5, 96), (17, 1100), (64, 200)]
 
 
 def _pair(shape, dtype, seed, layouts=("contiguous", "contiguous"), device=None):
