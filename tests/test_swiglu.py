@@ -158,10 +158,11 @@ def _every_value(dtype, device):
 
 def _assert_agrees_with_eager(dtype, device):
     # PyTorch's silu rounds once from fp32, as the kernel does; the kernel's fp32 sigmoid (fast
-    # exp and division) differs from PyTorch's in the last fp32 bits, which flips the final
-    # rounding of a few values. Over every finite value of the dtype for gate (random up and
-    # gradient): out, d up and d gate each differ from eager by at most 1 ulp, on at most
-    # 1 in 10^4 elements. A formula or rounding-point error would change far more.
+    # exp and division) differs from PyTorch's in the last fp32 bits, which flips the rounding
+    # of silu for a few values — 1 ulp of silu, up to 2 ulp of out = silu * up. Over every
+    # finite value of the dtype for gate (random up and gradient): out, d up and d gate each
+    # differ from eager by at most 2 ulp, on at most 1 in 10^4 elements. A formula or
+    # rounding-point error would change far more.
     gate = _every_value(dtype, device)
     gen = generator(9)
     up = rand(gate.shape, dtype, device, gen=gen)
@@ -177,7 +178,7 @@ def _assert_agrees_with_eager(dtype, device):
         differ = (ours != theirs) & ~(ours.isnan() & theirs.isnan())
         ulps = (ours.view(torch.int16).int() - theirs.view(torch.int16).int()).abs()[differ]
         assert differ.float().mean().item() <= 1e-4, f"{name}: {int(differ.sum())} differ"
-        assert (ulps <= 1).all(), f"{name}: differences of {ulps.max()} ulp"
+        assert (ulps <= 2).all(), f"{name}: differences of {ulps.max()} ulp"
     x = torch.cat([gate, up], dim=-1)
     assert torch.equal(swiglu_fused(x), swiglu(gate, up))
 

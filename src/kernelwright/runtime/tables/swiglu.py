@@ -16,11 +16,15 @@ TABLE = {
     # bf16 (block_n / (32 * num_warps) >= 8 elements) gives full-width vector loads. Measured on
     # an H200 at 16384 x 14336 bf16 (copy: 4211 GB/s): 2048 x 1 rows, 4 warps moved 4182 GB/s
     # (99%); 2048 x 2 rows, 8 warps 4037 GB/s (96%); 4096 x 4 rows, 8 warps only 1992 GB/s.
+    # Re-measured after the switch to the fast sigmoid (benchmarks/results/tune_swiglu_h200.csv,
+    # copy 4144 GB/s): 4096 x 1 rows, 8 warps moved 4317 GB/s at 16384 x 14336 and 4273 GB/s at
+    # 8192 x 18944 (re-tiled to full tiles), within 0.5% of the best config at each.
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),
             (1024, C(block_n=1024, rows=2, num_warps=4)),
-            (_LAST, C(block_n=2048, rows=1, num_warps=4)),
+            (2048, C(block_n=2048, rows=1, num_warps=4)),
+            (_LAST, C(block_n=4096, rows=1, num_warps=8)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
@@ -29,11 +33,13 @@ TABLE = {
     },
     # Backward reads gate, up and dc, writes da and db: 5 tensors. Same H200 shape: 2048 x 2
     # rows, 8 warps moved 4135 GB/s (98%); the top eight configs were all within 1%.
+    # After the fast sigmoid: 4096 x 1 rows, 8 warps moved 4285 GB/s at 16384 x 14336 (best).
     "bwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),
             (1024, C(block_n=1024, rows=2, num_warps=4)),
-            (_LAST, C(block_n=2048, rows=2, num_warps=8)),
+            (2048, C(block_n=2048, rows=2, num_warps=8)),
+            (_LAST, C(block_n=4096, rows=1, num_warps=8)),
         ],
         "interpreter": [
             (_LAST, C(block_n=512, rows=16)),
