@@ -80,14 +80,15 @@ def test_non_contiguous_input(layout, dtype):
         _check(_inputs(shape, dtype, 5, layout=layout), dtype)
 
 
-def test_forced_looped_path_matches_fused_path():
-    # The same rows through both kernels: the looped kernel must agree with the fused one.
+def test_every_kernel_path_agrees():
+    # The same rows through the multi-row, one-row and looped kernels must agree.
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
     dy = rand((13, 700), torch.float32, DEVICE, gen=gen)
     results = []
-    for cfg in [LaunchConfig(block_n=1024, rows=4), LaunchConfig(block_n=128)]:
+    configs = [LaunchConfig(block_n=1024, rows=4), LaunchConfig(block_n=1024, rows=1)]
+    for cfg in [*configs, LaunchConfig(block_n=128)]:
         with poisoned():
             y = torch.full_like(x, float("nan"))
             rstd = torch.full((13,), float("nan"), device=DEVICE)
@@ -97,9 +98,10 @@ def test_forced_looped_path_matches_fused_path():
             rms_norm_bwd_launch(dy, x, w, rstd, dx, dw, 0.0, "llama", config=cfg)
         results.append((y, dx, dw))
     ref_y = rms_norm_ref(x, w)
-    for a, b in zip(results[0], results[1], strict=True):
-        assert rel_norm_error(a, b) < 1e-6
-    assert rel_norm_error(results[1][0], ref_y) < 1e-6
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert rel_norm_error(a, b) < 1e-6
+    assert rel_norm_error(results[0][0], ref_y) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -67,19 +67,31 @@ def _rms_norm_fwd_kernel(
     ROWS: tl.constexpr,
 ):
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M*N may pass 2^31
     cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < M
     col_mask = cols < N
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)  # [ROWS]
-    y = _normalize(x, rstd[:, None], x_ptr.dtype.element_ty, CASTING)
-    if HAS_WEIGHT:
-        y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)[None, :]
-    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask)
-    tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+    if ROWS == 1:
+        # One row: a 1-D block, no row mask (the grid has exactly M programs).
+        row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        y = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
+        if HAS_WEIGHT:
+            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(rstd_ptr + row, rstd)
+    else:
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)  # [ROWS]
+        y = _normalize(x, rstd[:, None], x_ptr.dtype.element_ty, CASTING)
+        if HAS_WEIGHT:
+            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)[None, :]
+        y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
 @triton.jit

@@ -2,7 +2,8 @@
 
 Both kernels ("fwd" and "bwd") are elementwise over an [M, N] view: one program per
 (row block of `rows`, column tile of `block_n`), so any row length is covered and a row never
-has to fit in registers. Dense inputs are re-viewed as [M*N / block_n, block_n] (full tiles). `max_n` picks the tile for a row-length regime: short rows take
+has to fit in registers. Dense inputs are re-viewed as [M*N / block_n, block_n] (full tiles).
+`max_n` picks the tile for a row-length regime: short rows take
 several rows per program so each program still moves enough bytes to hide memory latency.
 The fused form (x = [gate | up]) looks up the table with N = half of x's last dimension.
 """
