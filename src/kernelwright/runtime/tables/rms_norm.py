@@ -9,7 +9,8 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 from kernelwright.runtime.launch import LaunchConfig as C
 
 # "default" rows: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22; results in
-# benchmarks/results/tune_rms_norm_h200.csv). Other architectures use them until tuned.
+# benchmarks/results/tune_rms_norm*_h200.csv, notes in benchmarks/NOTES.md). Other
+# architectures use them until tuned.
 TABLE = {
     "fwd": {
         "default": [
@@ -17,7 +18,7 @@ TABLE = {
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (2048, C(block_n=2048, rows=1, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
-            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=2, num_warps=4)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
