@@ -110,7 +110,9 @@ def run_demo(console: Console | None = None) -> bool:
         f"[bold]kernelwright demo[/] on {info.name} ({info.arch}); torch {torch.__version__}"
     )
     ok = verify(console, device)
-    ctx = make_context()
+    # GPU time alone: at these sizes a Triton call's launch costs as much CPU time as the
+    # kernel takes, and timing the CPU would compare launchers, not kernels.
+    ctx = make_context(hide_host=True)
     if device.type != "cuda":
         console.print(
             "[yellow]No GPU: the benchmark below runs through the interpreter on tiny shapes; "
