@@ -23,8 +23,6 @@ Layer order: kernels → launchers → custom ops → autograd Functions → `sw
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -238,13 +236,6 @@ def _(dc, x, dx) -> None:
 # --------------------------------------------------------------------------- autograd
 
 
-def _rows(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
-    # [..., N] → [M, N] with a contiguous last dim. An empty last dim leaves no -1 to infer.
-    if t.shape[-1] == 0:
-        return t.reshape(math.prod(t.shape[:-1]), 0)
-    return rows_view(op, name, t)
-
-
 def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -276,8 +267,8 @@ def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, in_place_backward):
-        a2 = _rows("swiglu", "gate", gate)  # [M, N]
-        b2 = _rows("swiglu", "up", up)  # [M, N]
+        a2 = rows_view("swiglu", "gate", gate)  # [M, N]
+        b2 = rows_view("swiglu", "up", up)  # [M, N]
         c = empty(a2.shape, dtype=gate.dtype, device=gate.device)
         compiling = torch.compiler.is_compiling()
         if compiling:
@@ -300,7 +291,7 @@ class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dc):
         a2, b2 = ctx.saved_tensors
-        dc2 = _rows("swiglu", "dc", dc)  # copies a gradient whose last stride is not 1 (expanded)
+        dc2 = rows_view("swiglu", "dc", dc)  # copies a gradient whose last stride is not 1
         need_a, need_b = ctx.needs_input_grad[:2]
         in_place = ctx.in_place and _storage_ptr(dc2) not in (_storage_ptr(a2), _storage_ptr(b2))
         da = a2 if in_place and need_a else empty(a2.shape, dtype=a2.dtype, device=a2.device)
@@ -319,7 +310,7 @@ class _SwiGLUFunction(torch.autograd.Function):
 class _SwiGLUFusedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
-        x2 = _rows("swiglu_fused", "x", x)  # [M, 2N]
+        x2 = rows_view("swiglu_fused", "x", x)  # [M, 2N]
         c = empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype, device=x.device)
         if torch.compiler.is_compiling():
             _swiglu_fused_fwd_op(x2, c)
@@ -332,7 +323,7 @@ class _SwiGLUFusedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dc):
         (x2,) = ctx.saved_tensors
-        dc2 = _rows("swiglu_fused", "dc", dc)
+        dc2 = rows_view("swiglu_fused", "dc", dc)
         dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)  # [M, 2N] = [da | db]
         if torch.compiler.is_compiling():
             _swiglu_fused_bwd_op(dc2, x2, dx)
