@@ -1,0 +1,65 @@
+"""Runtime: architecture names, launch-table lookup, backend selection, input checks."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ON_GPU
+
+from kernelwright.runtime import LaunchConfig, device_info, lookup
+from kernelwright.runtime.checks import rows_view
+from kernelwright.runtime.device import _arch_name
+
+TABLE = {
+    "fwd": {
+        "default": [(1024, LaunchConfig(block_n=1024)), (4096, LaunchConfig(block_n=4096))],
+        "hopper": [(2048, LaunchConfig(block_n=2048, num_warps=8))],
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "cap,name",
+    [((8, 0), "ampere"), ((8, 6), "ampere"), ((8, 9), "ada"), ((9, 0), "hopper"),
+     ((10, 0), "blackwell"), ((12, 0), "blackwell"), ((7, 5), "unknown")],
+)  # fmt: skip
+def test_arch_names(cap, name):
+    assert _arch_name(*cap) == name
+
+
+def test_lookup_picks_first_row_that_fits_and_falls_back_to_default():
+    info = device_info("cpu")
+    assert info.arch == "interpreter" and info.sm_count > 0
+    assert lookup(TABLE, "op", "fwd", info, 1).block_n == 1024
+    assert lookup(TABLE, "op", "fwd", info, 1024).block_n == 1024
+    assert lookup(TABLE, "op", "fwd", info, 1025).block_n == 4096
+    hopper = dataclasses.replace(info, arch="hopper")
+    assert lookup(TABLE, "op", "fwd", hopper, 2000) == LaunchConfig(block_n=2048, num_warps=8)
+    with pytest.raises(ValueError, match="no launch config.*row length 4097.*tables/op.py"):
+        lookup(TABLE, "op", "fwd", info, 4097)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
+def test_interpreter_selected_without_gpu_and_explicit_setting_kept():
+    code = "import os, kernelwright; print(os.environ['TRITON_INTERPRET'])"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "1", out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "TRITON_INTERPRET": "0"}, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "0", out.stderr
+
+
+def test_rows_view_keeps_row_strides_and_copies_only_when_needed():
+    base = torch.randn(6, 10)
+    view = rows_view("op", "x", base[:, :7])
+    assert view.data_ptr() == base.data_ptr() and view.stride() == (10, 1)
+    t = rows_view("op", "x", base.t())  # last dim not contiguous: a copy
+    assert t.is_contiguous() and torch.equal(t, base.t())
+    assert rows_view("op", "x", torch.randn(2, 3, 5)).shape == (6, 5)
+    assert rows_view("op", "x", torch.randn(2, 3, 0)).shape == (6, 0)
