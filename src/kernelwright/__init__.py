@@ -8,6 +8,15 @@ from kernelwright.runtime.device import ensure_backend
 
 ensure_backend()
 
+from kernelwright.ops.geglu import (  # noqa: E402
+    GeGLU,
+    GeGLUFused,
+    geglu,
+    geglu_fused,
+    geglu_fused_ref,
+    geglu_ref,
+)
+from kernelwright.ops.relu_squared import ReLUSquared, relu_squared, relu_squared_ref  # noqa: E402
 from kernelwright.ops.rms_norm import RMSNorm, rms_norm, rms_norm_ref  # noqa: E402
 from kernelwright.ops.swiglu import (  # noqa: E402
     SwiGLU,
@@ -21,10 +30,19 @@ from kernelwright.ops.swiglu import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "GeGLU",
+    "GeGLUFused",
+    "ReLUSquared",
     "RMSNorm",
     "SwiGLU",
     "SwiGLUFused",
     "__version__",
+    "geglu",
+    "geglu_fused",
+    "geglu_fused_ref",
+    "geglu_ref",
+    "relu_squared",
+    "relu_squared_ref",
     "rms_norm",
     "rms_norm_ref",
     "swiglu",

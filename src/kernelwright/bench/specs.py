@@ -227,10 +227,10 @@ RMS_NORM = register(
 )
 
 
-# --------------------------------------------------------------------------- swiglu
+# --------------------------------------------------------------------------- gated MLP activations
 
 
-def _swiglu_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+def _gated_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
     gen = generator(seed)
     m, n = shape["tokens"], shape["intermediate"]
     return {
@@ -239,67 +239,64 @@ def _swiglu_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
     }
 
 
-def _swiglu_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+def _gated_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
     mn_s = shape["tokens"] * shape["intermediate"] * dtype.itemsize
-    # forward: read gate, up; write out = silu(gate) * up            -> 3 * M*N*s
-    # backward: read dout, gate, up (silu recomputed); write dgate, dup -> 5 * M*N*s
+    # forward: read gate, up; write out = act(gate) * up              -> 3 * M*N*s
+    # backward: read dout, gate, up (act recomputed); write dgate, dup -> 5 * M*N*s
     per_mode = {"forward": 3, "backward": 5, "full": 8}
     return per_mode[mode] * mn_s
 
 
-def _swiglu_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
+def _gated_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
     return 2 * shape["tokens"] * shape["intermediate"] * dtype.itemsize
 
 
-def _swiglu_providers() -> tuple[Provider, ...]:
-    # kernelwright.ops.swiglu is imported when a provider is built, not here, so the harness
-    # (and rms_norm's benchmarks) work while that module does not exist yet: its providers
-    # then give error rows.
+def _gated_providers(
+    module: str, fn: str, eager_fn: str, liger: tuple[str, str], **kwargs
+) -> tuple[Provider, ...]:
+    # The op's module is imported when a provider is built, not here, so the harness works
+    # while one op's module is broken or missing: its providers then give error rows.
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module(module), name)
+
     def ours(in_place: bool) -> Builder:
         def build(inp: Inputs):
-            from kernelwright.ops.swiglu import swiglu
-
-            g, u = inp["gate"], inp["up"]
-            return lambda: swiglu(g, u, in_place_backward=in_place)
+            g, u, f = inp["gate"], inp["up"], op(fn)
+            return lambda: f(g, u, in_place_backward=in_place, **kwargs)
 
         return build
 
     def eager(inp: Inputs):
-        from kernelwright.ops.swiglu import swiglu_eager
-
-        g, u = inp["gate"], inp["up"]
-        return lambda: swiglu_eager(g, u)
+        g, u, f = inp["gate"], inp["up"], op(eager_fn)
+        return lambda: f(g, u, **kwargs)
 
     def torch_compile(inp: Inputs):
-        from kernelwright.ops.swiglu import swiglu_eager
+        g, u, f = inp["gate"], inp["up"], compiled(op(eager_fn))
+        return lambda: f(g, u, **kwargs)
 
-        g, u, fn = inp["gate"], inp["up"], compiled(swiglu_eager)
-        return lambda: fn(g, u)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-
+    def peer(inp: Inputs):
+        cls = getattr(importlib.import_module(liger[0]), liger[1])
         g, u = inp["gate"], inp["up"]
         # Liger's backward writes dgate/dup into the saved gate/up buffers (in place, always).
-        return lambda: LigerSiLUMulFunction.apply(g, u)
+        return lambda: cls.apply(g, u)
 
     return (
         Provider("kernelwright", ours(False)),
         Provider("kernelwright_inplace", ours(True), mutates=True),
         Provider("torch", eager),
         Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel", mutates=True),
+        Provider("liger", peer, requires="liger_kernel", mutates=True),
     )
 
 
-SWIGLU = register(
-    BenchSpec(
-        op="swiglu",
+def _gated_spec(op: str, providers: tuple[Provider, ...], liger_note: str) -> BenchSpec:
+    return BenchSpec(
+        op=op,
         dims=("tokens", "intermediate"),
-        providers=_swiglu_providers(),
-        make_inputs=_swiglu_inputs,
+        providers=providers,
+        make_inputs=_gated_inputs,
         grad_inputs=("gate", "up"),
-        bytes=_swiglu_bytes,
+        bytes=_gated_bytes,
         sweeps=(
             Sweep("tokens", token_counts(1024, 16384), {"intermediate": REFERENCE.intermediate}),
             Sweep("intermediate", distinct("intermediate"), {"tokens": DEFAULT_TOKENS}),
@@ -308,10 +305,103 @@ SWIGLU = register(
             Sweep("tokens", (DEFAULT_TOKENS, 16384), {"intermediate": REFERENCE.intermediate}),
         ),
         interpreter_sweeps=(Sweep("intermediate", (256, 512), {"tokens": 64}),),
-        input_bytes=_swiglu_input_bytes,
+        input_bytes=_gated_input_bytes,
         # Full mode holds inputs, output, saved tensors and both grads at once (~3.5x inputs);
         # past 8 GB of inputs the run is about memory capacity, not the kernel.
         max_input_bytes=8 * 10**9,
-        notes={"liger": "LigerSiLUMulFunction: grads written in place into gate/up"},
+        notes={"liger": liger_note},
+    )
+
+
+SWIGLU = register(
+    _gated_spec(
+        "swiglu",
+        _gated_providers(
+            "kernelwright.ops.swiglu",
+            "swiglu",
+            "swiglu_eager",
+            ("liger_kernel.ops.swiglu", "LigerSiLUMulFunction"),
+        ),
+        "LigerSiLUMulFunction: grads written in place into gate/up",
+    )
+)
+
+# Gemma's gelu_pytorch_tanh, the form Liger implements.
+GEGLU = register(
+    _gated_spec(
+        "geglu",
+        _gated_providers(
+            "kernelwright.ops.geglu",
+            "geglu",
+            "geglu_eager",
+            ("liger_kernel.ops.geglu", "LigerGELUMulFunction"),
+            approximate="tanh",
+        ),
+        "LigerGELUMulFunction (tanh approximation): grads written in place into gate/up",
+    )
+)
+
+
+# --------------------------------------------------------------------------- relu_squared
+
+
+def _relu_squared_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    m, n = shape["tokens"], shape["intermediate"]
+    return {"x": rand((m, n), dtype, device, gen=generator(seed))}  # [M, N] = x @ W_up^T
+
+
+def _relu_squared_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    mn_s = shape["tokens"] * shape["intermediate"] * dtype.itemsize
+    # forward: read x, write y = relu(x)^2     -> 2 * M*N*s
+    # backward: read dy and x, write dx        -> 3 * M*N*s
+    return {"forward": 2, "backward": 3, "full": 5}[mode] * mn_s
+
+
+def _relu_squared_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.relu_squared"), name)
+
+    def ours(inp: Inputs):
+        x, f = inp["x"], op("relu_squared")
+        return lambda: f(x)
+
+    def eager(inp: Inputs):
+        x, f = inp["x"], op("relu_squared_eager")
+        return lambda: f(x)
+
+    def torch_compile(inp: Inputs):
+        x, f = inp["x"], compiled(op("relu_squared_eager"))
+        return lambda: f(x)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.relu_squared import LigerReLUSquaredFunction
+
+        x = inp["x"]
+        return lambda: LigerReLUSquaredFunction.apply(x)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel"),
+    )
+
+
+RELU_SQUARED = register(
+    BenchSpec(
+        op="relu_squared",
+        dims=("tokens", "intermediate"),
+        providers=_relu_squared_providers(),
+        make_inputs=_relu_squared_inputs,
+        grad_inputs=("x",),
+        bytes=_relu_squared_bytes,
+        sweeps=(
+            Sweep("tokens", token_counts(1024, 16384), {"intermediate": REFERENCE.intermediate}),
+            Sweep("intermediate", distinct("intermediate"), {"tokens": DEFAULT_TOKENS}),
+        ),
+        quick_sweeps=(
+            Sweep("tokens", (DEFAULT_TOKENS, 16384), {"intermediate": REFERENCE.intermediate}),
+        ),
+        interpreter_sweeps=(Sweep("intermediate", (256, 512), {"tokens": 64}),),
     )
 )

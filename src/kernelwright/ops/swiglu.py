@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig
@@ -236,34 +237,6 @@ def _(dc, x, dx) -> None:
 # --------------------------------------------------------------------------- autograd
 
 
-def _storage_ptr(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _is_alias_of(t: torch.Tensor, t2: torch.Tensor) -> bool:
-    # Writing the [M, N] view t2 writes each element of t exactly once: rows_view made no copy
-    # (a copy lives elsewhere) and rows do not overlap (no stride-0 / expanded rows).
-    return t2.data_ptr() == t.data_ptr() and (t2.shape[0] <= 1 or t2.stride(0) >= t2.shape[1])
-
-
-def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
-    # Whether two [M, N] row-strided views share no element (conservative: False if unsure).
-    if _storage_ptr(a) != _storage_ptr(b):
-        return True
-    size = a.element_size()
-    span_a = ((a.shape[0] - 1) * a.stride(0) + a.shape[1]) * size
-    span_b = ((b.shape[0] - 1) * b.stride(0) + b.shape[1]) * size
-    if a.data_ptr() + span_a <= b.data_ptr() or b.data_ptr() + span_b <= a.data_ptr():
-        return True
-    # Interleaved rows of one buffer, as `gate, up = x.chunk(2, -1)`: same row stride s, and
-    # b's column offset within a row leaves room for both N-wide rows.
-    s, n = a.stride(0), a.shape[1]
-    if b.stride(0) != s or s == 0:
-        return False
-    offset = (abs(b.data_ptr() - a.data_ptr()) // size) % s
-    return n <= offset <= s - n
-
-
 class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, in_place_backward):
@@ -282,9 +255,9 @@ class _SwiGLUFunction(torch.autograd.Function):
         ctx.in_place = (
             in_place_backward
             and not compiling
-            and _is_alias_of(gate, a2)
-            and _is_alias_of(up, b2)
-            and _disjoint(a2, b2)
+            and writes_through(gate, a2)
+            and writes_through(up, b2)
+            and disjoint(a2, b2)
         )
         return c.view(gate.shape)
 
@@ -293,7 +266,7 @@ class _SwiGLUFunction(torch.autograd.Function):
         a2, b2 = ctx.saved_tensors
         dc2 = rows_view("swiglu", "dc", dc)  # copies a gradient whose last stride is not 1
         need_a, need_b = ctx.needs_input_grad[:2]
-        in_place = ctx.in_place and _storage_ptr(dc2) not in (_storage_ptr(a2), _storage_ptr(b2))
+        in_place = ctx.in_place and storage_ptr(dc2) not in (storage_ptr(a2), storage_ptr(b2))
         da = a2 if in_place and need_a else empty(a2.shape, dtype=a2.dtype, device=a2.device)
         db = b2 if in_place and need_b else empty(b2.shape, dtype=b2.dtype, device=b2.device)
         if torch.compiler.is_compiling():
