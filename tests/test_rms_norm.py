@@ -279,3 +279,21 @@ def test_torch_compile_fullgraph():
     block(xr, wr).sum().backward()
     assert rel_norm_error(x.grad, xr.grad) < 1e-5
     assert rel_norm_error(w.grad, wr.grad) < 1e-5
+
+
+def test_output_can_be_modified_in_place():
+    # Returned as allocated, not as a view made inside the autograd Function (which autograd
+    # forbids modifying in place): `y.mul_()` after the norm must work and differentiate.
+    inputs = _inputs((3, 5, 300), torch.float32, 24)
+    x = inputs["x"].detach().requires_grad_()
+    xr = inputs["x"].detach().requires_grad_()
+    rms_norm(x, inputs["weight"]).mul_(3.0).sum().backward()
+    rms_norm_ref(xr, inputs["weight"]).mul_(3.0).sum().backward()
+    assert rel_norm_error(x.grad, xr.grad) < 1e-5
+
+
+def test_harness_catches_a_detached_output():
+    inputs = _inputs((5, 300), torch.float32, 25)
+    detached = lambda x, weight, **kw: rms_norm(x, weight).detach()
+    report = check_op(detached, rms_norm_ref, inputs, tolerances=TOL)
+    assert not report.ok and any("detached" in r.name for r in report.rows)

@@ -300,7 +300,9 @@ class _GeGLUFunction(torch.autograd.Function):
     def forward(ctx, gate, up, approximate, in_place_backward):
         a2 = rows_view("geglu", "gate", gate)  # [M, N]
         b2 = rows_view("geglu", "up", up)  # [M, N]
-        c = empty(a2.shape, dtype=gate.dtype, device=gate.device)
+        # out in gate's shape, returned as allocated (see rms_norm); written via a 2-D view
+        out = empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        c = out.view(a2.shape)
         compiling = torch.compiler.is_compiling()
         if compiling:
             _geglu_fwd_op(a2, b2, c, approximate)
@@ -318,7 +320,7 @@ class _GeGLUFunction(torch.autograd.Function):
             and writes_through(up, b2)
             and disjoint(a2, b2)
         )
-        return c.view(gate.shape)
+        return out
 
     @staticmethod
     def backward(ctx, dc):
@@ -344,7 +346,8 @@ class _GeGLUFusedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, approximate):
         x2 = rows_view("geglu_fused", "x", x)  # [M, 2N]
-        c = empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype, device=x.device)
+        out = empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+        c = out.view(x2.shape[0], x2.shape[1] // 2)
         if torch.compiler.is_compiling():
             _geglu_fused_fwd_op(x2, c, approximate)
         else:
@@ -352,7 +355,7 @@ class _GeGLUFusedFunction(torch.autograd.Function):
         ctx.save_for_backward(x2)
         ctx.shape = x.shape
         ctx.approximate = approximate
-        return c.view(*x.shape[:-1], c.shape[1])
+        return out
 
     @staticmethod
     def backward(ctx, dc):

@@ -160,14 +160,16 @@ class _ReLUSquaredFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         x2 = rows_view("relu_squared", "x", x)  # [M, N]
-        y = empty(x2.shape, dtype=x.dtype, device=x.device)
+        # y in x's shape, returned as allocated (see rms_norm); written via a 2-D view
+        out = empty(x.shape, dtype=x.dtype, device=x.device)
+        y = out.view(x2.shape)
         if torch.compiler.is_compiling():
             _relu_squared_fwd_op(x2, y)
         else:
             relu_squared_fwd_launch(x2, y)
         ctx.save_for_backward(x2)  # x only: relu(x) is recomputed, y is never kept
         ctx.shape = x.shape
-        return y.view(x.shape)
+        return out
 
     @staticmethod
     def backward(ctx, dy):

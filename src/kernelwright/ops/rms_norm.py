@@ -375,19 +375,22 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, offset, casting_mode, in_place_backward):
         x2 = rows_view("rms_norm", "x", x)
-        y = empty(x2.shape, dtype=_output_dtype(x, weight, casting_mode), device=x.device)
+        # y in x's shape, returned as allocated: a view made inside a custom Function could
+        # not be modified in place by the caller. The kernel writes it through a 2-D view.
+        y = empty(x.shape, dtype=_output_dtype(x, weight, casting_mode), device=x.device)
+        y2 = y.view(x2.shape)
         rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
         if torch.compiler.is_compiling():
-            _rms_norm_fwd_op(x2, weight, y, rstd, eps, offset, casting_mode)
+            _rms_norm_fwd_op(x2, weight, y2, rstd, eps, offset, casting_mode)
         else:
-            rms_norm_fwd_launch(x2, weight, y, rstd, eps, offset, casting_mode)
+            rms_norm_fwd_launch(x2, weight, y2, rstd, eps, offset, casting_mode)
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = x.shape
         ctx.x_dtype = x.dtype
         ctx.offset = offset
         ctx.casting_mode = casting_mode
         ctx.in_place_backward = in_place_backward
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, dy):

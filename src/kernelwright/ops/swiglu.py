@@ -242,7 +242,9 @@ class _SwiGLUFunction(torch.autograd.Function):
     def forward(ctx, gate, up, in_place_backward):
         a2 = rows_view("swiglu", "gate", gate)  # [M, N]
         b2 = rows_view("swiglu", "up", up)  # [M, N]
-        c = empty(a2.shape, dtype=gate.dtype, device=gate.device)
+        # out in gate's shape, returned as allocated (see rms_norm); written via a 2-D view
+        out = empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        c = out.view(a2.shape)
         compiling = torch.compiler.is_compiling()
         if compiling:
             _swiglu_fwd_op(a2, b2, c)
@@ -259,7 +261,7 @@ class _SwiGLUFunction(torch.autograd.Function):
             and writes_through(up, b2)
             and disjoint(a2, b2)
         )
-        return c.view(gate.shape)
+        return out
 
     @staticmethod
     def backward(ctx, dc):
@@ -284,14 +286,15 @@ class _SwiGLUFusedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         x2 = rows_view("swiglu_fused", "x", x)  # [M, 2N]
-        c = empty((x2.shape[0], x2.shape[1] // 2), dtype=x.dtype, device=x.device)
+        out = empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+        c = out.view(x2.shape[0], x2.shape[1] // 2)
         if torch.compiler.is_compiling():
             _swiglu_fused_fwd_op(x2, c)
         else:
             swiglu_fused_fwd_launch(x2, c)
         ctx.save_for_backward(x2)
         ctx.shape = x.shape
-        return c.view(*x.shape[:-1], c.shape[1])
+        return out
 
     @staticmethod
     def backward(ctx, dc):

@@ -119,6 +119,10 @@ def check_op(
         report.rows.append(CheckRow("output", f"out{i}", rel_norm_error(o, r), tol.fwd))
 
     if backward and grad_inputs:
+        for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
+            if r.requires_grad and not o.requires_grad:
+                # a detached output would otherwise drop out of the backward check silently
+                report.rows.append(CheckRow("grad", f"out{i} detached", math.inf, tol.bwd))
         gen = generator(seed + 1000)
         pairs = [(o, r) for o, r in zip(outs, refs, strict=True) if o.requires_grad]
         dys = [rand(o.shape, o.dtype, o.device, gen=gen) for o, _ in pairs]
