@@ -8,6 +8,11 @@ from kernelwright.runtime.device import ensure_backend
 
 ensure_backend()
 
+from kernelwright.ops.fused_add_rms_norm import (  # noqa: E402
+    FusedAddRMSNorm,
+    fused_add_rms_norm,
+    fused_add_rms_norm_ref,
+)
 from kernelwright.ops.geglu import (  # noqa: E402
     GeGLU,
     GeGLUFused,
@@ -30,6 +35,7 @@ from kernelwright.ops.swiglu import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "FusedAddRMSNorm",
     "GeGLU",
     "GeGLUFused",
     "ReLUSquared",
@@ -37,6 +43,8 @@ __all__ = [
     "SwiGLU",
     "SwiGLUFused",
     "__version__",
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_ref",
     "geglu",
     "geglu_fused",
     "geglu_fused_ref",

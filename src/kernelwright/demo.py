@@ -14,6 +14,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref
+from kernelwright.ops.geglu import geglu, geglu_ref
+from kernelwright.ops.relu_squared import relu_squared, relu_squared_ref
 from kernelwright.ops.rms_norm import rms_norm, rms_norm_ref
 from kernelwright.ops.swiglu import swiglu, swiglu_fused, swiglu_fused_ref, swiglu_ref
 from kernelwright.runtime import default_device, device_info
@@ -40,6 +43,16 @@ def _swiglu_inputs(shape, dtype, device, seed):
     return {"gate": rand(shape, dtype, device, gen=gen), "up": rand(shape, dtype, device, gen=gen)}
 
 
+def _fused_add_inputs(shape, dtype, device, seed):
+    inputs = _rms_inputs(shape, dtype, device, seed)
+    inputs["residual"] = rand(shape, dtype, device, gen=generator(seed + 1))
+    return inputs
+
+
+def _one_input(shape, dtype, device, seed):
+    return {"x": rand(shape, dtype, device, gen=generator(seed))}
+
+
 def _swiglu_fused_inputs(shape, dtype, device, seed):
     *lead, n = shape
     return {"x": rand((*lead, 2 * n), dtype, device, gen=generator(seed))}
@@ -54,7 +67,17 @@ CASES = [
         _rms_inputs,
         {"casting_mode": "gemma", "offset": 1.0},
     ),
+    VerifyCase(
+        "fused_add_rms_norm",
+        fused_add_rms_norm,
+        fused_add_rms_norm_ref,
+        _fused_add_inputs,
+        {},
+    ),
     VerifyCase("swiglu", swiglu, swiglu_ref, _swiglu_inputs, {}),
+    VerifyCase("geglu (tanh)", geglu, geglu_ref, _swiglu_inputs, {"approximate": "tanh"}),
+    VerifyCase("geglu (erf)", geglu, geglu_ref, _swiglu_inputs, {"approximate": "none"}),
+    VerifyCase("relu_squared", relu_squared, relu_squared_ref, _one_input, {}),
     VerifyCase("swiglu_fused", swiglu_fused, swiglu_fused_ref, _swiglu_fused_inputs, {}),
 ]
 
@@ -119,8 +142,8 @@ def run_demo(console: Console | None = None) -> bool:
             "its times show the harness works, not how fast anything is."
         )
     rows = []
-    for op in ("rms_norm", "swiglu"):
-        rows += run_spec(SPECS[op], modes=("forward", "full"), quick=True, ctx=ctx)
+    for spec in SPECS.values():
+        rows += run_spec(spec, modes=("forward", "full"), quick=True, ctx=ctx)
     print_summary(rows, console=console)
     if not ok:
         console.print("[red bold]Some kernels do not match their reference (table above).")

@@ -227,6 +227,82 @@ RMS_NORM = register(
 )
 
 
+# --------------------------------------------------------------------------- fused_add_rms_norm
+
+
+def _fused_add_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    m, n = shape["tokens"], shape["hidden"]
+    return {
+        "x": rand((m, n), dtype, device, gen=gen),  # [M, N] sublayer output
+        "residual": rand((m, n), dtype, device, gen=gen),  # [M, N] residual stream
+        "weight": rand((n,), dtype, device, gen=gen, mean=1.0, std=0.1),  # [N]
+    }
+
+
+def _fused_add_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    m, n, s = shape["tokens"], shape["hidden"], dtype.itemsize
+    # forward: read x, residual (2*M*N*s), w; write y, s = x + residual (2*M*N*s), rstd (M*4)
+    fwd = 4 * m * n * s + n * s + m * 4
+    # backward: read dy, ds_out, s (3*M*N*s), w, rstd; write d(x) = d(residual) (M*N*s), dw
+    bwd = 4 * m * n * s + 2 * n * s + m * 4
+    return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
+
+
+def _fused_add_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.fused_add_rms_norm"), name)
+
+    def ours(inp: Inputs):
+        x, r, w, f = inp["x"], inp["residual"], inp["weight"], op("fused_add_rms_norm")
+        return lambda: f(x, r, w, EPS)
+
+    def eager(inp: Inputs):
+        x, r, w, f = inp["x"], inp["residual"], inp["weight"], op("fused_add_rms_norm_eager")
+        return lambda: f(x, r, w, EPS)
+
+    def torch_compile(inp: Inputs):
+        x, r, w = inp["x"], inp["residual"], inp["weight"]
+        f = compiled(op("fused_add_rms_norm_eager"))
+        return lambda: f(x, r, w, EPS)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+        x, r, w = inp["x"], inp["residual"], inp["weight"]
+        # (X, R, W, eps, offset, casting_mode, in_place): in_place=False is its default
+        return lambda: LigerFusedAddRMSNormFunction.apply(x, r, w, EPS, 0.0, "llama", False)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel"),
+    )
+
+
+FUSED_ADD_RMS_NORM = register(
+    BenchSpec(
+        op="fused_add_rms_norm",
+        dims=("tokens", "hidden"),
+        providers=_fused_add_providers(),
+        make_inputs=_fused_add_inputs,
+        grad_inputs=("x", "residual", "weight"),
+        bytes=_fused_add_bytes,
+        backward_through=(0, 1),
+        sweeps=(
+            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
+            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
+        ),
+        quick_sweeps=(
+            # hidden 4096 and 16384, the sizes the issue benchmarks against Liger
+            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
+        ),
+        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+    )
+)
+
+
 # --------------------------------------------------------------------------- gated MLP activations
 
 

@@ -1,0 +1,593 @@
+"""Fused residual add + RMSNorm: s = x + residual;  y = s / sqrt(mean(s^2) + eps) * (offset + w).
+
+Returns (y, s): s is the new residual stream (`residual_out`), rounded to the input dtype as a
+Hugging Face decoder layer computes `hidden_states = residual + hidden_states`, and the norm
+reads that rounded value. Casting modes and offset are those of `rms_norm` (see its module
+docstring); the kernels reuse its `@triton.jit` helpers so both ops round identically.
+
+Memory traffic, the reason to fuse: the forward reads x and residual once and writes y and s
+once (unfused: the add reads 2 and writes 1, then the norm reads 1 and writes 1). The backward
+reads s, dy and d_residual_out and writes ds once; ds is the gradient of both x and residual.
+
+Layer order: kernels → launchers → custom ops → autograd Function → `fused_add_rms_norm` →
+`FusedAddRMSNorm`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
+# so sharing them keeps the two ops' roundings identical by construction.
+from kernelwright.ops.rms_norm import (
+    CASTING_MODES,
+    _normalize,
+    _output_dtype,
+    _weight_eff,
+    rms_norm_eager,
+    rms_norm_ref,
+)
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
+
+_OP = "fused_add_rms_norm"
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _fused_add_rms_norm_fwd_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    s_ptr,
+    rstd_ptr,  # x, r, y, s: [M, N] with row strides; w: [N]; rstd: [M] fp32
+    M,
+    N,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    eps,
+    offset,
+    CASTING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # One program adds and normalizes ROWS whole rows held in registers (BLOCK_N >= N).
+    # s = round(x + r) to the input dtype (fp32 add, one rounding: what torch's add does);
+    # the norm then reads the rounded s, exactly as the unfused model code does.
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)  # first: overlaps x's latency
+    if ROWS == 1:
+        # One row: a 1-D block, no row mask (the grid has exactly M programs).
+        row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row * stride_r + cols, mask=col_mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * stride_s + cols, s, mask=col_mask)
+        s = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
+        y = _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING)
+        if HAS_WEIGHT:
+            y = y * w
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(rstd_ptr + row, rstd)
+    else:
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        r = tl.load(r_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+        s = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+        s = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)  # [ROWS]
+        y = _normalize(s, rstd[:, None], s_ptr.dtype.element_ty, CASTING)
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _fused_add_rms_norm_fwd_looped_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    s_ptr,
+    rstd_ptr,
+    M,
+    N,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_s,
+    eps,
+    offset,
+    CASTING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Rows too long for registers: pass 1 reduces sum(s^2); pass 2 re-reads x and r (mostly
+    # from L2), recomputes the same rounded s and writes s and y. Writing s in pass 2, not
+    # pass 1, keeps each output written once and never reads back what the program stored.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    r_row = r_ptr + row * stride_r
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty).to(tl.float32)
+        acc += s * s
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        s = (x + r).to(s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * stride_s + cols, s, mask=col_mask)
+        y = _normalize(s.to(tl.float32), rstd, s_ptr.dtype.element_ty, CASTING)
+        if HAS_WEIGHT:
+            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _fused_add_rms_norm_bwd_kernel(
+    dy_ptr,
+    dres_ptr,
+    s_ptr,
+    w_ptr,
+    rstd_ptr,
+    ds_ptr,
+    dw_partial_ptr,  # dy, dres, s, ds: [M, N] with row strides; dw_partial: [programs, N] fp32
+    M,
+    N,
+    stride_dy,
+    stride_dres,
+    stride_s,
+    stride_ds,
+    offset,
+    CASTING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
+    # s feeds both outputs, so its gradient is the residual gradient plus the norm's:
+    # g = dy * (offset + w);  ds = dres + rstd * (g - s_hat * mean(g * s_hat));
+    # dW = sum_rows(dy * s_hat);  dx = d_residual = ds.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        if HAS_DRES:
+            dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
+            dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+        s = s.to(tl.float32)
+        dy = dy.to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        s_hat = s * rstd
+        if HAS_WEIGHT:
+            # dW sees s_hat as the forward multiplied it: rounded unless gemma.
+            dw_acc += tl.sum(dy * _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING), axis=0)
+            g = dy * w[None, :]
+        else:
+            g = dy
+        c = tl.sum(g * s_hat, axis=1)[:, None] / N
+        ds = (g - s_hat * c) * rstd
+        if HAS_DRES:
+            ds += dres
+        tl.store(
+            ds_ptr + rows[:, None] * stride_ds + cols[None, :], ds.to(ds_ptr.dtype.element_ty), mask
+        )
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
+def _fused_add_rms_norm_bwd_looped_kernel(
+    dy_ptr,
+    dres_ptr,
+    s_ptr,
+    w_ptr,
+    rstd_ptr,
+    ds_ptr,
+    dw_partial_ptr,
+    M,
+    N,
+    stride_dy,
+    stride_dres,
+    stride_s,
+    stride_ds,
+    offset,
+    CASTING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Long rows: pass 1 reduces sum(g * s_hat) over the row; pass 2 writes ds (adding dres,
+    # read only here) and adds this row's dW contribution into the program's own fp32 partial
+    # row (no atomics).
+    pid = tl.program_id(0)
+    dw_row = dw_partial_ptr + pid.to(tl.int64) * N
+    for row in range(pid, M, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)  # a plain int under the interpreter: cast, not .to()
+        s_row = s_ptr + row64 * stride_s
+        dy_row = dy_ptr + row64 * stride_dy
+        rstd = tl.load(rstd_ptr + row64)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            s = tl.load(s_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+            acc += g * s * rstd
+        c = tl.sum(acc, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            s = tl.load(s_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+                s_cast = _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING)
+                dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
+                tl.store(dw_row + cols, dw + dy * s_cast, mask=col_mask)
+            ds = (g - s * rstd * c) * rstd
+            if HAS_DRES:
+                dres_row = dres_ptr + row64 * stride_dres
+                ds += tl.load(dres_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            tl.store(ds_ptr + row64 * stride_ds + cols, ds.to(ds_ptr.dtype.element_ty), col_mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
+    return config or lookup(TABLE, _OP, kernel, device_info(x.device), x.shape[-1])
+
+
+def fused_add_rms_norm_fwd_launch(
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    residual: torch.Tensor,  # [M, N], stride(1) == 1, x's dtype
+    weight: torch.Tensor | None,
+    y: torch.Tensor,  # [M, N], stride(1) == 1
+    residual_out: torch.Tensor,  # [M, N], stride(1) == 1, x's dtype
+    rstd: torch.Tensor,  # [M] fp32
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = x.shape
+    if M == 0:
+        return
+    cfg = _config("fwd", x, config)
+    common = dict(
+        CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
+    )
+    args = (x, residual, weight if weight is not None else x, y, residual_out, rstd, M, N)
+    args += (x.stride(0), residual.stride(0), y.stride(0), residual_out.stride(0), eps, offset)
+    if cfg.block_n >= N:
+        grid = (triton.cdiv(M, cfg.rows),)
+        _fused_add_rms_norm_fwd_kernel[grid](
+            *args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common
+        )
+    else:
+        _fused_add_rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
+
+
+def fused_add_rms_norm_bwd_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1: gradient of y
+    d_residual_out: torch.Tensor | None,  # [M, N], stride(1) == 1; None when s is unused
+    residual_out: torch.Tensor,  # [M, N], stride(1) == 1: s saved by the forward
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,  # [M] fp32
+    ds: torch.Tensor,  # [M, N], stride(1) == 1, s's dtype: gradient of x and of residual
+    dw: torch.Tensor | None,  # [N], weight's dtype; None when dW is not wanted
+    offset: float,
+    casting_mode: str,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = residual_out.shape
+    if M == 0:
+        if dw is not None:
+            dw.zero_()
+        return
+    cfg = _config("bwd", residual_out, config)
+    fits = cfg.block_n >= N
+    row_blocks = triton.cdiv(M, cfg.rows) if fits else M
+    programs = max(1, min(row_blocks, device_info(ds.device).sm_count * cfg.programs_per_sm))
+    partial = None
+    if weight is not None:
+        # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
+        partial = empty((programs, N), dtype=torch.float32, device=ds.device)
+        if not fits:
+            partial.zero_()  # the looped kernel accumulates into it row by row
+    has_dres = d_residual_out is not None
+    args = (
+        dy,
+        d_residual_out if has_dres else dy,
+        residual_out,
+        weight if weight is not None else residual_out,
+        rstd,
+        ds,
+        partial if partial is not None else rstd,
+    )
+    args += (M, N, dy.stride(0), d_residual_out.stride(0) if has_dres else 0)
+    args += (residual_out.stride(0), ds.stride(0), offset)
+    common = dict(
+        CASTING=CASTING_MODES[casting_mode],
+        HAS_WEIGHT=weight is not None,
+        HAS_DRES=has_dres,
+        BLOCK_N=cfg.block_n,
+    )
+    if fits:
+        _fused_add_rms_norm_bwd_kernel[(programs,)](
+            *args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common
+        )
+    else:
+        _fused_add_rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
+    if dw is not None:
+        dw.copy_(partial.sum(0))  # fp32 sum over programs, one cast to the weight's dtype
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# skip the dispatcher and go straight to the launcher.
+
+
+@torch.library.custom_op(
+    "kernelwright::fused_add_rms_norm_fwd", mutates_args=("y", "residual_out", "rstd")
+)
+def _fused_add_rms_norm_fwd_op(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None,
+    y: torch.Tensor,
+    residual_out: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+) -> None:
+    fused_add_rms_norm_fwd_launch(
+        x, residual, weight, y, residual_out, rstd, eps, offset, casting_mode
+    )
+
+
+@_fused_add_rms_norm_fwd_op.register_fake
+def _(x, residual, weight, y, residual_out, rstd, eps, offset, casting_mode) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::fused_add_rms_norm_bwd", mutates_args=("ds", "dw"))
+def _fused_add_rms_norm_bwd_op(
+    dy: torch.Tensor,
+    d_residual_out: torch.Tensor | None,
+    residual_out: torch.Tensor,
+    weight: torch.Tensor | None,
+    rstd: torch.Tensor,
+    ds: torch.Tensor,
+    dw: torch.Tensor | None,
+    offset: float,
+    casting_mode: str,
+) -> None:
+    fused_add_rms_norm_bwd_launch(
+        dy, d_residual_out, residual_out, weight, rstd, ds, dw, offset, casting_mode
+    )
+
+
+@_fused_add_rms_norm_bwd_op.register_fake
+def _(dy, d_residual_out, residual_out, weight, rstd, ds, dw, offset, casting_mode) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _FusedAddRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, casting_mode):
+        x2 = rows_view(_OP, "x", x)
+        r2 = rows_view(_OP, "residual", residual)
+        # Outputs are allocated in x's shape and the kernels write through 2-D views of them,
+        # so the returned tensors are not views: callers may update them in place
+        # (`residual_out += ...`), which autograd forbids on views made inside a Function.
+        s = empty(x.shape, dtype=x.dtype, device=x.device)
+        y = empty(x.shape, dtype=_output_dtype(x, weight, casting_mode), device=x.device)
+        s2, y2 = s.view(x2.shape), y.view(x2.shape)
+        rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
+        if torch.compiler.is_compiling():
+            _fused_add_rms_norm_fwd_op(x2, r2, weight, y2, s2, rstd, eps, offset, casting_mode)
+        else:
+            fused_add_rms_norm_fwd_launch(x2, r2, weight, y2, s2, rstd, eps, offset, casting_mode)
+        # The backward needs s (not x and residual): one tensor saved instead of two. Saving the
+        # output itself means an in-place update of residual_out before backward is caught by
+        # autograd's version check.
+        ctx.save_for_backward(s, weight, rstd)
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        ctx.offset = offset
+        ctx.casting_mode = casting_mode
+        return y, s
+
+    @staticmethod
+    def backward(ctx, dy, d_residual_out):
+        s, weight, rstd = ctx.saved_tensors
+        want_dw = weight is not None and ctx.needs_input_grad[2]
+        if dy is None:
+            # y unused downstream: the norm contributes nothing, ds is the residual gradient, and
+            # the weight gets no gradient (None, as if the norm were not in the graph).
+            ds, dw = d_residual_out, None
+        else:
+            s2 = s.view(rstd.shape[0], s.shape[-1])
+            dy2 = rows_view(_OP, "dy", dy)  # expanded (stride-0) gradients are copied here
+            dres2 = None
+            if d_residual_out is not None:
+                dres2 = rows_view(_OP, "d_residual_out", d_residual_out)
+            ds = empty(s.shape, dtype=s.dtype, device=s.device)
+            ds2 = ds.view(s2.shape)
+            dw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_dw else None
+            args = (dy2, dres2, s2, weight, rstd, ds2, dw, ctx.offset, ctx.casting_mode)
+            if torch.compiler.is_compiling():
+                _fused_add_rms_norm_bwd_op(*args)
+            else:
+                fused_add_rms_norm_bwd_launch(*args)
+        # x and residual enter only through s = x + residual: both get ds, the same tensor
+        # (written once; autograd treats incoming gradients as read-only).
+        dx = ds if ctx.needs_input_grad[0] else None
+        d_residual = ds if ctx.needs_input_grad[1] else None
+        return dx, d_residual, dw, None, None, None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`s = x + residual; return rms_norm(s, weight, eps, ...), s` in one kernel each way.
+
+    Args:
+        x: [..., N] float32/float16/bfloat16 (the sublayer output), on a CUDA GPU (CPU under
+            TRITON_INTERPRET=1).
+        residual: the residual stream, x's shape and dtype.
+        weight: [N] or None (no affine scale). Its gradient is reduced in fp32.
+        eps: added to mean(s^2) before the reciprocal square root.
+        offset: the scale is (offset + weight); Gemma uses 1.0 with zero-initialised weights.
+        casting_mode: "llama", "gemma" or "none", as in `rms_norm`.
+
+    Returns:
+        (y, residual_out): the normalized sum (dtype as `rms_norm` returns it) and the sum
+        itself in x's dtype, the residual stream for the next layer. Both are differentiable;
+        x and residual receive the same gradient.
+    """
+    check_tensor(_OP, "x", x)
+    check_tensor(_OP, "residual", residual)
+    if x.shape[-1] == 0:
+        raise ValueError(f"{_OP}: argument 'x' has an empty last dimension, shape {tuple(x.shape)}")
+    check_shape(_OP, "residual", residual, x.shape, "the shape of x")
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"{_OP}: argument 'residual' must have x's dtype {x.dtype}, got {residual.dtype}; "
+            "cast one of them (residual_out is written in that one dtype)"
+        )
+    if weight is not None:
+        check_tensor(_OP, "weight", weight)
+        check_shape(_OP, "weight", weight, (x.shape[-1],), "the last dimension of x")
+    check_same_device(_OP, x=x, residual=residual, weight=weight)
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(
+            f"{_OP}: casting_mode must be one of {sorted(CASTING_MODES)}, got {casting_mode!r}"
+        )
+    return _FusedAddRMSNormFunction.apply(
+        x, residual, weight, float(eps), float(offset), casting_mode
+    )
+
+
+class FusedAddRMSNorm(torch.nn.Module):
+    """`forward(x, residual) -> (norm(x + residual), x + residual)`: a pre-norm block's
+    residual add and the next RMSNorm in one kernel (Llama: casting_mode="llama"; Gemma:
+    offset=1, "gemma")."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        *,
+        offset: float = 0.0,
+        casting_mode: str = "llama",
+        elementwise_affine: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.offset = offset
+        self.casting_mode = casting_mode
+        if elementwise_affine:
+            # With an offset the effective scale is offset + w: start at w = 0 (Gemma), else 1.
+            init = torch.zeros if offset else torch.ones
+            self.weight = torch.nn.Parameter(init(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return fused_add_rms_norm(
+            x, residual, self.weight, self.eps, offset=self.offset, casting_mode=self.casting_mode
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.hidden_size}, eps={self.eps}, offset={self.offset}, "
+            f"casting_mode={self.casting_mode!r}"
+        )
+
+
+# --------------------------------------------------------------------------- references
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 reference (differentiable): the sum unrounded, then `rms_norm_ref` of it."""
+    s = x.float() + residual.float()
+    return rms_norm_ref(s, weight, eps, offset=offset, casting_mode=casting_mode), s
+
+
+def fused_add_rms_norm_eager(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "llama",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager PyTorch as Hugging Face decoder layers write it: the add in the input dtype, then
+    the model's RMSNorm (`rms_norm_eager`). The `torch` provider for benchmarks."""
+    s = residual + x
+    return rms_norm_eager(s, weight, eps, offset=offset, casting_mode=casting_mode), s

@@ -1,0 +1,389 @@
+"""fused_add_rms_norm: both outputs and every gradient against the fp32 reference, casting
+modes, both kernel paths, unused outputs, layouts, HF rounding, errors, compile."""
+
+import pytest
+import torch
+from conftest import DEVICE, ON_GPU
+
+from kernelwright.ops import fused_add_rms_norm as far
+from kernelwright.ops.fused_add_rms_norm import (
+    FusedAddRMSNorm,
+    fused_add_rms_norm,
+    fused_add_rms_norm_bwd_launch,
+    fused_add_rms_norm_eager,
+    fused_add_rms_norm_fwd_launch,
+    fused_add_rms_norm_ref,
+)
+from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
+from kernelwright.testing import (
+    Tolerance,
+    check_op,
+    generator,
+    large_offset_rows,
+    poisoned,
+    rand,
+    rel_norm_error,
+)
+from kernelwright.testing.gpu_compile import check_compiles
+
+# Relative-norm error bounds, rms_norm's: the sum adds one rounding to residual_out (measured
+# 2.7e-3 in bf16 under the interpreter, which truncates; 2.3e-4 in fp16) and y sees that
+# rounded sum; y's bf16 bound covers three further roundings in casting mode "none" (measured
+# up to 9.6e-3). ds is one rounding of dres + the norm's gradient.
+TOL = {
+    torch.float32: Tolerance(fwd=1e-5, bwd=1e-4),
+    torch.float16: Tolerance(fwd=2e-3, bwd=4e-3),
+    torch.bfloat16: Tolerance(fwd=1.4e-2, bwd=1.6e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MODES = [("llama", 0.0), ("gemma", 1.0), ("none", 0.0), ("llama", 1.0)]
+
+# Row lengths at the regime boundaries of the launch tables, plus odd sizes and leading ranks;
+# the interpreter table switches to the looped kernels above 1024.
+if ON_GPU:
+    SHAPES = [(4099, 64), (3, 1000, 257), (1023, 4096), (257, 8192), (31, 16384), (9, 65537)]
+else:
+    SHAPES = [(37, 64), (2, 3, 257), (5, 1000), (1, 1024), (3, 1025), (2, 1, 2, 1537)]
+FUSED, LOOPED = SHAPES[1], SHAPES[4]  # one shape per kernel path under the current table
+
+
+def _inputs(shape, dtype, seed, *, layouts=("contiguous", "contiguous"), weight=True):
+    gen = generator(seed)
+    x = rand(shape, dtype, DEVICE, gen=gen, layout=layouts[0])
+    r = rand(shape, dtype, DEVICE, gen=gen, layout=layouts[1])
+    w = rand(shape[-1:], dtype, DEVICE, gen=gen, mean=1.0, std=0.5) if weight else None
+    return {"x": x, "residual": r, "weight": w}
+
+
+def _check(inputs, dtype, **kwargs):
+    check_op(
+        fused_add_rms_norm,
+        fused_add_rms_norm_ref,
+        inputs,
+        kwargs=kwargs,
+        tolerances=TOL,
+        dtype=dtype,
+        label=f"fused_add_rms_norm {tuple(inputs['x'].shape)} {dtype} {kwargs}",
+    ).assert_ok()
+
+
+def _grads(fn, inputs, dy, dres, **kwargs):
+    # (y, s, dx, dresidual, dw) of fn, backpropagating dy into y and dres into s (None: unused).
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in inputs.items()}
+    y, s = fn(**leaves, **kwargs)
+    outs = [o for o, g in ((y, dy), (s, dres)) if g is not None]
+    grads = [g.to(o.dtype) for o, g in ((y, dy), (s, dres)) if g is not None]
+    dx, dr, dw = torch.autograd.grad(outs, list(leaves.values()), grads, allow_unused=True)
+    return y, s, dx, dr, dw
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward_backward_matches_reference(shape, dtype):
+    for seed in (0, 1):
+        _check(_inputs(shape, dtype, seed), dtype, eps=1e-6)
+
+
+@pytest.mark.parametrize("mode,offset", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_casting_modes_and_offset(mode, offset, dtype):
+    for shape in [FUSED, LOOPED]:
+        _check(_inputs(shape, dtype, 3), dtype, eps=1e-5, casting_mode=mode, offset=offset)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_without_weight(dtype):
+    for shape in [SHAPES[0], LOOPED]:
+        _check(_inputs(shape, dtype, 4, weight=False), dtype)
+
+
+@pytest.mark.parametrize(
+    "layouts", [("row_strided", "transposed"), ("transposed", "row_strided")], ids=str
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_non_contiguous_inputs(layouts, dtype):
+    for shape in [FUSED, LOOPED]:
+        _check(_inputs(shape, dtype, 5, layouts=layouts), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_kernel_path_agrees(dtype):
+    # The same rows through the multi-row, one-row and looped kernels, with and without the
+    # residual gradient: residual_out is elementwise and must be bit-identical on every path;
+    # the rest agrees up to summation order and matches the reference.
+    m, n = 13, 700
+    gen = generator(6)
+    x, r, dy, dres = (rand((m, n), dtype, DEVICE, gen=gen) for _ in range(4))
+    w = rand((n,), dtype, DEVICE, gen=gen, mean=1.0, std=0.5)
+    configs = [
+        LaunchConfig(block_n=1024, rows=4, programs_per_sm=1),
+        LaunchConfig(block_n=1024, rows=1, programs_per_sm=2),
+        LaunchConfig(block_n=128, programs_per_sm=1),  # looped: 6 chunks per row
+    ]
+    ref_in = {"x": x.float(), "residual": r.float(), "weight": w.float()}
+    _, _, ref_ds, _, ref_dw = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), dres.float())
+    ref_ds_y_only = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), None)[2]
+    results = []
+    for cfg in configs:
+        with poisoned():
+            # outputs with four different row strides: each store must use its own
+            y, s, ds, ds_y_only = (
+                torch.full((m, n + pad), float("nan"), dtype=dtype, device=DEVICE)[:, :n]
+                for pad in (1, 2, 3, 4)
+            )
+            dw = torch.full_like(w, float("nan"))
+            rstd = torch.full((m,), float("nan"), device=DEVICE)
+            fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama", config=cfg)
+            fused_add_rms_norm_bwd_launch(dy, dres, s, w, rstd, ds, dw, 0.0, "llama", config=cfg)
+            fused_add_rms_norm_bwd_launch(
+                dy, None, s, w, rstd, ds_y_only, None, 0.0, "llama", config=cfg
+            )
+        results.append((y, s, ds, ds_y_only, dw))
+    tol = TOL[dtype]
+    ref_y, ref_s = fused_add_rms_norm_ref(x, r, w)
+    same = 1e-6 if dtype == torch.float32 else tol.fwd  # paths differ in summation order only
+    for y, s, ds, ds_y_only, dw in results:
+        assert torch.equal(s, results[0][1])
+        assert rel_norm_error(y, ref_y) < tol.fwd and rel_norm_error(s, ref_s) < tol.fwd
+        assert rel_norm_error(ds, ref_ds) < tol.bwd
+        assert rel_norm_error(ds_y_only, ref_ds_y_only) < tol.bwd
+        assert rel_norm_error(dw, ref_dw) < tol.bwd
+        for i, a in ((0, y), (2, ds), (3, ds_y_only), (4, dw)):
+            assert rel_norm_error(a, results[0][i]) < same
+
+
+@pytest.mark.parametrize("shape", [FUSED, LOOPED], ids=str)
+def test_one_output_unused(shape):
+    # residual_out unused: its gradient arrives as None (HAS_DRES off). y unused: dy is None,
+    # the residual gradient passes straight through and the weight gets none.
+    inputs = _inputs(shape, torch.float32, 7)
+    gen = generator(8)
+    dy, dres = (rand(shape, torch.float32, DEVICE, gen=gen) for _ in range(2))
+    for dy_, dres_ in ((dy, None), (None, dres)):
+        with poisoned():
+            ours = _grads(fused_add_rms_norm, inputs, dy_, dres_)
+        ref = _grads(fused_add_rms_norm_ref, inputs, dy_, dres_)
+        for a, b in zip(ours[2:4], ref[2:4], strict=True):
+            assert rel_norm_error(a, b) < TOL[torch.float32].bwd
+        if dy_ is not None:
+            assert rel_norm_error(ours[4], ref[4]) < TOL[torch.float32].bwd
+    assert torch.equal(ours[2], dres) and ours[4] is None and ref[4] is None
+
+
+def test_expanded_upstream_gradients():
+    # (y.sum() + s.sum()).backward() hands the kernel stride-0 gradients for both outputs.
+    inputs = _inputs((5, 3, 200), torch.float32, 9)
+    grads = []
+    for fn in (fused_add_rms_norm, fused_add_rms_norm_ref):
+        leaves = [v.detach().clone().requires_grad_() for v in inputs.values()]
+        y, s = fn(*leaves)
+        (y.sum() + s.sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads, strict=True):
+        assert rel_norm_error(a, b) < 1e-5
+
+
+def test_partial_input_grads():
+    # Only x trainable (residual and weight frozen): no dW is computed, x's gradient is ds.
+    x, r, w = _inputs((7, 300), torch.float32, 10).values()
+    x.requires_grad_()
+    y, s = fused_add_rms_norm(x, r, w)
+    (y * 2 + s).sum().backward()
+    xr = x.detach().clone().requires_grad_()
+    yr, sr = fused_add_rms_norm_ref(xr, r, w)
+    (yr * 2 + sr).sum().backward()
+    assert w.grad is None and r.grad is None
+    assert rel_norm_error(x.grad, xr.grad) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "dtype,mode,offset",
+    [
+        (torch.float16, "llama", 0.0),
+        (torch.float16, "gemma", 1.0),
+        pytest.param(torch.bfloat16, "llama", 0.0, marks=pytest.mark.gpu),
+        pytest.param(torch.bfloat16, "gemma", 1.0, marks=pytest.mark.gpu),
+    ],
+)
+def test_matches_hugging_face_rounding(dtype, mode, offset):
+    # residual_out is one rounded add: bit-equal to torch's. y must equal the eager HF-style
+    # result bit for bit almost everywhere (only fp32 summation order may differ). bf16 runs on
+    # the GPU only: the interpreter truncates fp32 -> bf16 instead of rounding.
+    for shape in [(64, 1000), (8, LOOPED[-1])]:  # both kernel paths under the interpreter
+        inputs = _inputs(shape, dtype, 11)
+        y, s = fused_add_rms_norm(**inputs, eps=1e-6, casting_mode=mode, offset=offset)
+        y_hf, s_hf = fused_add_rms_norm_eager(**inputs, eps=1e-6, casting_mode=mode, offset=offset)
+        assert y.dtype == y_hf.dtype and s.dtype == s_hf.dtype
+        assert torch.equal(s, s_hf)
+        assert (y == y_hf).float().mean().item() > 0.999
+
+
+@pytest.mark.parametrize("n", [FUSED[-1], LOOPED[-1]])
+def test_int64_offsets(n):
+    # Row 2 starts past 2^31 elements in x, residual, dy and dres: an int32 offset would wrap.
+    m = 3
+    for dtype in (torch.float32, torch.bfloat16):
+        gen = generator(12)
+        x, r = (large_offset_rows(n, m, dtype, DEVICE, gen=gen) for _ in range(2))
+        w = rand((n,), dtype, DEVICE, gen=gen, mean=1.0, std=0.5)
+        _check({"x": x, "residual": r, "weight": w}, dtype)
+    # The backward reads the upstream gradients with their own row strides (not copied).
+    x, r, w = _inputs((m, n), torch.bfloat16, 13).values()
+    dy = large_offset_rows(n, m, torch.bfloat16, DEVICE, gen=generator(14))
+    ours = _grads(fused_add_rms_norm, {"x": x, "residual": r, "weight": w}, dy, dy)
+    del dy
+    dy = rand((m, n), torch.bfloat16, DEVICE, gen=generator(14)).float()
+    ref = _grads(
+        fused_add_rms_norm_ref, {"x": x.float(), "residual": r.float(), "weight": w.float()}, dy, dy
+    )
+    for a, b in zip(ours[2:], ref[2:], strict=True):
+        assert rel_norm_error(a, b) < TOL[torch.bfloat16].bwd
+
+
+def test_zero_rows():
+    x, r = (torch.empty(0, 64, device=DEVICE).requires_grad_() for _ in range(2))
+    w = torch.ones(64, device=DEVICE).requires_grad_()
+    y, s = fused_add_rms_norm(x, r, w)
+    assert y.shape == s.shape == (0, 64)
+    (y.sum() + s.sum()).backward()
+    assert torch.equal(w.grad, torch.zeros(64, device=DEVICE))
+    assert x.grad.shape == r.grad.shape == (0, 64)
+
+
+def test_outputs_are_not_views():
+    # A decoder may update the residual stream in place; autograd forbids that on views made
+    # inside a Function, so the outputs are allocated in the input's shape.
+    x, r, w = _inputs((2, 3, 64), torch.float32, 15).values()
+    y, s = fused_add_rms_norm(x.requires_grad_(), r, w)
+    assert not y._is_view() and not s._is_view()
+    s2 = s.clone()
+    s2 += y  # usable as the next residual
+
+
+def test_module():
+    m = FusedAddRMSNorm(300, eps=1e-5).to(DEVICE)
+    assert torch.equal(m.weight, torch.ones(300, device=DEVICE))
+    assert torch.equal(FusedAddRMSNorm(8, offset=1.0).weight, torch.zeros(8))  # Gemma's init
+    assert FusedAddRMSNorm(8, elementwise_affine=False).weight is None
+    with torch.no_grad():
+        m.weight.copy_(rand((300,), torch.float32, DEVICE, gen=generator(16)))
+    x, r, _ = _inputs((4, 300), torch.float32, 17).values()
+    for a, b in zip(m(x, r), fused_add_rms_norm_ref(x, r, m.weight, 1e-5), strict=True):
+        assert rel_norm_error(a, b) < 1e-5
+    assert "casting_mode='llama'" in repr(m)
+
+
+def test_bad_input_errors():
+    x = rand((4, 64), torch.float32, DEVICE, gen=generator(18))
+    with pytest.raises(ValueError, match=r"'residual' must have shape \(4, 64\).*got \(4, 63\)"):
+        fused_add_rms_norm(x, x[:, :63])
+    with pytest.raises(TypeError, match=r"'residual' must have x's dtype"):
+        fused_add_rms_norm(x, x.half())
+    with pytest.raises(ValueError, match=r"'weight' must have shape \(64,\).*got \(63,\)"):
+        fused_add_rms_norm(x, x, torch.ones(63, device=DEVICE))
+    with pytest.raises(TypeError, match=r"'x' must have dtype in .*got int32"):
+        ints = torch.ones(4, 64, dtype=torch.int32, device=DEVICE)
+        fused_add_rms_norm(ints, ints)
+    with pytest.raises(TypeError, match="'residual' must be a torch.Tensor"):
+        fused_add_rms_norm(x, None)
+    with pytest.raises(TypeError, match="'weight' must be a torch.Tensor"):
+        fused_add_rms_norm(x, x, [1.0] * 64)
+    with pytest.raises(ValueError, match="casting_mode must be one of"):
+        fused_add_rms_norm(x, x, casting_mode="llama3")
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        fused_add_rms_norm(torch.tensor(1.0, device=DEVICE), torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(ValueError, match="empty last dimension"):
+        fused_add_rms_norm(torch.ones(4, 0, device=DEVICE), torch.ones(4, 0, device=DEVICE))
+    if not ON_GPU:
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            meta = torch.ones(4, 64, device="meta")
+            fused_add_rms_norm(meta, meta)
+
+
+def test_harness_catches_a_wrong_kernel():
+    # A test that cannot fail is a defect: a wrong eps, a backward that loses the
+    # d_residual_out term of ds (residual_out cut off from the graph, still requiring grad, as
+    # check_op only differentiates through outputs that do), and a skipped last column must
+    # each fail.
+    inputs = _inputs((5, 300), torch.float32, 19)
+
+    def wrong_eps(x, residual, weight, **kw):
+        return fused_add_rms_norm(x, residual, weight, eps=1e-1)
+
+    def detached_residual(x, residual, weight, **kw):
+        y, s = fused_add_rms_norm(x, residual, weight)
+        return y, s.detach().requires_grad_()
+
+    def skips_last_column(x, residual, weight, **kw):
+        y, s = fused_add_rms_norm(x[..., :-1], residual[..., :-1], weight[:-1])
+        nan = torch.full_like(x[..., -1:], float("nan"))
+        return torch.cat([y, nan], dim=-1), torch.cat([s, nan], dim=-1)
+
+    ref = fused_add_rms_norm_ref
+    assert not check_op(wrong_eps, ref, inputs, tolerances=TOL).ok
+    report = check_op(detached_residual, ref, inputs, tolerances=TOL)
+    assert not report.ok and report.rows[0].ok and report.rows[1].ok  # outputs fine, grads not
+    report = check_op(skips_last_column, ref, inputs, tolerances=TOL, backward=False)
+    assert not report.ok and report.rows[0].error == report.rows[1].error == float("inf")
+
+
+@pytest.mark.compile
+def test_torch_compile_fullgraph():
+    # The custom ops make forward+backward one graph with opaque kernel nodes, including the
+    # backward with residual_out unused (its gradient None).
+    torch._dynamo.reset()
+    inputs = _inputs((6, 2, 300), torch.float32, 20)
+
+    def both(x, r, w):
+        y, s = fused_add_rms_norm(x * 2.0, r, w, casting_mode="gemma", offset=1.0)
+        return y.sin() + s.cos()
+
+    def y_only(x, r, w):
+        return fused_add_rms_norm(x, r, w)[0].sin()
+
+    for block in (both, y_only):
+        compiled = torch.compile(block, fullgraph=True)
+        grads = []
+        for fn in (compiled, block):
+            leaves = [v.detach().clone().requires_grad_() for v in inputs.values()]
+            fn(*leaves).sum().backward()
+            grads.append([t.grad for t in leaves])
+        for a, b in zip(*grads, strict=True):
+            assert rel_norm_error(a, b) < 1e-5
+
+
+@pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
+def test_kernels_compile_for_hopper():
+    # The interpreter runs code the GPU compiler rejects: compile every "default" config, every
+    # casting mode, with and without the residual gradient, for sm_90.
+    def row_lengths(kernel):
+        rows = TABLE[kernel]["default"]
+        # each row's upper bound, capped so the interpreter run stays cheap (the last, looped
+        # row gets a length past the previous bound)
+        return [(min(n, rows[-2][0] + 7), cfg) for n, cfg in rows]
+
+    def run():
+        for kernel in ("fwd", "bwd"):
+            for n, cfg in row_lengths(kernel):
+                for mode in far.CASTING_MODES:
+                    x = torch.randn(2, n, dtype=torch.bfloat16)
+                    w = torch.randn(n, dtype=torch.bfloat16) if mode != "none" else None
+                    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.ones(2)
+                    if kernel == "fwd":
+                        far.fused_add_rms_norm_fwd_launch(
+                            x, x, w, y, s, rstd, 1e-6, 0.0, mode, config=cfg
+                        )
+                        continue
+                    dw = torch.empty_like(w) if w is not None else None
+                    for dres in (x, None):
+                        far.fused_add_rms_norm_bwd_launch(
+                            x, dres, x, w, rstd, y, dw, 0.0, mode, config=cfg
+                        )
+
+    results = check_compiles(run)
+    failures = [
+        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
+    ]
+    assert not failures, "\n".join(failures)
+    assert len(results) == 72  # 8 configs x 3 modes, forward + backward with and without dres
