@@ -21,8 +21,18 @@ from kernelwright.ops.geglu import (  # noqa: E402
     geglu_fused_ref,
     geglu_ref,
 )
+from kernelwright.ops.jagged_mean import JaggedMean, jagged_mean, jagged_mean_ref  # noqa: E402
+from kernelwright.ops.layer_norm import LayerNorm, layer_norm, layer_norm_ref  # noqa: E402
 from kernelwright.ops.relu_squared import ReLUSquared, relu_squared, relu_squared_ref  # noqa: E402
 from kernelwright.ops.rms_norm import RMSNorm, rms_norm, rms_norm_ref  # noqa: E402
+from kernelwright.ops.softmax import (  # noqa: E402
+    LogSoftmax,
+    Softmax,
+    log_softmax,
+    log_softmax_ref,
+    softmax,
+    softmax_ref,
+)
 from kernelwright.ops.swiglu import (  # noqa: E402
     SwiGLU,
     SwiGLUFused,
@@ -38,8 +48,12 @@ __all__ = [
     "FusedAddRMSNorm",
     "GeGLU",
     "GeGLUFused",
+    "JaggedMean",
+    "LayerNorm",
+    "LogSoftmax",
     "ReLUSquared",
     "RMSNorm",
+    "Softmax",
     "SwiGLU",
     "SwiGLUFused",
     "__version__",
@@ -49,10 +63,18 @@ __all__ = [
     "geglu_fused",
     "geglu_fused_ref",
     "geglu_ref",
+    "jagged_mean",
+    "jagged_mean_ref",
+    "layer_norm",
+    "layer_norm_ref",
+    "log_softmax",
+    "log_softmax_ref",
     "relu_squared",
     "relu_squared_ref",
     "rms_norm",
     "rms_norm_ref",
+    "softmax",
+    "softmax_ref",
     "swiglu",
     "swiglu_fused",
     "swiglu_fused_ref",

@@ -16,8 +16,11 @@ from rich.table import Table
 
 from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref
 from kernelwright.ops.geglu import geglu, geglu_ref
+from kernelwright.ops.jagged_mean import jagged_mean, jagged_mean_ref
+from kernelwright.ops.layer_norm import layer_norm, layer_norm_ref
 from kernelwright.ops.relu_squared import relu_squared, relu_squared_ref
 from kernelwright.ops.rms_norm import rms_norm, rms_norm_ref
+from kernelwright.ops.softmax import log_softmax, log_softmax_ref, softmax, softmax_ref
 from kernelwright.ops.swiglu import swiglu, swiglu_fused, swiglu_fused_ref, swiglu_ref
 from kernelwright.runtime import default_device, device_info
 from kernelwright.testing import check_op, generator, rand
@@ -49,6 +52,27 @@ def _fused_add_inputs(shape, dtype, device, seed):
     return inputs
 
 
+def _layer_norm_inputs(shape, dtype, device, seed):
+    inputs = _rms_inputs(shape, dtype, device, seed)
+    inputs["bias"] = rand(shape[-1:], dtype, device, gen=generator(seed + 1), std=0.1)
+    return inputs
+
+
+def _jagged_inputs(shape, dtype, device, seed):
+    # shape's last dim is D; the leading dims' product is the row total, cut into segments
+    # of lengths 0..7 (empty ones included)
+    *lead, d = shape
+    total = 1
+    for s in lead:
+        total *= s
+    gen = generator(seed)
+    lengths = torch.randint(0, 8, (total,), generator=gen)
+    cut = torch.cumsum(lengths, 0)
+    cut = cut[cut < total]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), cut, torch.tensor([total])])
+    return {"values": rand((total, d), dtype, device, gen=gen), "offsets": offsets.to(device)}
+
+
 def _one_input(shape, dtype, device, seed):
     return {"x": rand(shape, dtype, device, gen=generator(seed))}
 
@@ -74,10 +98,14 @@ CASES = [
         _fused_add_inputs,
         {},
     ),
+    VerifyCase("layer_norm", layer_norm, layer_norm_ref, _layer_norm_inputs, {}),
     VerifyCase("swiglu", swiglu, swiglu_ref, _swiglu_inputs, {}),
     VerifyCase("geglu (tanh)", geglu, geglu_ref, _swiglu_inputs, {"approximate": "tanh"}),
     VerifyCase("geglu (erf)", geglu, geglu_ref, _swiglu_inputs, {"approximate": "none"}),
     VerifyCase("relu_squared", relu_squared, relu_squared_ref, _one_input, {}),
+    VerifyCase("softmax", softmax, softmax_ref, _one_input, {}),
+    VerifyCase("log_softmax", log_softmax, log_softmax_ref, _one_input, {}),
+    VerifyCase("jagged_mean", jagged_mean, jagged_mean_ref, _jagged_inputs, {}),
     VerifyCase("swiglu_fused", swiglu_fused, swiglu_fused_ref, _swiglu_fused_inputs, {}),
 ]
 

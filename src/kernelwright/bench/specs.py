@@ -303,6 +303,164 @@ FUSED_ADD_RMS_NORM = register(
 )
 
 
+# --------------------------------------------------------------------------- layer_norm
+
+LN_EPS = 1e-5
+
+
+def _layer_norm_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    m, n = shape["tokens"], shape["hidden"]
+    return {
+        "x": rand((m, n), dtype, device, gen=gen),  # [M, N]
+        "weight": rand((n,), dtype, device, gen=gen, mean=1.0, std=0.1),  # [N], near 1 as trained
+        "bias": rand((n,), dtype, device, gen=gen, std=0.1),  # [N], near 0 as trained
+    }
+
+
+def _layer_norm_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    m, n, s = shape["tokens"], shape["hidden"], dtype.itemsize
+    # forward: read x (M*N*s), w and b (2*N*s); write y (M*N*s), mean and rstd (2*M fp32, saved
+    # for the backward)
+    fwd = m * n * s + 2 * n * s + m * n * s + 2 * m * 4
+    # backward: read dy and x (2*M*N*s), w (N*s), mean and rstd (2*M*4); write dx (M*N*s),
+    # dw and db (2*N*s). The fp32 [programs, N] partial sums stay in L2 and are not counted.
+    bwd = 2 * m * n * s + n * s + 2 * m * 4 + m * n * s + 2 * n * s
+    return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
+
+
+def _layer_norm_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.layer_norm"), name)
+
+    def ours(inp: Inputs):
+        x, w, b, f = inp["x"], inp["weight"], inp["bias"], op("layer_norm")
+        return lambda: f(x, w, b, LN_EPS)
+
+    def eager(inp: Inputs):
+        x, w, b, f = inp["x"], inp["weight"], inp["bias"], op("layer_norm_eager")
+        return lambda: f(x, w, b, LN_EPS)
+
+    def torch_compile(inp: Inputs):
+        x, w, b = inp["x"], inp["weight"], inp["bias"]
+        f = compiled(op("layer_norm_eager"))
+        return lambda: f(x, w, b, LN_EPS)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+        x, w, b = inp["x"], inp["weight"], inp["bias"]
+        # (X, W, B, eps); Liger allocates dx, so nothing is written over the inputs or dy
+        return lambda: LigerLayerNormFunction.apply(x, w, b, LN_EPS)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel"),
+    )
+
+
+LAYER_NORM = register(
+    BenchSpec(
+        op="layer_norm",
+        dims=("tokens", "hidden"),
+        providers=_layer_norm_providers(),
+        make_inputs=_layer_norm_inputs,
+        grad_inputs=("x", "weight", "bias"),
+        bytes=_layer_norm_bytes,
+        sweeps=(
+            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
+            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
+        ),
+        quick_sweeps=(
+            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
+        ),
+        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+        notes={"liger": "LigerLayerNormFunction (X, W, B, eps)"},
+    )
+)
+
+
+# --------------------------------------------------------------------------- softmax
+
+SOFTMAX_ROWS = 4096  # rows of a logits block; 4096 x 262144 bf16 is 2 GiB (fp32: 4 GiB)
+
+
+def _softmax_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    m, n = shape["rows"], shape["n"]
+    # std 4: logits-like spread, so the max shift and the exp both matter
+    return {"x": rand((m, n), dtype, device, gen=generator(seed), std=4.0)}  # [M, N]
+
+
+def _softmax_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    mn_s = shape["rows"] * shape["n"] * dtype.itemsize
+    # forward: read x, write y                       -> 2 * M*N*s (the looped kernel's second
+    #   read of x, for rows past 32768, mostly hits L2 and is not counted)
+    # backward: read dy and the saved y, write dx    -> 3 * M*N*s
+    return {"forward": 2, "backward": 3, "full": 5}[mode] * mn_s
+
+
+def _softmax_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    return shape["rows"] * shape["n"] * dtype.itemsize
+
+
+def _softmax_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.softmax"), name)
+
+    def ours(inp: Inputs):
+        x, f = inp["x"], op("softmax")
+        return lambda: f(x)
+
+    def eager(inp: Inputs):
+        x, f = inp["x"], op("softmax_eager")
+        return lambda: f(x)
+
+    def torch_compile(inp: Inputs):
+        x, f = inp["x"], compiled(op("softmax_eager"))
+        return lambda: f(x)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+        x = inp["x"]
+        return lambda: LigerSoftmaxFunction.apply(x)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel"),
+    )
+
+
+SOFTMAX = register(
+    BenchSpec(
+        op="softmax",
+        dims=("rows", "n"),
+        providers=_softmax_providers(),
+        make_inputs=_softmax_inputs,
+        grad_inputs=("x",),
+        bytes=_softmax_bytes,
+        sweeps=(
+            # powers of two across the fused/looped switch (32768) plus the models' vocabularies
+            Sweep(
+                "n",
+                tuple(
+                    sorted({4096, 8192, 16384, 32768, 65536, 131072, 262144, *distinct("vocab")})
+                ),
+                {"rows": SOFTMAX_ROWS},
+            ),
+        ),
+        quick_sweeps=(Sweep("n", (32768, REFERENCE.vocab), {"rows": SOFTMAX_ROWS}),),
+        interpreter_sweeps=(Sweep("n", (512, 5000), {"rows": 16}),),
+        input_bytes=_softmax_input_bytes,
+        max_input_bytes=2**32,  # 4 GiB: 4096 x 262144 in fp32 just fits
+    )
+)
+
+
 # --------------------------------------------------------------------------- gated MLP activations
 
 
@@ -479,5 +637,91 @@ RELU_SQUARED = register(
             Sweep("tokens", (DEFAULT_TOKENS, 16384), {"intermediate": REFERENCE.intermediate}),
         ),
         interpreter_sweeps=(Sweep("intermediate", (256, 512), {"tokens": 64}),),
+    )
+)
+
+
+# --------------------------------------------------------------------------- jagged_mean
+
+
+def _jagged_lengths(shape: Shape, *, seed: int = 0) -> torch.Tensor:
+    # Segment lengths uniform in 1..max_len, from a seeded CPU generator: make_inputs and the
+    # byte count draw the same lengths, so the byte count knows the total row count.
+    gen = generator(seed + 77)
+    return torch.randint(1, shape["max_len"] + 1, (shape["segments"],), generator=gen)
+
+
+def _jagged_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    lengths = _jagged_lengths(shape, seed=seed)
+    offsets = torch.zeros(shape["segments"] + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    total = int(offsets[-1])
+    return {
+        "values": rand((total, shape["d"]), dtype, device, gen=generator(seed)),  # [total, D]
+        "offsets": offsets.to(device),  # [B + 1] int64
+    }
+
+
+def _jagged_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    b, d, s = shape["segments"], shape["d"], dtype.itemsize
+    total = int(_jagged_lengths(shape).sum())
+    offsets = (b + 1) * 8  # int64
+    # forward: read values (total*D*s) and offsets; write out (B*D*s)
+    fwd = total * d * s + offsets + b * d * s
+    # backward: read dout (B*D*s) and offsets; write dvalues (total*D*s)
+    bwd = b * d * s + offsets + total * d * s
+    return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
+
+
+def _jagged_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.jagged_mean"), name)
+
+    def ours(validate: bool) -> Builder:
+        def build(inp: Inputs):
+            v, o, f = inp["values"], inp["offsets"], op("jagged_mean")
+            return lambda: f(v, o, validate=validate)
+
+        return build
+
+    def loop(inp: Inputs):
+        v, o, f = inp["values"], inp["offsets"], op("jagged_mean_loop")
+        return lambda: f(v, o)
+
+    def eager(inp: Inputs):
+        v, o, f = inp["values"], inp["offsets"], op("jagged_mean_vectorized")
+        return lambda: f(v, o)
+
+    def torch_compile(inp: Inputs):
+        v, o, f = inp["values"], inp["offsets"], compiled(op("jagged_mean_vectorized"))
+        return lambda: f(v, o)
+
+    return (
+        Provider("kernelwright", ours(False)),
+        Provider("kernelwright_validate", ours(True)),
+        Provider("loop", loop),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+    )
+
+
+JAGGED_MEAN = register(
+    BenchSpec(
+        op="jagged_mean",
+        dims=("segments", "max_len", "d"),
+        providers=_jagged_providers(),
+        make_inputs=_jagged_inputs,
+        grad_inputs=("values",),
+        bytes=_jagged_bytes,
+        # The issue's sweep: 4096 segments of random lengths 1..512 (~1.05M rows), D varies.
+        sweeps=(Sweep("d", (64, 256, 1024), {"segments": 4096, "max_len": 512}),),
+        quick_sweeps=(Sweep("d", (256, 1024), {"segments": 4096, "max_len": 512}),),
+        interpreter_sweeps=(Sweep("d", (64,), {"segments": 8, "max_len": 8}),),
+        notes={
+            "kernelwright": "validate=False: the kernels alone, no offsets check",
+            "kernelwright_validate": "validate=True (the default): one device sync per call",
+            "loop": "per-segment .mean(0) in a Python loop: B launches, one host sync",
+            "torch": "searchsorted segment ids + fp32 index_add_",
+        },
     )
 )

@@ -1,0 +1,359 @@
+"""Softmax and log-softmax over the last dimension, forward and backward in one pair of kernels.
+
+    softmax:      y = exp(x - max(x)) / sum(exp(x - max(x)))
+    log_softmax:  y = x - max(x) - log(sum(exp(x - max(x))))
+
+Everything is computed in fp32 with one rounding at the store. Only the output is saved for the
+backward (the input is never needed):
+
+    softmax:      dx = y * (dy - sum(dy * y))
+    log_softmax:  dx = dy - exp(y) * sum(dy)
+
+A row that fits one program (`block_n >= n`) is reduced in registers; longer rows (vocabularies
+up to 262144 and beyond) take an online pass — running max and rescaled running sum in one read
+— and a second pass, mostly from L2, to write y. `-inf` entries give 0 (softmax) / -inf
+(log_softmax); a row of all `-inf` gives NaN, as PyTorch does.
+
+Layer order: kernels → launchers → custom ops → autograd Function → `softmax`/`log_softmax` →
+`Softmax`/`LogSoftmax` → references.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_tensor, rows_view
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.softmax import TABLE
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _softmax_fwd_kernel(
+    x_ptr,
+    y_ptr,  # x, y: [M, N] with row strides
+    M,
+    N,
+    stride_x,
+    stride_y,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # One program handles ROWS whole rows held in registers (BLOCK_N >= N).
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: row * stride
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = (cols < N)[None, :]
+    mask = (rows < M)[:, None] & col_mask
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    # Padding columns are -inf: they add exp(-inf) = 0 to the sum and never win the max.
+    # (Rows past M stay finite, so they compute no NaN that nobody stores.)
+    x = tl.where(col_mask, x.to(tl.float32), -float("inf"))
+    m = tl.max(x, axis=1)[:, None]  # [ROWS, 1]; -inf for a row of all -inf -> NaN below
+    e = tl.exp(x - m)
+    d = tl.sum(e, axis=1)[:, None]
+    y = x - m - tl.log(d) if IS_LOG else e / d
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask)
+
+
+@triton.jit
+def _softmax_fwd_looped_kernel(
+    x_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Long rows. Pass 1, online: every lane keeps its own running max m and sum d of
+    # exp(x - m), rescaled when m grows (d' = d * exp(m - m') + exp(x - m')), so the row is
+    # read once for both. The lanes merge at the end; pass 2 writes y.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    m = tl.full([BLOCK_N], -float("inf"), dtype=tl.float32)
+    d = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        # A lane that has seen only -inf shifts by 0 instead (exp(-inf - -inf) would be NaN),
+        # so its d stays exp(-inf) = 0.
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        d = d * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new
+    m_row = tl.max(m, axis=0)  # -inf for a row of all -inf: the sum below is NaN, as in torch
+    d_row = tl.sum(d * tl.exp(m - m_row), axis=0)
+    log_d = tl.log(d_row)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=-float("inf")).to(tl.float32)
+        y = x - m_row - log_d if IS_LOG else tl.exp(x - m_row) / d_row
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    dy_ptr,
+    y_ptr,
+    dx_ptr,  # dy, y, dx: [M, N] with row strides (dy's may be 0: an expanded gradient)
+    M,
+    N,
+    stride_dy,
+    stride_y,
+    stride_dx,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    y = tl.load(y_ptr + rows[:, None] * stride_y + cols[None, :], mask=mask, other=0.0)
+    dy = dy.to(tl.float32)
+    y = y.to(tl.float32)
+    if IS_LOG:
+        dx = dy - tl.exp(y) * tl.sum(dy, axis=1)[:, None]  # dx = dy - softmax * sum(dy)
+    else:
+        dx = y * (dy - tl.sum(dy * y, axis=1)[:, None])  # dx = y * (dy - sum(dy * y))
+    tl.store(
+        dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
+    )
+
+
+@triton.jit
+def _softmax_bwd_looped_kernel(
+    dy_ptr,
+    y_ptr,
+    dx_ptr,
+    M,
+    N,
+    stride_dy,
+    stride_y,
+    stride_dx,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Long rows: pass 1 reduces sum(dy * y) (softmax) or sum(dy) (log_softmax), pass 2 writes dx.
+    row = tl.program_id(0).to(tl.int64)
+    dy_row = dy_ptr + row * stride_dy
+    y_row = y_ptr + row * stride_y
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if IS_LOG:
+            acc += dy
+        else:
+            acc += dy * tl.load(y_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+    s = tl.sum(acc, axis=0)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = tl.load(y_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
+    return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
+
+
+def softmax_fwd_launch(
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    y: torch.Tensor,  # [M, N], stride(1) == 1
+    is_log: bool,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = x.shape
+    if M == 0:
+        return
+    cfg = _config("fwd", x, config)
+    args = (x, y, M, N, x.stride(0), y.stride(0))
+    if cfg.block_n >= N:
+        grid = (triton.cdiv(M, cfg.rows),)
+        _softmax_fwd_kernel[grid](
+            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
+        )
+    else:
+        _softmax_fwd_looped_kernel[(M,)](
+            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps
+        )
+
+
+def softmax_bwd_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1 (stride(0) may be 0)
+    y: torch.Tensor,  # [M, N], stride(1) == 1: the saved forward output
+    dx: torch.Tensor,  # [M, N], stride(1) == 1
+    is_log: bool,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = y.shape
+    if M == 0:
+        return
+    cfg = _config("bwd", y, config)
+    args = (dy, y, dx, M, N, dy.stride(0), y.stride(0), dx.stride(0))
+    if cfg.block_n >= N:
+        grid = (triton.cdiv(M, cfg.rows),)
+        _softmax_bwd_kernel[grid](
+            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
+        )
+    else:
+        _softmax_bwd_looped_kernel[(M,)](
+            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps
+        )
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# go straight to the launcher.
+
+
+@torch.library.custom_op("kernelwright::softmax_fwd", mutates_args=("y",))
+def _softmax_fwd_op(x: torch.Tensor, y: torch.Tensor, is_log: bool) -> None:
+    softmax_fwd_launch(x, y, is_log)
+
+
+@_softmax_fwd_op.register_fake
+def _(x, y, is_log) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::softmax_bwd", mutates_args=("dx",))
+def _softmax_bwd_op(dy: torch.Tensor, y: torch.Tensor, dx: torch.Tensor, is_log: bool) -> None:
+    softmax_bwd_launch(dy, y, dx, is_log)
+
+
+@_softmax_bwd_op.register_fake
+def _(dy, y, dx, is_log) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, is_log):
+        x2 = rows_view("softmax", "x", x)
+        # y in x's shape, returned as allocated (not a view made here, which the caller could
+        # not modify in place); the kernel writes it through a 2-D view.
+        y = empty(x.shape, dtype=x.dtype, device=x.device)
+        y2 = y.view(x2.shape)
+        if torch.compiler.is_compiling():
+            _softmax_fwd_op(x2, y2, is_log)
+        else:
+            softmax_fwd_launch(x2, y2, is_log)
+        ctx.save_for_backward(y)  # the output only: the backward never reads x
+        ctx.is_log = is_log
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        y2 = y.view(-1, y.shape[-1])  # allocated contiguous in forward; n > 0 checked there
+        dy2 = rows_view("softmax", "dy", dy)
+        dx = empty(y.shape, dtype=y.dtype, device=y.device)
+        dx2 = dx.view(y2.shape)
+        if torch.compiler.is_compiling():
+            _softmax_bwd_op(dy2, y2, dx2, ctx.is_log)
+        else:
+            softmax_bwd_launch(dy2, y2, dx2, ctx.is_log)
+        return dx, None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _check(op: str, x: torch.Tensor, dim: int) -> None:
+    check_tensor(op, "x", x)
+    if dim not in (-1, x.dim() - 1):
+        raise ValueError(
+            f"{op}: only the last dimension is supported (dim=-1), got dim={dim} for shape "
+            f"{tuple(x.shape)}; move the dimension last (x.movedim({dim}, -1)) and back."
+        )
+    if x.shape[-1] == 0:
+        raise ValueError(f"{op}: argument 'x' has an empty last dimension, shape {tuple(x.shape)}")
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax over the last dimension of `x` (any leading dims), forward and backward in Triton.
+
+    Args:
+        x: [..., N] float32/float16/bfloat16, on a CUDA GPU (CPU under TRITON_INTERPRET=1).
+            Computed in fp32, returned in x's dtype.
+        dim: must be the last dimension (-1 or x.dim() - 1).
+    """
+    _check("softmax", x, dim)
+    return _SoftmaxFunction.apply(x, False)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Log-softmax over the last dimension of `x`; arguments as for `softmax`."""
+    _check("log_softmax", x, dim)
+    return _SoftmaxFunction.apply(x, True)
+
+
+class Softmax(torch.nn.Module):
+    """Drop-in for torch.nn.Softmax(dim=-1)."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(torch.nn.Module):
+    """Drop-in for torch.nn.LogSoftmax(dim=-1)."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return log_softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+# --------------------------------------------------------------------------- references
+
+
+def softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """fp32 reference (differentiable)."""
+    return torch.softmax(x.float(), dim=dim)
+
+
+def log_softmax_ref(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """fp32 reference (differentiable)."""
+    return torch.log_softmax(x.float(), dim=dim)
+
+
+def softmax_eager(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Eager PyTorch in the input's dtype (the `torch` benchmark provider)."""
+    return torch.softmax(x, dim=dim)
+
+
+def log_softmax_eager(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Eager PyTorch in the input's dtype."""
+    return torch.log_softmax(x, dim=dim)

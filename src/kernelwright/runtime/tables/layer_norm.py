@@ -1,0 +1,48 @@
+"""Launch configs for layer_norm. Rewritten by the optimize workflow; kernels read, never choose.
+
+"fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers);
+otherwise the looped kernels walk the row in `block_n` chunks. `rows` is the number of rows a
+program handles per step (short rows: more rows, fewer programs). The backward is persistent:
+`programs_per_sm` programs per SM, each keeping its own fp32 partial sums of dW and dB.
+"""
+
+from kernelwright.runtime.launch import LaunchConfig as C
+
+# "default" rows: UNTUNED — copied from rms_norm's H200 table as a starting point (layer_norm
+# reads the same bytes per row plus a bias, and does one more row reduction). Sweep with
+# benchmarks/tune.py before trusting them.
+TABLE = {
+    "fwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4)),
+            (1024, C(block_n=1024, rows=4, num_warps=4)),
+            (2048, C(block_n=2048, rows=1, num_warps=4)),
+            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=2, num_warps=4)),
+            (16384, C(block_n=16384, rows=1, num_warps=8)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+        ],
+        # Under the interpreter every program instance costs milliseconds: few, wide programs.
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16)),
+            (2**31 - 1, C(block_n=512, rows=1)),
+        ],
+    },
+    "bwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
+            (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
+            (2048, C(block_n=2048, rows=4, num_warps=8, programs_per_sm=2)),
+            (4096, C(block_n=4096, rows=2, num_warps=8, programs_per_sm=2)),
+            (8192, C(block_n=8192, rows=2, num_warps=16, programs_per_sm=1)),
+            (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
+            (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
+            (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, programs_per_sm=1)),
+        ],
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16, programs_per_sm=1)),
+            (2**31 - 1, C(block_n=512, rows=1, programs_per_sm=1)),
+        ],
+    },
+}

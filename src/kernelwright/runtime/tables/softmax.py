@@ -1,0 +1,48 @@
+"""Launch configs for softmax / log_softmax. Rewritten by the optimize workflow; kernels read.
+
+"fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers; `rows`
+rows per program); otherwise the looped kernels walk the row in `block_n` chunks, one program
+per row (forward: an online max/sum pass, then a write pass; backward: a reduction pass, then
+a write pass).
+"""
+
+from kernelwright.runtime.launch import LaunchConfig as C
+
+# "default" rows: UNTUNED first guesses for Hopper-class GPUs (fp32 in registers: at most ~64
+# elements per thread in the fused kernels), not yet swept with benchmarks/tune.py.
+TABLE = {
+    "fwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4)),
+            (1024, C(block_n=1024, rows=4, num_warps=4)),
+            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            (16384, C(block_n=16384, rows=1, num_warps=16)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+        ],
+        # Under the interpreter every program instance costs milliseconds: few, wide programs
+        # and large chunks (rows past 4096 take the looped kernel).
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16)),
+            (4096, C(block_n=4096, rows=4)),
+            (2**31 - 1, C(block_n=4096, rows=1)),
+        ],
+    },
+    "bwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4)),
+            (1024, C(block_n=1024, rows=4, num_warps=4)),
+            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            (16384, C(block_n=16384, rows=1, num_warps=16)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+        ],
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16)),
+            (4096, C(block_n=4096, rows=4)),
+            (2**31 - 1, C(block_n=4096, rows=1)),
+        ],
+    },
+}

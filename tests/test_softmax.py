@@ -1,0 +1,297 @@
+"""softmax / log_softmax: forward and backward against the fp32 reference, paths, properties."""
+
+import pytest
+import torch
+from conftest import DEVICE, ON_GPU
+
+from kernelwright.ops.softmax import (
+    LogSoftmax,
+    Softmax,
+    log_softmax,
+    log_softmax_eager,
+    log_softmax_ref,
+    softmax,
+    softmax_bwd_launch,
+    softmax_eager,
+    softmax_fwd_launch,
+    softmax_ref,
+)
+from kernelwright.runtime import LaunchConfig
+from kernelwright.testing import (
+    Tolerance,
+    check_op,
+    generator,
+    large_offset_rows,
+    poisoned,
+    rand,
+    rel_norm_error,
+)
+
+# Relative-norm error bounds, about 2x the worst measured under the interpreter (std-3 inputs,
+# every shape below, two seeds: fp32 1.3e-6 / 1.5e-6, fp16 2.7e-4 / 3.3e-4, bf16 5.7e-3 /
+# 8.7e-3). The forward rounds once (fp32 math, one cast at the store); the backward reads the
+# saved output, rounded to the input dtype, and rounds dx once more. The bf16 bounds cover the
+# interpreter's truncating fp32 -> bf16 cast (twice round-to-nearest's error).
+TOL = {
+    torch.float32: Tolerance(fwd=1e-5, bwd=2e-5),
+    torch.float16: Tolerance(fwd=6e-4, bwd=8e-4),
+    torch.bfloat16: Tolerance(fwd=1.2e-2, bwd=1.6e-2),
+}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+OPS = [(softmax, softmax_ref), (log_softmax, log_softmax_ref)]
+OP_IDS = ["softmax", "log_softmax"]
+
+# Row lengths at the regime boundaries of the launch tables, plus odd sizes; the interpreter
+# table switches to the looped kernel above 4096.
+if ON_GPU:
+    SHAPES = [(4099, 64), (3, 1000, 257), (1023, 4096), (257, 32768), (9, 32769), (5, 262144)]
+    LONG = 262144
+else:
+    SHAPES = [(37, 64), (2, 3, 257), (5, 1000), (1, 4096), (3, 4097), (2, 1, 2, 5001)]
+    LONG = 70000
+
+
+def _x(shape, dtype, seed, *, layout="contiguous", std=1.0):
+    return rand(shape, dtype, DEVICE, gen=generator(seed), layout=layout, std=std)
+
+
+def _check(op, ref, x, dtype=None):
+    check_op(op, ref, {"x": x}, tolerances=TOL, dtype=dtype).assert_ok()
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward_backward_matches_reference(shape, dtype, op, ref):
+    _check(op, ref, _x(shape, dtype, 0, std=3.0))
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=OP_IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_long_row_looped_kernel(dtype, op, ref):
+    # A vocabulary-sized row through the online looped kernel (a few rows, cheap on CPU).
+    _check(op, ref, _x((2, LONG), dtype, 1, std=4.0))
+
+
+@pytest.mark.parametrize("layout", ["row_strided", "transposed"])
+@pytest.mark.parametrize("op,ref", OPS, ids=OP_IDS)
+def test_non_contiguous_input(op, ref, layout):
+    for shape in [SHAPES[1], SHAPES[4]]:
+        _check(op, ref, _x(shape, torch.float32, 2, layout=layout))
+
+
+@pytest.mark.parametrize("is_log", [False, True])
+def test_every_kernel_path_agrees(is_log):
+    # The same rows through the multi-row, one-row and looped kernels (chunks of 128, with and
+    # without a partial last chunk) must agree.
+    x = _x((13, 700), torch.float32, 3, std=5.0)
+    x[2, 100:600] = float("-inf")  # a lane range that sees only -inf in the looped kernel
+    dy = _x((13, 700), torch.float32, 4)
+    configs = [
+        LaunchConfig(block_n=1024, rows=4),
+        LaunchConfig(block_n=1024, rows=1),
+        LaunchConfig(block_n=128),
+        LaunchConfig(block_n=256),
+    ]
+    results = []
+    for cfg in configs:
+        with poisoned():
+            y = torch.full_like(x, float("nan"))
+            dx = torch.full_like(x, float("nan"))
+            softmax_fwd_launch(x, y, is_log, config=cfg)
+            softmax_bwd_launch(dy, y, dx, is_log, config=cfg)
+        results.append((y, dx))
+    for y, dx in results[1:]:
+        assert torch.allclose(y, results[0][0], rtol=1e-6, atol=1e-6, equal_nan=False)
+        assert rel_norm_error(dx, results[0][1]) < 1e-6
+    ref = (log_softmax_ref if is_log else softmax_ref)(x)
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(results[0][0]), finite)
+    assert rel_norm_error(results[0][0][finite], ref[finite]) < 1e-6
+
+
+@pytest.mark.parametrize("n", [SHAPES[2][-1], SHAPES[4][-1]], ids=["fused", "looped"])
+def test_rows_sum_to_one_and_shift_invariance(n):
+    x = _x((6, n), torch.float32, 5, std=3.0)
+    y = softmax(x)
+    assert torch.allclose(y.sum(-1), torch.ones(6, device=DEVICE), atol=1e-5)
+    assert torch.allclose(log_softmax(x).exp().sum(-1), torch.ones(6, device=DEVICE), atol=1e-5)
+    # softmax(x + c) == softmax(x); log_softmax(x + c) == log_softmax(x); c per row
+    c = torch.tensor([-300.0, -1.0, 0.5, 7.0, 100.0, 1000.0], device=DEVICE)[:, None]
+    assert torch.allclose(softmax(x + c), y, rtol=1e-4, atol=1e-7)
+    assert torch.allclose(log_softmax(x + c), log_softmax(x), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("n", [SHAPES[2][-1], SHAPES[4][-1]], ids=["fused", "looped"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_large_magnitude_inputs_do_not_overflow(dtype, n):
+    # x ~ +-1e4: exp(x) overflows (or underflows to 0 / 0) without the max shift.
+    for sign in (1.0, -1.0):
+        x = rand((3, n), dtype, DEVICE, gen=generator(6), mean=sign * 1e4, std=30.0)
+        for op, ref in OPS:
+            y = op(x)
+            assert torch.isfinite(y).all()
+            assert rel_norm_error(y, ref(x)) < TOL[dtype].fwd
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row's NaN
+@pytest.mark.parametrize("n", [SHAPES[2][-1], SHAPES[4][-1]], ids=["fused", "looped"])
+def test_minus_inf_entries(n):
+    x = _x((4, n), torch.float32, 7)
+    x[0, ::3] = float("-inf")  # partially -inf: those entries get 0 / -inf
+    x[1, : n - 1] = float("-inf")  # one finite entry: y = [0, ..., 0, 1]
+    x[2] = float("-inf")  # all -inf: NaN, as in PyTorch
+    for op, eager in [(softmax, torch.softmax), (log_softmax, torch.log_softmax)]:
+        y, ref = op(x), eager(x, -1)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref))
+        assert torch.isnan(y[2]).all()
+        ok = ~torch.isnan(ref)
+        assert torch.equal(y[ok] == float("-inf"), ref[ok] == float("-inf"))
+        finite = torch.isfinite(ref)
+        assert torch.allclose(y[finite], ref[finite], rtol=1e-5, atol=1e-6)
+    # gradients of the rows that are not all -inf are finite and match PyTorch
+    xs = x[[0, 1, 3]].clone()
+    dy = _x(xs.shape, torch.float32, 8)
+    for op, eager in [(softmax, torch.softmax), (log_softmax, torch.log_softmax)]:
+        a = xs.clone().requires_grad_()
+        b = xs.clone().requires_grad_()
+        op(a).backward(dy)
+        eager(b, -1).backward(dy)
+        assert torch.isfinite(a.grad).all()
+        assert rel_norm_error(a.grad, b.grad) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)],
+    ids=str,
+)
+def test_matches_torch_rounding(dtype):
+    # One fp32 computation and one rounding: nearly every element must equal the fp32 result
+    # rounded to the dtype, and PyTorch's softmax bit for bit (exp and summation order differ).
+    # Measured with fp16 on CPU: softmax 99.99% equal to torch; log_softmax 100% equal to the
+    # rounded reference but only 92-95% to torch, whose CPU fp16 log_softmax is off by up to 14
+    # ulp near 0 (it is the less accurate one). bf16 runs on the GPU only: the interpreter
+    # truncates fp32 -> bf16 instead of rounding.
+    x = _x((64, 1000), dtype, 9, std=3.0)
+    for ours, theirs, ref, vs_torch in [
+        (softmax, softmax_eager, softmax_ref, 0.999),
+        (log_softmax, log_softmax_eager, log_softmax_ref, 0.9),
+    ]:
+        a, b = ours(x), theirs(x)
+        assert a.dtype == b.dtype == dtype
+        assert (a == ref(x).to(dtype)).float().mean().item() > 0.999
+        assert (a == b).float().mean().item() > vs_torch
+
+
+@pytest.mark.parametrize("op,ref", OPS, ids=OP_IDS)
+def test_expanded_upstream_gradient(op, ref):
+    # y.sum().backward() hands the backward a stride-0 gradient (for softmax dx is ~0 then:
+    # compared absolutely), and a broadcast weight gives one with stride-0 leading dims.
+    x = _x((5, 3, 200), torch.float32, 10).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    op(x).sum().backward()
+    ref(xr).sum().backward()
+    assert (x.grad - xr.grad).abs().max().item() < 1e-5 * xr.grad.abs().max().item() + 1e-6
+    x.grad = None
+    xr.grad = None
+    w = torch.arange(200.0, device=DEVICE)
+    op(x).expand(2, 5, 3, 200).sum(0).mul(w).sum().backward()
+    ref(xr).expand(2, 5, 3, 200).sum(0).mul(w).sum().backward()
+    assert rel_norm_error(x.grad, xr.grad) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_int64_offsets(dtype):
+    # Row 2 starts past 2^31 elements: an int32 offset would wrap and read/write elsewhere.
+    for n in (300, SHAPES[4][-1]):  # fused and looped kernels
+        x = large_offset_rows(n, 3, dtype, DEVICE, gen=generator(11))
+        for op, ref in OPS:
+            _check(op, ref, x, dtype)
+
+
+def test_zero_rows():
+    for op in (softmax, log_softmax):
+        x = torch.empty(2, 0, 64, device=DEVICE).requires_grad_()
+        y = op(x)
+        assert y.shape == (2, 0, 64)
+        y.sum().backward()
+        assert x.grad.shape == (2, 0, 64)
+
+
+def test_modules():
+    x = _x((4, 3, 300), torch.float32, 12)
+    assert rel_norm_error(Softmax()(x), softmax_ref(x)) < 1e-6
+    assert rel_norm_error(LogSoftmax(dim=2)(x), log_softmax_ref(x)) < 1e-6
+    assert repr(Softmax()) == "Softmax(dim=-1)"
+    with pytest.raises(ValueError, match="only the last dimension"):
+        LogSoftmax(dim=0)(x)
+
+
+def test_output_saved_for_backward_not_input():
+    # Only y is saved: modifying x after the forward does not change the gradient; modifying y
+    # in place is caught by autograd, as for torch.softmax.
+    x = _x((3, 300), torch.float32, 13).requires_grad_()
+    xr = x.detach().clone().requires_grad_()
+    dy = _x((3, 300), torch.float32, 14)
+    y = softmax(x * 1.0)
+    softmax_ref(xr).backward(dy)
+    y.backward(dy)
+    assert rel_norm_error(x.grad, xr.grad) < 1e-5
+    y = softmax(x)
+    y.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_bad_input_errors():
+    x = _x((4, 64), torch.float32, 15)
+    with pytest.raises(ValueError, match=r"softmax: only the last dimension .* got dim=0"):
+        softmax(x, dim=0)
+    with pytest.raises(ValueError, match=r"log_softmax: only the last dimension .* got dim=-2"):
+        log_softmax(x, dim=-2)
+    assert torch.equal(softmax(x, dim=1), softmax(x))  # the last dim by its positive index
+    with pytest.raises(TypeError, match=r"'x' must have dtype in .*got int32"):
+        softmax(torch.ones(4, 64, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
+        log_softmax([1.0, 2.0])
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        softmax(torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(ValueError, match="empty last dimension"):
+        softmax(torch.ones(4, 0, device=DEVICE))
+    if not ON_GPU:
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            softmax(torch.ones(4, 64, device="meta"))
+
+
+def test_harness_catches_a_wrong_kernel():
+    # A test that cannot fail is a defect: a softmax with a temperature off by 1%, one that
+    # skips the last column, and log_softmax checked against softmax's reference must all fail.
+    inputs = {"x": _x((5, 300), torch.float32, 16, std=3.0)}
+    warm = lambda x: softmax(x * 1.01)
+    assert not check_op(warm, softmax_ref, inputs, tolerances=TOL).ok
+    assert not check_op(log_softmax, softmax_ref, inputs, tolerances=TOL).ok
+
+    def skips_last_column(x):
+        y = softmax(x[..., :-1])
+        return torch.cat([y, torch.full_like(x[..., -1:], float("nan"))], dim=-1)
+
+    report = check_op(skips_last_column, softmax_ref, inputs, tolerances=TOL, backward=False)
+    assert not report.ok and report.rows[0].error == float("inf")
+
+
+@pytest.mark.compile
+def test_torch_compile_fullgraph():
+    # The custom ops make the whole forward+backward one graph with opaque kernel nodes.
+    torch._dynamo.reset()
+    x0 = _x((6, 2, 300), torch.float32, 17)
+
+    def block(x):
+        return softmax(x * 2.0).sin() + log_softmax(x).cos()
+
+    compiled = torch.compile(block, fullgraph=True)
+    x = x0.detach().requires_grad_()
+    compiled(x).sum().backward()
+    xr = x0.detach().requires_grad_()
+    block(xr).sum().backward()
+    assert rel_norm_error(x.grad, xr.grad) < 1e-5
