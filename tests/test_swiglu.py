@@ -8,6 +8,7 @@ import torch
 from conftest import ON_GPU
 
 from kernelwright.ops import swiglu as S
+from kernelwright.ops._elementwise import elementwise_grid
 from kernelwright.ops.swiglu import (
     SwiGLU,
     SwiGLUFused,
@@ -363,8 +364,9 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     assert [r.ok for r in report.rows] == [True, False, False], report.table()
     monkeypatch.undo()
 
-    floor_grid = lambda m, n, cfg: (m // cfg.rows, max(1, n // cfg.block_n))
-    monkeypatch.setattr(S, "_grid", floor_grid)
+    # one program short of the grid: the last tile is never written
+    short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
+    monkeypatch.setattr(S, "elementwise_grid", short_grid)
     report = check_op(swiglu, swiglu_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retile
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -28,25 +29,13 @@ from kernelwright.runtime.tables.relu_squared import TABLE
 
 
 @triton.jit
-def _tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    # A 1-D grid walked row block by row block, the column tiles of one row block on
-    # consecutive programs: neighbouring programs touch neighbouring memory (as swiglu's).
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    rows = (pid // n_tiles).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M*stride > 2^31
-    cols = (pid % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    return rows[:, None], cols[None, :], mask
-
-
-@triton.jit
 def _relu_squared_fwd_kernel(
     x_ptr, y_ptr,  # [M, N] views with row strides, last dim contiguous
     M, N, stride_x, stride_y,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
 ):  # fmt: skip
-    rows, cols, mask = _tile(M, N, BLOCK_N, ROWS)
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
     x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     r = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as torch's
     tl.store(y_ptr + rows * stride_y + cols, (r * r).to(y_ptr.dtype.element_ty), mask=mask)
@@ -59,7 +48,7 @@ def _relu_squared_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
 ):  # fmt: skip
-    rows, cols, mask = _tile(M, N, BLOCK_N, ROWS)
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
     dy = tl.load(dy_ptr + rows * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     # d/dx relu(x)^2 = 2 relu(x); +0 where x <= 0, as eager's relu backward (a select).
@@ -74,25 +63,6 @@ def _config(kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None) -
     return config or lookup(TABLE, "relu_squared", kernel, device_info(t.device), n)
 
 
-def _grid(m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
-    # One program per (row block, column tile); see _tile. Axis 0 takes up to 2^31 - 1.
-    programs = triton.cdiv(m, cfg.rows) * triton.cdiv(n, cfg.block_n)
-    if programs >= 2**31:
-        raise ValueError(f"relu_squared: {m} x {n} needs {programs} programs, over the grid limit")
-    return (programs,)
-
-
-def _retile(tensors: tuple[torch.Tensor, ...], cfg: LaunchConfig) -> tuple[torch.Tensor, ...]:
-    # Elementwise: when every tensor is one dense block, any [M', block_n] view computes the
-    # same thing, and full tiles need no masked tail.
-    m, n = tensors[0].shape
-    if (m * n) % cfg.block_n or n == cfg.block_n:
-        return tensors
-    if not all(t.is_contiguous() for t in tensors):
-        return tensors
-    return tuple(t.view(-1, cfg.block_n) for t in tensors)
-
-
 def relu_squared_fwd_launch(
     x: torch.Tensor,  # [M, N], stride(1) == 1
     y: torch.Tensor,  # out [M, N], stride(1) == 1
@@ -102,9 +72,9 @@ def relu_squared_fwd_launch(
     if M == 0 or N == 0:
         return
     cfg = _config("fwd", x, N, config)
-    x, y = _retile((x, y), cfg)
+    x, y = retile((x, y), cfg)
     M, N = x.shape
-    _relu_squared_fwd_kernel[_grid(M, N, cfg)](
+    _relu_squared_fwd_kernel[elementwise_grid("relu_squared", M, N, cfg)](
         x, y, M, N, x.stride(0), y.stride(0),
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -120,9 +90,9 @@ def relu_squared_bwd_launch(
     if M == 0 or N == 0:
         return
     cfg = _config("bwd", x, N, config)
-    dy, x, dx = _retile((dy, x, dx), cfg)
+    dy, x, dx = retile((dy, x, dx), cfg)
     M, N = x.shape
-    _relu_squared_bwd_kernel[_grid(M, N, cfg)](
+    _relu_squared_bwd_kernel[elementwise_grid("relu_squared", M, N, cfg)](
         dy, x, dx, M, N, dy.stride(0), x.stride(0), dx.stride(0),
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip

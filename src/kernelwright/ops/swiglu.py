@@ -28,6 +28,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retile
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
 from kernelwright.runtime.alloc import empty
@@ -48,19 +49,6 @@ def _silu_parts(a):
 
 
 @triton.jit
-def _tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
-    # A 1-D grid walked row block by row block, the column tiles of one row block on
-    # consecutive programs: neighbouring programs touch neighbouring memory (a 2-D grid with
-    # rows on axis 0 sent them N elements apart and cost ~5% of bandwidth at N = 28672).
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    rows = (pid // n_tiles).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M*stride > 2^31
-    cols = (pid % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    return rows[:, None], cols[None, :], mask
-
-
-@triton.jit
 def _swiglu_fwd_kernel(
     a_ptr, b_ptr, c_ptr,  # gate, up, out: [M, N] views with row strides, last dim contiguous
     M, N, stride_a, stride_b, stride_c,
@@ -68,7 +56,7 @@ def _swiglu_fwd_kernel(
     ROWS: tl.constexpr,
 ):  # fmt: skip
     # Program (i, j) covers rows [i*ROWS, (i+1)*ROWS) and columns [j*BLOCK_N, (j+1)*BLOCK_N).
-    rows, cols, mask = _tile(M, N, BLOCK_N, ROWS)
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
     a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
     silu, _ = _silu_parts(a)
@@ -86,7 +74,7 @@ def _swiglu_bwd_kernel(
 ):  # fmt: skip
     # da/db may be a/b themselves (in-place backward): each element is loaded, then stored, by
     # the one program that owns it, so overwriting the inputs is race-free.
-    rows, cols, mask = _tile(M, N, BLOCK_N, ROWS)
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
     dc = tl.load(dc_ptr + rows * stride_dc + cols, mask=mask, other=0.0).to(tl.float32)
     a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
@@ -109,25 +97,6 @@ def _config(kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None) -
     return config or lookup(TABLE, "swiglu", kernel, device_info(t.device), n)
 
 
-def _grid(m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
-    # One program per (row block, column tile); see _tile. Axis 0 takes up to 2^31 - 1.
-    programs = triton.cdiv(m, cfg.rows) * triton.cdiv(n, cfg.block_n)
-    if programs >= 2**31:
-        raise ValueError(f"swiglu: {m} x {n} needs {programs} programs, over the grid limit")
-    return (programs,)
-
-
-def _retile(tensors: tuple[torch.Tensor, ...], cfg: LaunchConfig) -> tuple[torch.Tensor, ...]:
-    # Elementwise: when every tensor is one dense block, any [M', block_n] view computes the
-    # same thing, and full tiles need no masked tail (N = 18944 leaves 1/4 of a 2048 tile idle).
-    m, n = tensors[0].shape
-    if (m * n) % cfg.block_n or n == cfg.block_n:
-        return tensors
-    if not all(t.is_contiguous() for t in tensors):
-        return tensors
-    return tuple(t.view(-1, cfg.block_n) for t in tensors)
-
-
 def swiglu_fwd_launch(
     a: torch.Tensor,  # gate [M, N], stride(1) == 1
     b: torch.Tensor,  # up [M, N], stride(1) == 1
@@ -138,9 +107,9 @@ def swiglu_fwd_launch(
     if M == 0 or N == 0:
         return
     cfg = _config("fwd", a, N, config)
-    a, b, c = _retile((a, b, c), cfg)
+    a, b, c = retile((a, b, c), cfg)
     M, N = a.shape
-    _swiglu_fwd_kernel[_grid(M, N, cfg)](
+    _swiglu_fwd_kernel[elementwise_grid("swiglu", M, N, cfg)](
         a, b, c, M, N, a.stride(0), b.stride(0), c.stride(0),
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -158,9 +127,9 @@ def swiglu_bwd_launch(
     if M == 0 or N == 0:
         return
     cfg = _config("bwd", a, N, config)
-    dc, a, b, da, db = _retile((dc, a, b, da, db), cfg)
+    dc, a, b, da, db = retile((dc, a, b, da, db), cfg)
     M, N = a.shape
-    _swiglu_bwd_kernel[_grid(M, N, cfg)](
+    _swiglu_bwd_kernel[elementwise_grid("swiglu", M, N, cfg)](
         dc, a, b, da, db, M, N,
         dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0),
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
