@@ -382,6 +382,42 @@ LAYER_NORM = register(
 )
 
 
+# --------------------------------------------------------------------------- one-input ops
+
+
+def _unary_providers(
+    module: str, fn: str, eager_fn: str, liger: tuple[str, str]
+) -> tuple[Provider, ...]:
+    # Ops of one input x: ours, its eager PyTorch form, that compiled, and Liger's Function
+    # (which allocates its own gradient: nothing is written over the inputs).
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module(module), name)
+
+    def ours(inp: Inputs):
+        x, f = inp["x"], op(fn)
+        return lambda: f(x)
+
+    def eager(inp: Inputs):
+        x, f = inp["x"], op(eager_fn)
+        return lambda: f(x)
+
+    def torch_compile(inp: Inputs):
+        x, f = inp["x"], compiled(op(eager_fn))
+        return lambda: f(x)
+
+    def peer(inp: Inputs):
+        cls = getattr(importlib.import_module(liger[0]), liger[1])
+        x = inp["x"]
+        return lambda: cls.apply(x)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", peer, requires="liger_kernel"),
+    )
+
+
 # --------------------------------------------------------------------------- softmax
 
 SOFTMAX_ROWS = 4096  # rows of a logits block; 4096 x 262144 bf16 is 2 GiB (fp32: 4 GiB)
@@ -405,41 +441,16 @@ def _softmax_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
     return shape["rows"] * shape["n"] * dtype.itemsize
 
 
-def _softmax_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.softmax"), name)
-
-    def ours(inp: Inputs):
-        x, f = inp["x"], op("softmax")
-        return lambda: f(x)
-
-    def eager(inp: Inputs):
-        x, f = inp["x"], op("softmax_eager")
-        return lambda: f(x)
-
-    def torch_compile(inp: Inputs):
-        x, f = inp["x"], compiled(op("softmax_eager"))
-        return lambda: f(x)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.softmax import LigerSoftmaxFunction
-
-        x = inp["x"]
-        return lambda: LigerSoftmaxFunction.apply(x)
-
-    return (
-        Provider("kernelwright", ours),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel"),
-    )
-
-
 SOFTMAX = register(
     BenchSpec(
         op="softmax",
         dims=("rows", "n"),
-        providers=_softmax_providers(),
+        providers=_unary_providers(
+            "kernelwright.ops.softmax",
+            "softmax",
+            "softmax_eager",
+            ("liger_kernel.ops.softmax", "LigerSoftmaxFunction"),
+        ),
         make_inputs=_softmax_inputs,
         grad_inputs=("x",),
         bytes=_softmax_bytes,
@@ -591,41 +602,16 @@ def _relu_squared_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
     return {"forward": 2, "backward": 3, "full": 5}[mode] * mn_s
 
 
-def _relu_squared_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.relu_squared"), name)
-
-    def ours(inp: Inputs):
-        x, f = inp["x"], op("relu_squared")
-        return lambda: f(x)
-
-    def eager(inp: Inputs):
-        x, f = inp["x"], op("relu_squared_eager")
-        return lambda: f(x)
-
-    def torch_compile(inp: Inputs):
-        x, f = inp["x"], compiled(op("relu_squared_eager"))
-        return lambda: f(x)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.relu_squared import LigerReLUSquaredFunction
-
-        x = inp["x"]
-        return lambda: LigerReLUSquaredFunction.apply(x)
-
-    return (
-        Provider("kernelwright", ours),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel"),
-    )
-
-
 RELU_SQUARED = register(
     BenchSpec(
         op="relu_squared",
         dims=("tokens", "intermediate"),
-        providers=_relu_squared_providers(),
+        providers=_unary_providers(
+            "kernelwright.ops.relu_squared",
+            "relu_squared",
+            "relu_squared_eager",
+            ("liger_kernel.ops.relu_squared", "LigerReLUSquaredFunction"),
+        ),
         make_inputs=_relu_squared_inputs,
         grad_inputs=("x",),
         bytes=_relu_squared_bytes,
