@@ -112,7 +112,158 @@ def rms_norm_fwd_cases():
             yield "fwd", (m, n), cfg, fwd, 2 * m * n * 2
 
 
-CASES = {"rms_norm": rms_norm_cases, "rms_norm_fwd": rms_norm_fwd_cases, "swiglu": swiglu_cases}
+def _norm_configs(n: int, bwd: bool):
+    block = triton.next_power_of_2(n)
+    for rows in (1, 2, 4, 8):
+        if rows * block > 16384 or (rows > 1 and block > 8192):
+            continue
+        for nw in (4, 8, 16, 32):
+            if nw * 32 * 4 > block * rows * 2 or (nw == 32 and block < 8192):
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw)
+            if not bwd:
+                yield cfg
+                continue
+            for pps in (1, 2, 4):
+                yield cfg.with_(programs_per_sm=pps)
+
+
+NORM_SHAPES = [(8192, 2048), (8192, 3584), (8192, 4096), (8192, 8192), (8192, 16384)]
+NORM_SHAPES += [(16384, 4096), (2048, 4096)]
+
+
+def fused_add_rms_norm_cases():
+    from kernelwright.ops import fused_add_rms_norm as fa
+
+    for m, n in NORM_SHAPES:
+        x, r, dy, dr = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(4))
+        w = torch.randn(n, device="cuda", dtype=DT)
+        y, s, ds = (torch.empty_like(x) for _ in range(3))
+        dw = torch.empty_like(w)
+        rstd = torch.empty(m, device="cuda", dtype=torch.float32)
+        for cfg in _norm_configs(n, bwd=False):
+            f = partial(fa.fused_add_rms_norm_fwd_launch, x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+            yield "fwd", (m, n), cfg, partial(f, config=cfg), 4 * m * n * 2
+        for cfg in _norm_configs(n, bwd=True):
+            f = partial(fa.fused_add_rms_norm_bwd_launch, dy, dr, s, w, rstd, ds, dw, 0.0, "llama")
+            yield "bwd", (m, n), cfg, partial(f, config=cfg), 4 * m * n * 2
+
+
+def layer_norm_cases():
+    from kernelwright.ops import layer_norm as ln
+
+    for m, n in NORM_SHAPES:
+        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        dw, db = torch.empty_like(w), torch.empty_like(b)
+        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        for cfg in _norm_configs(n, bwd=False):
+            f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
+            yield "fwd", (m, n), cfg, f, 2 * m * n * 2
+        for cfg in _norm_configs(n, bwd=True):
+            f = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db, config=cfg)
+            yield "bwd", (m, n), cfg, f, 3 * m * n * 2
+
+
+def softmax_cases():
+    from kernelwright.ops import softmax as sm
+
+    m = 4096
+    for n in (4096, 8192, 16384, 32768, 65536, 131072, 128256, 262144):
+        x = torch.randn(m, n, device="cuda", dtype=DT)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        fused = triton.next_power_of_2(n)
+        blocks = [b for b in (2048, 4096, 8192, 16384) if b < n]
+        blocks += [fused] if fused <= 65536 else []
+        for block in blocks:
+            for nw in (4, 8, 16, 32):
+                if nw * 32 * 8 > block or (nw == 32 and block < 16384):
+                    continue
+                for rows in (1, 2, 4) if block >= n else (1,):
+                    if rows * block > 16384 and rows > 1:
+                        continue
+                    cfg = C(block_n=block, rows=rows, num_warps=nw)
+                    f = partial(sm.softmax_fwd_launch, x, y, False, config=cfg)
+                    yield "fwd", (m, n), cfg, f, 2 * m * n * 2
+                    f = partial(sm.softmax_bwd_launch, x, y, dx, False, config=cfg)
+                    yield "bwd", (m, n), cfg, f, 3 * m * n * 2
+        del x, y, dx
+
+
+def _elementwise_cases(fwd_launch, bwd_launch, two_inputs: bool):
+    for m, n in [(16384, 14336), (8192, 18944), (8192, 8192), (2048, 14336)]:
+        a = torch.randn(m, n, device="cuda", dtype=DT)
+        b = torch.randn_like(a)
+        c, dc, da, db = (torch.empty_like(a) for _ in range(4))
+        dc.normal_()
+        nf, nb = (3, 5) if two_inputs else (2, 3)
+        for block, rows, nw in itertools.product((1024, 2048, 4096, 8192), (1, 2, 4), (4, 8, 16)):
+            if block * rows > 8192 or nw * 32 * 4 > block * rows:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw)
+            if two_inputs:
+                fwd = partial(fwd_launch, a, b, c, config=cfg)
+                bwd = partial(bwd_launch, dc, a, b, da, db, config=cfg)
+            else:
+                fwd = partial(fwd_launch, a, c, config=cfg)
+                bwd = partial(bwd_launch, dc, a, da, config=cfg)
+            yield "fwd", (m, n), cfg, fwd, nf * m * n * 2
+            yield "bwd", (m, n), cfg, bwd, nb * m * n * 2
+
+
+def geglu_cases():
+    from kernelwright.ops import geglu as g
+
+    yield from _elementwise_cases(g.geglu_fwd_launch, g.geglu_bwd_launch, two_inputs=True)
+
+
+def relu_squared_cases():
+    from kernelwright.ops import relu_squared as r
+
+    yield from _elementwise_cases(r.relu_squared_fwd_launch, r.relu_squared_bwd_launch, False)
+
+
+def jagged_mean_cases():
+    from kernelwright.ops import jagged_mean as jm
+
+    gen = torch.Generator().manual_seed(77)
+    lengths = torch.randint(1, 513, (4096,), generator=gen)
+    offsets = torch.zeros(4097, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    total = int(offsets[-1])
+    offsets = offsets.cuda()
+    for d in (64, 256, 1024):
+        v = torch.randn(total, d, device="cuda", dtype=DT)
+        dv = torch.empty_like(v)
+        out = torch.empty(4096, d, device="cuda", dtype=DT)
+        dout = torch.randn_like(out)
+        nbytes = total * d * 2 + 4096 * d * 2
+        for block in (64, 128, 256, 512, 1024):
+            if block > d:
+                continue
+            for rows, nw, st in itertools.product((4, 8, 16, 32, 64), (2, 4, 8), (1, 2, 3)):
+                if block * rows > 32768 or block * rows < 512 or nw * 32 * 2 > block * rows:
+                    continue
+                cfg = C(block_n=block, rows=rows, num_warps=nw, num_stages=st)
+                fwd = partial(jm.jagged_mean_fwd_launch, v, offsets, out, config=cfg)
+                yield "fwd", (total, d), cfg, fwd, nbytes
+                if st == 1:
+                    bwd = partial(jm.jagged_mean_bwd_launch, dout, offsets, dv, config=cfg)
+                    yield "bwd", (total, d), cfg, bwd, nbytes
+
+
+CASES = {
+    "rms_norm": rms_norm_cases,
+    "rms_norm_fwd": rms_norm_fwd_cases,
+    "swiglu": swiglu_cases,
+    "fused_add_rms_norm": fused_add_rms_norm_cases,
+    "layer_norm": layer_norm_cases,
+    "softmax": softmax_cases,
+    "geglu": geglu_cases,
+    "relu_squared": relu_squared_cases,
+    "jagged_mean": jagged_mean_cases,
+}
 
 
 def main() -> None:
@@ -140,6 +291,7 @@ def main() -> None:
                     cfg.rows,
                     cfg.num_warps,
                     cfg.programs_per_sm,
+                    cfg.num_stages,
                     f"{ms:.5f}",
                     f"{gbps:.0f}",
                     f"{100 * gbps / bw:.1f}",
@@ -152,7 +304,7 @@ def main() -> None:
             shown = res[:4] + [r for r in res[4:] if r[2].block_n == 0]  # peer rows always
             for ms, gbps, cfg in shown:
                 print(f"   {ms:.4f} ms {gbps:6.0f} GB/s {100 * gbps / bw:5.1f}%  {cfg}")
-    with open(os.path.join(out, "tune.csv"), "w", newline="") as f:
+    with open(os.path.join(out, f"tune_{'_'.join(ops)}.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(
             [
@@ -164,6 +316,7 @@ def main() -> None:
                 "rows",
                 "num_warps",
                 "programs_per_sm",
+                "num_stages",
                 "ms",
                 "gbps",
                 "pct_copy_bw",

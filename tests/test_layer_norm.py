@@ -105,6 +105,8 @@ def test_every_kernel_path_agrees():
     dy = rand((13, 700), torch.float32, DEVICE, gen=gen)
     results = []
     configs = [LaunchConfig(block_n=1024, rows=4), LaunchConfig(block_n=1024, rows=1)]
+    # block_n 16384: the long-row variants (w and b loaded late, w re-read in the backward loop)
+    configs += [LaunchConfig(block_n=16384, rows=1), LaunchConfig(block_n=8192, rows=2)]
     for cfg in [*configs, LaunchConfig(block_n=128)]:
         with poisoned():
             y = torch.full_like(x, float("nan"))

@@ -44,10 +44,13 @@ def _layer_norm_fwd_kernel(
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    # w and b first, so their latency overlaps the loads of x (as in rms_norm).
-    if HAS_WEIGHT:
+    # Short rows: w and b first, so their latency overlaps the loads of x (as in rms_norm).
+    # Long rows (16384): x, its centred copy, w and b live at once would spill registers (an
+    # H200 measured 72% of copy bandwidth at 8192 x 16384), so w and b load after the statistics.
+    EARLY_AFFINE: tl.constexpr = BLOCK_N * ROWS <= 8192
+    if HAS_WEIGHT and EARLY_AFFINE:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
+    if HAS_BIAS and EARLY_AFFINE:
         b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     if ROWS == 1:
         # One row: a 1-D block, no row mask (the grid has exactly M programs).
@@ -56,6 +59,10 @@ def _layer_norm_fwd_kernel(
         mean = tl.sum(x, axis=0) / N
         xc = tl.where(col_mask, x - mean, 0.0)  # padding must not add mean^2 to the variance
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        if HAS_WEIGHT and not EARLY_AFFINE:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS and not EARLY_AFFINE:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         y = xc * rstd
         if HAS_WEIGHT:
             y = y * w
@@ -73,6 +80,10 @@ def _layer_norm_fwd_kernel(
         mean = tl.sum(x, axis=1) / N  # [ROWS]
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)  # [ROWS]
+        if HAS_WEIGHT and not EARLY_AFFINE:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS and not EARLY_AFFINE:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         y = xc * rstd[:, None]
         if HAS_WEIGHT:
             y = y * w[None, :]

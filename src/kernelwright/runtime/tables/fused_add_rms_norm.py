@@ -8,19 +8,17 @@ Same keys and meaning as rms_norm's table: "fwd" and "bwd"; a row fits one progr
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
-# "default" rows: copied from rms_norm's H200-tuned table as a starting point, UNTUNED for this
-# op. The forward moves 5 tensors per row instead of 2 (reads x and residual, writes y and
-# residual_out) and the backward 4 instead of 3 (reads s, dy, d_residual_out, writes ds), so
-# the best rows per program and warps may differ; sweep with benchmarks/tune.py before trusting.
+# "default" rows for 2048..16384: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22;
+# benchmarks/results/tune_fused_add_rms_norm_layer_norm_h200.csv). The rest are rms_norm's.
 TABLE = {
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (2048, C(block_n=2048, rows=1, num_warps=4)),
-            (4096, C(block_n=4096, rows=1, num_warps=8)),
-            (8192, C(block_n=8192, rows=2, num_warps=4)),
-            (16384, C(block_n=16384, rows=1, num_warps=8)),
+            (4096, C(block_n=4096, rows=1, num_warps=4)),
+            (8192, C(block_n=8192, rows=1, num_warps=16)),
+            (16384, C(block_n=16384, rows=1, num_warps=32)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
         ],
@@ -35,7 +33,7 @@ TABLE = {
             (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
             (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
             (2048, C(block_n=2048, rows=4, num_warps=8, programs_per_sm=2)),
-            (4096, C(block_n=4096, rows=2, num_warps=8, programs_per_sm=2)),
+            (4096, C(block_n=4096, rows=4, num_warps=16, programs_per_sm=1)),
             (8192, C(block_n=8192, rows=2, num_warps=16, programs_per_sm=1)),
             (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
             (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),

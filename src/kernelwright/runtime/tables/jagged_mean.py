@@ -10,31 +10,31 @@ from kernelwright.runtime.launch import LaunchConfig as C
 _LAST = 2**31 - 1
 
 TABLE = {
-    # UNTUNED guesses (no GPU measurement yet). Forward reads each row once, writes one row per
-    # segment: a streaming reduction, so a step should move ~4-8 KB per program (2048-4096
-    # elements) and num_stages=2 lets the compiler prefetch the next row chunk during the sum.
-    # Narrow rows take more rows per step; wide rows split D over several programs, which also
-    # gives a 4096-segment batch enough programs (4096 x 2 at D = 1024) to fill 132 SMs.
+    # Swept with benchmarks/tune.py on an H200 (bf16, 4096 segments of 1..512 rows, 2026-11-22;
+    # benchmarks/results/tune_softmax_jagged_mean_h200.csv). Forward: 65% of copy bandwidth at
+    # D = 64 (128-byte rows: latency-bound), 95% at D = 256, 105% at D = 1024; num_stages=2 lets
+    # the compiler prefetch the next row chunk during the sum. Narrower column tiles than D give
+    # a 4096-segment batch more programs to spread over 132 SMs.
     "fwd": {
         "default": [
-            (64, C(block_n=64, rows=32, num_warps=4, num_stages=2)),
-            (256, C(block_n=256, rows=16, num_warps=4, num_stages=2)),
-            (1024, C(block_n=512, rows=8, num_warps=4, num_stages=2)),
-            (_LAST, C(block_n=1024, rows=4, num_warps=8, num_stages=2)),
+            (64, C(block_n=64, rows=32, num_warps=8, num_stages=2)),
+            (256, C(block_n=128, rows=64, num_warps=4, num_stages=2)),
+            (1024, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
+            (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
             (_LAST, C(block_n=512, rows=32)),
         ],
     },
-    # UNTUNED. Backward reads one gradient row per (segment, tile) and writes every row of the
-    # segment: a broadcast store, the same tiles as the forward.
+    # Backward reads one gradient row per (segment, tile) and writes every row of the segment, a
+    # broadcast store: 85% of copy at D = 64, 98% at 256, 102% at 1024 (same sweep).
     "bwd": {
         "default": [
-            (64, C(block_n=64, rows=32, num_warps=4)),
-            (256, C(block_n=256, rows=16, num_warps=4)),
-            (1024, C(block_n=512, rows=8, num_warps=4)),
-            (_LAST, C(block_n=1024, rows=4, num_warps=8)),
+            (64, C(block_n=64, rows=32, num_warps=8)),
+            (256, C(block_n=128, rows=16, num_warps=8)),
+            (1024, C(block_n=128, rows=16, num_warps=8)),
+            (_LAST, C(block_n=128, rows=16, num_warps=8)),
         ],
         "interpreter": [
             (_LAST, C(block_n=512, rows=32)),

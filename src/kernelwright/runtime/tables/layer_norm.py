@@ -8,16 +8,15 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
-# "default" rows: UNTUNED — copied from rms_norm's H200 table as a starting point (layer_norm
-# reads the same bytes per row plus a bias, and does one more row reduction). Sweep with
-# benchmarks/tune.py before trusting them.
+# "default" rows for 2048..16384: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22;
+# benchmarks/results/tune_fused_add_rms_norm_layer_norm_h200.csv). The rest are rms_norm's.
 TABLE = {
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
-            (2048, C(block_n=2048, rows=1, num_warps=4)),
-            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (2048, C(block_n=2048, rows=2, num_warps=4)),
+            (4096, C(block_n=4096, rows=2, num_warps=8)),
             (8192, C(block_n=8192, rows=2, num_warps=4)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
@@ -34,9 +33,9 @@ TABLE = {
             (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
             (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
             (2048, C(block_n=2048, rows=4, num_warps=8, programs_per_sm=2)),
-            (4096, C(block_n=4096, rows=2, num_warps=8, programs_per_sm=2)),
+            (4096, C(block_n=4096, rows=4, num_warps=16, programs_per_sm=1)),
             (8192, C(block_n=8192, rows=2, num_warps=16, programs_per_sm=1)),
-            (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
+            (16384, C(block_n=16384, rows=1, num_warps=8, programs_per_sm=1)),
             (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, programs_per_sm=1)),
         ],

@@ -9,16 +9,16 @@ from kernelwright.runtime.launch import LaunchConfig as C
 
 _LAST = 2**31 - 1
 
-# Not yet swept on a GPU. Forward reads x and writes y (2 tensors), backward reads x and dy and
-# writes dx (3): fewer streams per program than swiglu, so swiglu's H200 rows (4096 x 1 rows,
-# 8 warps for long rows: 16 bytes per thread per load in bf16) are the starting point.
+# Swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22;
+# benchmarks/results/tune_geglu_relu_squared_h200.csv): every config within ~1% of the best at
+# 100-105% of copy bandwidth for >= 8192 x 8192; 1024-wide tiles of 4 warps lead the forward.
 TABLE = {
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),
             (1024, C(block_n=1024, rows=2, num_warps=4)),
             (2048, C(block_n=2048, rows=1, num_warps=4)),
-            (_LAST, C(block_n=4096, rows=1, num_warps=8)),
+            (_LAST, C(block_n=1024, rows=1, num_warps=4)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [

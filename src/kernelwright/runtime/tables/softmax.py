@@ -8,18 +8,20 @@ a write pass).
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
-# "default" rows: UNTUNED first guesses for Hopper-class GPUs (fp32 in registers: at most ~64
-# elements per thread in the fused kernels), not yet swept with benchmarks/tune.py.
+# "default" rows for 4096 and up: swept with benchmarks/tune.py on an H200 (bf16, 4096 rows,
+# 2026-11-22; benchmarks/results/tune_softmax_jagged_mean_h200.csv). At 32768 the fused kernel
+# (63% of copy) and the looped one (63%) tie; past it the looped kernels read each row twice, so
+# their ceiling is 2/3 (forward) and 3/5 (backward) of copy bandwidth by the minimal byte count.
 TABLE = {
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
-            (8192, C(block_n=8192, rows=1, num_warps=8)),
-            (16384, C(block_n=16384, rows=1, num_warps=16)),
-            (32768, C(block_n=32768, rows=1, num_warps=16)),
-            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+            (8192, C(block_n=8192, rows=1, num_warps=16)),
+            (16384, C(block_n=16384, rows=1, num_warps=32)),
+            (32768, C(block_n=4096, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=4096, rows=1, num_warps=16)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs
         # and large chunks (rows past 4096 take the looped kernel).
@@ -33,11 +35,11 @@ TABLE = {
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
-            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (4096, C(block_n=4096, rows=1, num_warps=4)),
             (8192, C(block_n=8192, rows=1, num_warps=8)),
-            (16384, C(block_n=16384, rows=1, num_warps=16)),
+            (16384, C(block_n=16384, rows=1, num_warps=4)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
-            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=16384, rows=1, num_warps=32)),
         ],
         "interpreter": [
             (1024, C(block_n=1024, rows=16)),
