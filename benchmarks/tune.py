@@ -253,6 +253,34 @@ def jagged_mean_cases():
                     yield "bwd", (total, d), cfg, bwd, nbytes
 
 
+def rope_cases():
+    # q, k as HF attention hands them over: [B, H, S, D] transposes of [B, S, H, D] projections.
+    from kernelwright.ops import rope as rp
+
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError:
+        liger_rotary_pos_emb = None
+    heads = [(32, 8, 128), (28, 4, 128), (16, 8, 256), (32, 8, 64), (128, 8, 128)]
+    shapes = [(8192, *h) for h in heads] + [(16384, 32, 8, 128), (2048, 32, 8, 128)]
+    for s, hq, hk, d in shapes:
+        q = torch.randn(1, s, hq, d, device="cuda", dtype=DT).transpose(1, 2)
+        k = torch.randn(1, s, hk, d, device="cuda", dtype=DT).transpose(1, 2)
+        cos, sin = rp.rope_tables(s, d, dtype=DT, device="cuda")  # [1, S, D]
+        qo, ko = torch.empty_like(q), torch.empty_like(k)
+        nbytes = 2 * (q.numel() + k.numel()) * 2
+        shape = (s, (hq + hk) * d)
+        if liger_rotary_pos_emb is not None:
+            liger = partial(liger_rotary_pos_emb, q, k, cos, sin)
+            yield "fwd", shape, C(block_n=0), liger, nbytes
+        for block, rows, nw in itertools.product((1024, 2048, 4096, 8192), (1, 2, 4), (2, 4, 8)):
+            if nw * 32 * 8 > block:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw)
+            fwd = partial(rp.rope_fwd_launch, q, k, cos, sin, qo, ko, 1, False, config=cfg)
+            yield "fwd", shape, cfg, fwd, nbytes
+
+
 CASES = {
     "rms_norm": rms_norm_cases,
     "rms_norm_fwd": rms_norm_fwd_cases,
@@ -263,6 +291,7 @@ CASES = {
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
+    "rope": rope_cases,
 }
 
 

@@ -8,8 +8,10 @@ import torch
 from conftest import ON_GPU
 
 from kernelwright.ops import rms_norm as rms
+from kernelwright.ops import rope as rp
 from kernelwright.ops import swiglu as sw
 from kernelwright.runtime.tables.rms_norm import TABLE as RMS_TABLE
+from kernelwright.runtime.tables.rope import TABLE as ROPE_TABLE
 from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
 from kernelwright.testing.gpu_compile import check_compiles
 
@@ -68,3 +70,28 @@ def test_swiglu_kernels_compile_for_hopper():
     results = check_compiles(run)
     _assert_all_compiled(results)
     assert len(results) >= 8
+
+
+def test_rope_kernels_compile_for_hopper():
+    # Head configs landing in each table row (keyed by (heads + kv_heads) * head_dim: 384,
+    # 2560, 5120, and 17408, Llama-3.1-405B's, several head tiles per token), both pairings,
+    # full and partial rotary, bf16 q/k with cos/sin in bf16 and in fp32.
+    head_configs = [(4, 2, 64), (32, 8, 64), (32, 8, 128), (128, 8, 128)]
+
+    def run():
+        for kernel in ("fwd", "bwd"):
+            launch = rp.rope_fwd_launch if kernel == "fwd" else rp.rope_bwd_launch
+            rows = ROPE_TABLE[kernel]["default"]
+            for hq, hk, d in head_configs:
+                cfg = next(c for max_n, c in rows if (hq + hk) * d <= max_n)
+                for interleaved in (False, True):
+                    for r, table_dtype in ((d, torch.bfloat16), (d // 2, torch.float32)):
+                        q = torch.randn(1, 2, hq, d, dtype=torch.bfloat16).transpose(1, 2)
+                        k = torch.randn(1, 2, hk, d, dtype=torch.bfloat16).transpose(1, 2)
+                        cos = torch.randn(1, 2, r, dtype=table_dtype)
+                        outs = [torch.empty_like(q), torch.empty_like(k)]
+                        launch(q, k, cos, cos, *outs, 1, interleaved, config=cfg)
+
+    results = check_compiles(run)
+    _assert_all_compiled(results)
+    assert len(results) >= 32

@@ -25,6 +25,7 @@ from kernelwright.ops.jagged_mean import JaggedMean, jagged_mean, jagged_mean_re
 from kernelwright.ops.layer_norm import LayerNorm, layer_norm, layer_norm_ref  # noqa: E402
 from kernelwright.ops.relu_squared import ReLUSquared, relu_squared, relu_squared_ref  # noqa: E402
 from kernelwright.ops.rms_norm import RMSNorm, rms_norm, rms_norm_ref  # noqa: E402
+from kernelwright.ops.rope import RoPE, rope, rope_ref, rope_tables  # noqa: E402
 from kernelwright.ops.softmax import (  # noqa: E402
     LogSoftmax,
     Softmax,
@@ -53,6 +54,7 @@ __all__ = [
     "LogSoftmax",
     "ReLUSquared",
     "RMSNorm",
+    "RoPE",
     "Softmax",
     "SwiGLU",
     "SwiGLUFused",
@@ -73,6 +75,9 @@ __all__ = [
     "relu_squared_ref",
     "rms_norm",
     "rms_norm_ref",
+    "rope",
+    "rope_ref",
+    "rope_tables",
     "softmax",
     "softmax_ref",
     "swiglu",

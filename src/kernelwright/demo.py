@@ -20,6 +20,7 @@ from kernelwright.ops.jagged_mean import jagged_mean, jagged_mean_ref
 from kernelwright.ops.layer_norm import layer_norm, layer_norm_ref
 from kernelwright.ops.relu_squared import relu_squared, relu_squared_ref
 from kernelwright.ops.rms_norm import rms_norm, rms_norm_ref
+from kernelwright.ops.rope import rope, rope_ref
 from kernelwright.ops.softmax import log_softmax, log_softmax_ref, softmax, softmax_ref
 from kernelwright.ops.swiglu import swiglu, swiglu_fused, swiglu_fused_ref, swiglu_ref
 from kernelwright.runtime import default_device, device_info
@@ -33,6 +34,9 @@ class VerifyCase:
     ref: Callable
     make: Callable[[tuple[int, ...], torch.dtype, torch.device, int], dict]
     kwargs: dict
+    # Shapes in the case's own convention, (GPU shapes, CPU shapes); default: x-like [..., N].
+    shapes: tuple[list[tuple[int, ...]], list[tuple[int, ...]]] | None = None
+    grad_inputs: tuple[str, ...] | None = None  # default: every float input
 
 
 def _rms_inputs(shape, dtype, device, seed):
@@ -77,6 +81,24 @@ def _one_input(shape, dtype, device, seed):
     return {"x": rand(shape, dtype, device, gen=generator(seed))}
 
 
+def _rope_inputs(shape, dtype, device, seed):
+    # shape = (B, S, Hq, Hk, D, R): q, k as HF's transposed [B, H, S, D] views, random cos/sin
+    # [1, S, R] in fp32 (every channel's cos and sin distinct, not just a real table)
+    b, s, hq, hk, d, r = shape
+    gen = generator(seed)
+    return {
+        "q": rand((b, s, hq, d), dtype, device, gen=gen).transpose(1, 2),
+        "k": rand((b, s, hk, d), dtype, device, gen=gen).transpose(1, 2),
+        "cos": rand((1, s, r), torch.float32, device, gen=gen),
+        "sin": rand((1, s, r), torch.float32, device, gen=gen),
+    }
+
+
+# (B, S, Hq, Hk, D, R): Llama-3-8B's heads on the GPU; GQA 3:1 and partial rotary on the CPU
+_ROPE_SHAPES = ([(2, 2048, 32, 8, 128, 128), (1, 4096, 64, 8, 128, 64)],
+                [(2, 7, 6, 2, 64, 64), (1, 9, 5, 3, 96, 32)])  # fmt: skip
+
+
 def _swiglu_fused_inputs(shape, dtype, device, seed):
     *lead, n = shape
     return {"x": rand((*lead, 2 * n), dtype, device, gen=generator(seed))}
@@ -107,6 +129,16 @@ CASES = [
     VerifyCase("log_softmax", log_softmax, log_softmax_ref, _one_input, {}),
     VerifyCase("jagged_mean", jagged_mean, jagged_mean_ref, _jagged_inputs, {}),
     VerifyCase("swiglu_fused", swiglu_fused, swiglu_fused_ref, _swiglu_fused_inputs, {}),
+    VerifyCase("rope", rope, rope_ref, _rope_inputs, {}, _ROPE_SHAPES, ("q", "k")),
+    VerifyCase(
+        "rope (interleaved)",
+        rope,
+        rope_ref,
+        _rope_inputs,
+        {"interleaved": True},
+        _ROPE_SHAPES,
+        ("q", "k"),
+    ),
 ]
 
 # Tolerances on the relative-norm error, as in the test suite's tables.
@@ -124,13 +156,17 @@ def verify(console: Console, device: torch.device) -> bool:
         table.add_column(col)
     all_ok = True
     for case in CASES:
+        case_shapes = shapes
+        if case.shapes is not None:
+            case_shapes = case.shapes[0 if device.type == "cuda" else 1]
         for dtype in (torch.float32, torch.bfloat16):
-            for shape in shapes:
+            for shape in case_shapes:
                 report = check_op(
                     case.fn,
                     case.ref,
                     case.make(shape, dtype, device, 0),
                     kwargs=case.kwargs,
+                    grad_inputs=case.grad_inputs,
                     tolerances=tols,
                     dtype=dtype,
                 )

@@ -24,6 +24,7 @@ import torch
 
 from kernelwright.bench.models import (
     DEFAULT_TOKENS,
+    MODELS,
     REFERENCE,
     distinct,
     token_counts,
@@ -431,8 +432,8 @@ def _softmax_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
 
 def _softmax_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
     mn_s = shape["rows"] * shape["n"] * dtype.itemsize
-    # forward: read x, write y                       -> 2 * M*N*s (the looped kernel's second
-    #   read of x, for rows past 32768, mostly hits L2 and is not counted)
+    # forward: read x, write y                       -> 2 * M*N*s (the minimum: the looped
+    #   kernel's second read of x, for rows past 65536, is not counted, so it tops out at 2/3)
     # backward: read dy and the saved y, write dx    -> 3 * M*N*s
     return {"forward": 2, "backward": 3, "full": 5}[mode] * mn_s
 
@@ -455,7 +456,7 @@ SOFTMAX = register(
         grad_inputs=("x",),
         bytes=_softmax_bytes,
         sweeps=(
-            # powers of two across the fused/looped switch (32768) plus the models' vocabularies
+            # powers of two across the fused/looped switch (65536) plus the models' vocabularies
             Sweep(
                 "n",
                 tuple(
@@ -682,12 +683,22 @@ def _jagged_providers() -> tuple[Provider, ...]:
         v, o, f = inp["values"], inp["offsets"], compiled(op("jagged_mean_vectorized"))
         return lambda: f(v, o)
 
+    def segment_reduce(compile_it: bool) -> Builder:
+        def build(inp: Inputs):
+            f = op("jagged_mean_segment_reduce")
+            v, o, f = inp["values"], inp["offsets"], compiled(f) if compile_it else f
+            return lambda: f(v, o)
+
+        return build
+
     return (
         Provider("kernelwright", ours(False)),
         Provider("kernelwright_validate", ours(True)),
         Provider("loop", loop),
         Provider("torch", eager),
         Provider("torch_compile", torch_compile, compiled=True),
+        Provider("torch_segment_reduce", segment_reduce(False)),
+        Provider("torch_segment_reduce_compile", segment_reduce(True), compiled=True),
     )
 
 
@@ -706,8 +717,131 @@ JAGGED_MEAN = register(
         notes={
             "kernelwright": "validate=False: the kernels alone, no offsets check",
             "kernelwright_validate": "validate=True (the default): one device sync per call",
-            "loop": "per-segment .mean(0) in a Python loop: B launches, one host sync",
+            "loop": "per-segment .mean(0) in a Python loop: B launches, one host sync (not"
+            " compiled: its data-dependent slices would graph-break or recompile per length)",
             "torch": "searchsorted segment ids + fp32 index_add_",
+            "torch_segment_reduce": "torch.segment_reduce(values, 'mean', offsets=...)",
+        },
+    )
+)
+
+
+# --------------------------------------------------------------------------- rope
+
+ROPE_THETA = 500000.0  # Llama 3's rope_theta: the cos/sin tables' values do not change the cost
+
+
+@dataclass(frozen=True)
+class HeadConfigSweep(Sweep):
+    """One point per attention head config (heads, kv_heads, head_dim), the other dims fixed.
+
+    Head configs vary three dims at once, so x is one number that names each: its `values`,
+    here (heads + kv_heads) * head_dim, the q and k elements per token (distinct per config).
+    """
+
+    configs: tuple[tuple[int, int, int], ...] = ()  # (heads, kv_heads, head_dim), as `values`
+
+    def shapes(self) -> list[tuple[int, dict[str, int]]]:
+        return [
+            (x, {**self.fixed, "heads": h, "kv_heads": kv, "head_dim": d})
+            for x, (h, kv, d) in zip(self.values, self.configs, strict=True)
+        ]
+
+
+def _head_config_sweep(tokens: int) -> HeadConfigSweep:
+    # The registry's distinct head configs, ordered by q+k width.
+    configs = sorted({(m.heads, m.kv_heads, m.head_dim) for m in MODELS},
+                     key=lambda c: (c[0] + c[1]) * c[2])  # fmt: skip
+    widths = tuple((h + kv) * d for h, kv, d in configs)
+    return HeadConfigSweep("qk_width", widths, {"tokens": tokens}, tuple(configs))
+
+
+_REFERENCE_HEADS = {
+    "heads": REFERENCE.heads, "kv_heads": REFERENCE.kv_heads, "head_dim": REFERENCE.head_dim
+}  # fmt: skip
+
+
+def _rope_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    from kernelwright.ops.rope import rope_tables
+
+    gen = generator(seed)
+    s, d = shape["tokens"], shape["head_dim"]  # batch 1: one sequence of `tokens` positions
+    # q, k as HF attention hands them over: proj(x).view(1, S, H, D).transpose(1, 2), a
+    # non-contiguous [1, H, S, D] view; cos/sin [1, S, D] in q's dtype, as HF's rotary
+    # embedding returns them.
+    cos, sin = rope_tables(s, d, base=ROPE_THETA, dtype=dtype, device=device)
+    return {
+        "q": rand((1, s, shape["heads"], d), dtype, device, gen=gen).transpose(1, 2),
+        "k": rand((1, s, shape["kv_heads"], d), dtype, device, gen=gen).transpose(1, 2),
+        "cos": cos,
+        "sin": sin,
+    }
+
+
+def _rope_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    t, d, s = shape["tokens"], shape["head_dim"], dtype.itemsize
+    qk = t * (shape["heads"] + shape["kv_heads"]) * d * s  # q and k, [1, H, S, D] each
+    tables = 2 * t * d * s  # cos and sin [1, S, D]: each row read once, for all heads
+    # forward: read q, k and cos, sin; write q_out, k_out         -> 2 * qk + tables
+    # backward: read dq_out, dk_out and cos, sin; write dq, dk    -> 2 * qk + tables
+    per_pass = 2 * qk + tables
+    return {"forward": per_pass, "backward": per_pass, "full": 2 * per_pass}[mode]
+
+
+def _rope_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.rope"), name)
+
+    def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
+        return inp["q"], inp["k"], inp["cos"], inp["sin"]
+
+    def ours(inp: Inputs):
+        a, f = args(inp), op("rope")
+        return lambda: f(*a)
+
+    def eager(inp: Inputs):
+        a, f = args(inp), op("rope_eager")
+        return lambda: f(*a)
+
+    def torch_compile(inp: Inputs):
+        a, f = args(inp), compiled(op("rope_eager"))
+        return lambda: f(*a)
+
+    def liger(inp: Inputs):
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+        # (q, k, cos, sin, position_ids=None, unsqueeze_dim=1); half-split, full rotary only
+        a = args(inp)
+        return lambda: liger_rotary_pos_emb(*a)
+
+    return (
+        Provider("kernelwright", ours),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        # Liger rotates q and k in place when q.transpose(1, 2) is contiguous (HF's layout),
+        # and the gradients in place over dq_out / dk_out.
+        Provider("liger", liger, requires="liger_kernel", mutates=True),
+    )
+
+
+ROPE = register(
+    BenchSpec(
+        op="rope",
+        dims=("tokens", "heads", "kv_heads", "head_dim"),
+        providers=_rope_providers(),
+        make_inputs=_rope_inputs,
+        grad_inputs=("q", "k"),
+        bytes=_rope_bytes,
+        backward_through=(0, 1),
+        sweeps=(
+            Sweep("tokens", token_counts(1024, 32768), _REFERENCE_HEADS),
+            _head_config_sweep(DEFAULT_TOKENS),
+        ),
+        quick_sweeps=(Sweep("tokens", (DEFAULT_TOKENS, 32768), _REFERENCE_HEADS),),
+        interpreter_sweeps=(Sweep("tokens", (8, 16), {"heads": 4, "kv_heads": 2, "head_dim": 32}),),
+        notes={
+            "torch": "HF apply_rotary_pos_emb (rotate_half) in the input dtype",
+            "liger": "liger_rotary_pos_emb: rotates q/k (and the gradients) in place",
         },
     )
 )

@@ -317,3 +317,12 @@ def jagged_mean_vectorized(values: torch.Tensor, offsets: torch.Tensor) -> torch
     sums = values.new_zeros((b, d), dtype=torch.float32).index_add_(0, seg, values.float())
     counts = (offsets[1:] - offsets[:-1]).clamp(min=1).to(torch.float32)  # [B]
     return (sums / counts[:, None]).to(values.dtype)
+
+
+def jagged_mean_segment_reduce(values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """PyTorch's own segmented reduction (the `torch_segment_reduce` provider).
+
+    `torch.segment_reduce(..., "mean", offsets=...)`: one kernel for all segments, accumulating
+    in the input dtype. `initial=0` makes empty segments zero, as jagged_mean does.
+    """
+    return torch.segment_reduce(values, "mean", offsets=offsets, axis=0, initial=0.0)

@@ -9,9 +9,11 @@ a write pass).
 from kernelwright.runtime.launch import LaunchConfig as C
 
 # "default" rows for 4096 and up: swept with benchmarks/tune.py on an H200 (bf16, 4096 rows,
-# 2026-11-22; benchmarks/results/tune_softmax_jagged_mean_h200.csv). At 32768 the fused kernel
-# (63% of copy) and the looped one (63%) tie; past it the looped kernels read each row twice, so
-# their ceiling is 2/3 (forward) and 3/5 (backward) of copy bandwidth by the minimal byte count.
+# 2026-11-22; benchmarks/results/tune_softmax_1d_h200.csv, after the one-row kernels became 1-D
+# with a reciprocal instead of a division per element: 32768 went from 63% to 75% of copy).
+# The fused forward holds up to 65536 fp32 values per row (16 warps: 128 per thread). Past that
+# the looped kernels read each row twice, so their ceiling is 2/3 (forward) and 3/5 (backward)
+# of copy bandwidth by the minimal byte count; they reach 64-65% and 62-63%.
 TABLE = {
     "fwd": {
         "default": [
@@ -20,7 +22,8 @@ TABLE = {
             (4096, C(block_n=4096, rows=1, num_warps=8)),
             (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=32)),
-            (32768, C(block_n=4096, rows=1, num_warps=16)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            (65536, C(block_n=65536, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs
@@ -36,7 +39,7 @@ TABLE = {
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=4)),
-            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=4)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=16384, rows=1, num_warps=32)),

@@ -1,0 +1,511 @@
+"""RoPE: rotary position embedding of q and k, as Hugging Face's `apply_rotary_pos_emb`.
+
+    q_embed = q * cos + rotate_half(q) * sin        (cos, sin unsqueezed at `unsqueeze_dim`)
+
+on the first R = cos.shape[-1] channels of every head; channels R..D pass through unchanged
+(partial rotary). Channels are rotated in pairs (x1, x2) with the matching (cos1, cos2) and
+(sin1, sin2):
+    out1 = x1 * cos1 - x2 * sin1,   out2 = x2 * cos2 + x1 * sin2
+- half-split (default; Llama, Mistral, Qwen, Gemma): x1 = x[:R/2], x2 = x[R/2:R], and cos1,
+  cos2 the same halves of cos (likewise sin);
+- interleaved (GPT-J, GLM): x1 = x[0::2], x2 = x[1::2], cos1 = cos[0::2], cos2 = cos[1::2].
+The full cos/sin vectors are used element-wise (HF's tables repeat one half; nothing here
+assumes it), in fp32, with one rounding to q's dtype at the end. The backward is the transpose
+of the rotation, which is the same kernel with (sin1, sin2) replaced by (-sin2, -sin1):
+    dx1 = g1 * cos1 + g2 * sin2,    dx2 = g2 * cos2 - g1 * sin1
+Gradients flow to q and k only. HF's cos/sin come from a buffer and never need one; cos/sin
+that require grad are an error rather than a gradient silently missing.
+
+One launch per direction for q and k together: a program owns a block of token positions
+(b, s), loads their cos/sin rows once and rotates every head of q and of k there, so each
+element is read once and written once. Inputs may have any strides (HF hands in
+`proj(x).view(B, S, H, D).transpose(1, 2)`, a non-contiguous view; nothing is copied). Outputs
+and gradients are new dense tensors whose dims lie in memory in their input's order: for HF's
+view that is [B, S, H, D] storage, so dq flows back through the transpose and the view
+without a copy, as eager autograd's would.
+
+Layer order: kernels → launchers → custom ops → autograd Function → `rope` → `RoPE` →
+references (`rope_ref`, `rope_eager`, and `rope_tables`, HF's cos/sin tables).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alloc import poisoning
+from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.rope import TABLE
+
+_OP = "rope"
+# The layout of q and k per unsqueeze_dim (HF unsqueezes cos/sin [B, S, R] at that dim).
+LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]"}
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _load_pairs(ptr, pairs, R: tl.constexpr, BLOCK_R: tl.constexpr, IS_INTERLEAVED: tl.constexpr):
+    # The two members of each rotated pair of a cos or sin row: fp32 [BLOCK_R] each. `pairs`
+    # is R/2, or 0 past the last token (masks are built from bounds: the interpreter cannot AND
+    # a block with a scalar condition).
+    if IS_INTERLEAVED:
+        cols = tl.arange(0, 2 * BLOCK_R)
+        v = tl.load(ptr + cols, mask=cols < 2 * pairs, other=0.0).to(tl.float32)
+        v1, v2 = tl.split(tl.reshape(v, (BLOCK_R, 2)))  # v[0::2], v[1::2]
+    else:
+        cols = tl.arange(0, BLOCK_R)
+        mask = cols < pairs
+        v1 = tl.load(ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        v2 = tl.load(ptr + R // 2 + cols, mask=mask, other=0.0).to(tl.float32)
+    return v1, v2
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr, o_ptr,  # one token's first element in the input and in the output
+    stride_xh, stride_xd, stride_oh,
+    h0, h_end, c1, c2, s1, s2,  # tile's first head; H, or 0 past the last token; cos/sin pairs
+    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, IS_INTERLEAVED: tl.constexpr,
+):  # fmt: skip
+    # Heads h0 .. h0 + BLOCK_H of one token: a [BLOCK_H, channels] tile.
+    heads = h0 + tl.arange(0, BLOCK_H)
+    head_mask = (heads < h_end)[:, None]
+    # int64 offsets: h * stride (and c * stride, for a strided head_dim) may pass 2^31
+    x_row = x_ptr + heads.to(tl.int64)[:, None] * stride_xh
+    o_row = o_ptr + heads.to(tl.int64)[:, None] * stride_oh
+    dtype = o_ptr.dtype.element_ty
+    if IS_INTERLEAVED:
+        # One contiguous load of the R rotated channels, split into even and odd channels.
+        cols = tl.arange(0, 2 * BLOCK_R)[None, :]
+        mask = head_mask & (cols < R)
+        x = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_R, 2)))
+        o1 = x1 * c1[None, :] - x2 * s1[None, :]
+        o2 = x2 * c2[None, :] + x1 * s2[None, :]
+        o = tl.reshape(tl.join(o1, o2), (BLOCK_H, 2 * BLOCK_R))
+        tl.store(o_row + cols, o.to(dtype), mask=mask)
+    else:
+        cols = tl.arange(0, BLOCK_R)[None, :]
+        mask = head_mask & (cols < R // 2)
+        x1 = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0)
+        x2 = tl.load(x_row + (cols + R // 2).to(tl.int64) * stride_xd, mask=mask, other=0.0)
+        x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+        o1 = x1 * c1[None, :] - x2 * s1[None, :]
+        o2 = x2 * c2[None, :] + x1 * s2[None, :]
+        tl.store(o_row + cols, o1.to(dtype), mask=mask)
+        tl.store(o_row + R // 2 + cols, o2.to(dtype), mask=mask)
+    if R < D:
+        # Partial rotary: channels R..D are copied unchanged.
+        cols = R + tl.arange(0, BLOCK_P)[None, :]
+        mask = head_mask & (cols < D)
+        x = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0)
+        tl.store(o_row + cols, x.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr,  # q/k (or their output gradients), outputs
+    S,
+    stride_qb, stride_qs, stride_qh, stride_qd,  # q, k: [B, S, H, D] views, any strides
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_qob, stride_qos, stride_qoh,  # outputs: [B, S, H, D] views, last dim contiguous
+    stride_kob, stride_kos, stride_koh,
+    stride_cb, stride_cs, stride_sb, stride_ss,  # cos, sin: [Bc, S, R], batch stride 0 if Bc = 1
+    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    ROWS: tl.constexpr,
+    IS_INTERLEAVED: tl.constexpr,
+    IS_BACKWARD: tl.constexpr,
+):  # fmt: skip
+    # Program p owns tokens s0 .. s0 + ROWS of batch b; the token blocks of one batch are on
+    # consecutive programs, so neighbouring programs touch neighbouring memory.
+    pid = tl.program_id(0)
+    s_blocks = tl.cdiv(S, ROWS)
+    b = (pid // s_blocks).to(tl.int64)  # int64: b * stride may pass 2^31
+    s0 = (pid % s_blocks) * ROWS
+    for r in tl.static_range(ROWS):
+        pos = s0 + r
+        valid = pos < S
+        pos = pos.to(tl.int64)
+        # cos/sin of this position: loaded once, shared by all HQ + HK heads.
+        pairs = tl.where(valid, R // 2, 0)
+        c1, c2 = _load_pairs(cos_ptr + b * stride_cb + pos * stride_cs, pairs, R, BLOCK_R,
+                             IS_INTERLEAVED)  # fmt: skip
+        s1, s2 = _load_pairs(sin_ptr + b * stride_sb + pos * stride_ss, pairs, R, BLOCK_R,
+                             IS_INTERLEAVED)  # fmt: skip
+        if IS_BACKWARD:
+            # The transposed rotation: dx1 = g1 * c1 + g2 * s2, dx2 = g2 * c2 - g1 * s1.
+            s1, s2 = -s2, -s1
+        q_tok = q_ptr + b * stride_qb + pos * stride_qs
+        qo_tok = qo_ptr + b * stride_qob + pos * stride_qos
+        for h0 in tl.static_range(0, HQ, BLOCK_HQ):
+            _rotate_heads(
+                q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, h0, tl.where(valid, HQ, 0),
+                c1, c2, s1, s2,
+                HQ, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
+            )  # fmt: skip
+        k_tok = k_ptr + b * stride_kb + pos * stride_ks
+        ko_tok = ko_ptr + b * stride_kob + pos * stride_kos
+        for h0 in tl.static_range(0, HK, BLOCK_HK):
+            _rotate_heads(
+                k_tok, ko_tok, stride_kh, stride_kd, stride_koh, h0, tl.where(valid, HK, 0),
+                c1, c2, s1, s2,
+                HK, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
+            )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    # q/k (or a gradient) as a [B, S, H, D] view of the same storage: no copy.
+    return t.transpose(1, 2) if unsqueeze_dim == 1 else t
+
+
+def _grid(b: int, s: int, cfg: LaunchConfig) -> tuple[int]:
+    # One program per (batch, block of cfg.rows tokens). Axis 0 takes up to 2^31 - 1.
+    programs = b * triton.cdiv(s, cfg.rows)
+    if programs >= 2**31:
+        raise ValueError(f"{_OP}: {b} x {s} tokens need {programs} programs, over the grid limit")
+    return (programs,)
+
+
+def _launch(
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    unsqueeze_dim: int,
+    interleaved: bool,
+    config: LaunchConfig | None,
+) -> None:
+    q, k, q_out, k_out = (_bshd(t, unsqueeze_dim) for t in (q, k, q_out, k_out))
+    B, S, HQ, D = q.shape
+    HK, R = k.shape[2], cos.shape[-1]
+    if B == 0 or S == 0 or HQ + HK == 0:
+        return
+    n = (HQ + HK) * D
+    cfg = config or lookup(TABLE, _OP, kernel, device_info(q.device), n)
+    block_r = triton.next_power_of_2(R // 2)  # rotated pairs, padded
+    heads = max(1, cfg.block_n // triton.next_power_of_2(D))  # heads per tile
+    _rope_kernel[_grid(B, S, cfg)](
+        q, k, q_out, k_out, cos, sin, S,
+        *q.stride(), *k.stride(), *q_out.stride()[:3], *k_out.stride()[:3],
+        cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
+        sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
+        HQ=HQ, HK=HK, D=D, R=R,
+        BLOCK_HQ=min(heads, triton.next_power_of_2(max(HQ, 1))),
+        BLOCK_HK=min(heads, triton.next_power_of_2(max(HK, 1))),
+        BLOCK_R=block_r, BLOCK_P=triton.next_power_of_2(D - R) if D > R else 1,
+        ROWS=cfg.rows, IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def rope_fwd_launch(
+    q: torch.Tensor,  # [B, Hq, S, D] (unsqueeze_dim=1) or [B, S, Hq, D] (2), any strides
+    k: torch.Tensor,  # the same with Hk heads
+    cos: torch.Tensor,  # [Bc, S, R], Bc in {1, B}, stride(-1) == 1
+    sin: torch.Tensor,  # [Bc, S, R], stride(-1) == 1
+    q_out: torch.Tensor,  # q's shape and dtype, stride(-1) == 1
+    k_out: torch.Tensor,  # k's shape and dtype, stride(-1) == 1
+    unsqueeze_dim: int,
+    interleaved: bool,
+    config: LaunchConfig | None = None,
+) -> None:
+    _launch("fwd", q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved, config)
+
+
+def rope_bwd_launch(
+    dq_out: torch.Tensor,  # gradient of q_out: q's shape, any strides (stride 0 included)
+    dk_out: torch.Tensor,  # gradient of k_out
+    cos: torch.Tensor,  # [Bc, S, R], stride(-1) == 1
+    sin: torch.Tensor,
+    dq: torch.Tensor,  # q's shape and dtype, stride(-1) == 1
+    dk: torch.Tensor,  # k's shape and dtype, stride(-1) == 1
+    unsqueeze_dim: int,
+    interleaved: bool,
+    config: LaunchConfig | None = None,
+) -> None:
+    _launch("bwd", dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved, config)
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# skip the dispatcher and go straight to the launcher.
+
+
+@torch.library.custom_op("kernelwright::rope_fwd", mutates_args=("q_out", "k_out"))
+def _rope_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    unsqueeze_dim: int,
+    interleaved: bool,
+) -> None:
+    rope_fwd_launch(q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
+
+
+@_rope_fwd_op.register_fake
+def _(q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::rope_bwd", mutates_args=("dq", "dk"))
+def _rope_bwd_op(
+    dq_out: torch.Tensor,
+    dk_out: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    unsqueeze_dim: int,
+    interleaved: bool,
+) -> None:
+    rope_bwd_launch(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved)
+
+
+@_rope_bwd_op.register_fake
+def _(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+def _dim_order(t: torch.Tensor) -> list[int]:
+    # t's first three dims from the largest stride down (ties keep their order), head_dim last.
+    return [*sorted(range(3), key=lambda d: -t.stride(d)), 3]
+
+
+def _empty(
+    shape: torch.Size, order: list[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    # runtime.alloc.empty (NaN-poisoned under testing.poisoned) with the dims laid out in
+    # memory in `order`. A tensor, not a view: callers may modify an output in place, which
+    # autograd forbids on a view made inside a custom Function.
+    out = torch.empty_permuted(shape, order, dtype=dtype, device=device)
+    if poisoning() and not torch.compiler.is_compiling():
+        out.fill_(float("nan"))
+    return out
+
+
+class _RoPEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, interleaved):
+        ctx.layouts = [(t.shape, _dim_order(t), t.dtype, t.device) for t in (q, k)]
+        q_out, k_out = (_empty(*layout) for layout in ctx.layouts)
+        args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
+        if torch.compiler.is_compiling():
+            _rope_fwd_op(*args)
+        else:
+            rope_fwd_launch(*args)
+        ctx.save_for_backward(cos, sin)  # q and k are not needed: the rotation is linear
+        ctx.unsqueeze_dim = unsqueeze_dim
+        ctx.interleaved = interleaved
+        return q_out, k_out
+
+    @staticmethod
+    def backward(ctx, dq_out, dk_out):
+        cos, sin = ctx.saved_tensors
+        # dq/dk in q/k's own layout; an unused output's gradient arrives as zeros.
+        dq, dk = (_empty(*layout) for layout in ctx.layouts)
+        args = (dq_out, dk_out, cos, sin, dq, dk, ctx.unsqueeze_dim, ctx.interleaved)
+        if torch.compiler.is_compiling():
+            _rope_bwd_op(*args)
+        else:
+            rope_bwd_launch(*args)
+        need_q, need_k = ctx.needs_input_grad[:2]
+        return dq if need_q else None, dk if need_k else None, None, None, None, None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
+    return ValueError(f"{_OP}: argument '{name}' must have shape {expected}, got {tuple(t.shape)}")
+
+
+def _check_inputs(q, k, cos, sin, unsqueeze_dim) -> None:
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_tensor(_OP, name, t)
+    check_same_device(_OP, q=q, k=k, cos=cos, sin=sin)
+    if unsqueeze_dim not in LAYOUTS:
+        raise ValueError(
+            f"{_OP}: unsqueeze_dim must be 1 (q, k as {LAYOUTS[1]}) or 2 ({LAYOUTS[2]}), "
+            f"got {unsqueeze_dim!r}"
+        )
+    layout = LAYOUTS[unsqueeze_dim]
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise _shape_error(name, t, f"{layout} (4-D, unsqueeze_dim={unsqueeze_dim})")
+    if k.dtype != q.dtype:
+        raise TypeError(
+            f"{_OP}: argument 'k' has dtype {str(k.dtype).replace('torch.', '')} but 'q' has "
+            f"dtype {str(q.dtype).replace('torch.', '')}; pass both in one dtype"
+        )
+    B, S, D = q.shape[0], q.shape[3 - unsqueeze_dim], q.shape[3]
+    if (k.shape[0], k.shape[3 - unsqueeze_dim], k.shape[3]) != (B, S, D):
+        raise _shape_error("k", k, f"{layout} with q's batch {B}, seq {S} and head_dim {D}")
+    if cos.shape != sin.shape:
+        raise ValueError(
+            f"{_OP}: arguments 'cos' and 'sin' must have one shape, got {tuple(cos.shape)} "
+            f"and {tuple(sin.shape)}"
+        )
+    expected = f"[1 or {B}, {S}, R] or [{S}, R] (R = rotary dim <= head_dim {D}, even)"
+    if cos.dim() not in (2, 3) or cos.shape[-2] != S:
+        raise _shape_error("cos", cos, expected)
+    if cos.dim() == 3 and cos.shape[0] not in (1, B):
+        raise _shape_error("cos", cos, expected)
+    R = cos.shape[-1]
+    if R == 0 or R > D or R % 2:
+        raise _shape_error("cos", cos, expected)
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        name = "cos" if cos.requires_grad else "sin"
+        raise ValueError(
+            f"{_OP}: argument '{name}' requires grad, but rope computes gradients for q and k "
+            "only (HF's cos/sin come from a buffer); pass it detached, or use rope_eager to "
+            "differentiate through cos/sin"
+        )
+
+
+def _table_view(t: torch.Tensor) -> torch.Tensor:
+    # cos/sin as [Bc, S, R] with a contiguous last dim ([S, R] is [1, S, R]). They are
+    # 1/H of q's size or less, so the rare copy is cheap.
+    t = t if t.dim() == 3 else t.unsqueeze(0)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    unsqueeze_dim: int = 1,
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k in one Triton launch each way (HF semantics).
+
+    Args:
+        q: [B, Hq, S, D] for unsqueeze_dim=1 (HF's attention layout, usually a transposed view
+            of a [B, S, Hq, D] projection) or [B, S, Hq, D] for unsqueeze_dim=2. Any strides;
+            float32/float16/bfloat16, on a CUDA GPU (CPU under TRITON_INTERPRET=1).
+        k: the same layout with Hk heads (GQA/MQA: Hk need not divide Hq), q's B, S, D, dtype.
+        cos, sin: [Bc, S, R] with Bc in {1, B}, or [S, R]; R <= D, even, the rotary dim
+            (channels past R pass through). Already scaled (HF's attention_scaling); any float
+            dtype, read in fp32. They get no gradient: ones that require grad raise ValueError.
+        unsqueeze_dim: where HF unsqueezes cos/sin, which fixes the layout of q and k (above).
+        interleaved: rotate channel pairs (2i, 2i+1) (GPT-J/GLM, cos/sin repeat-interleaved)
+            instead of (i, i + R/2) (rotate_half).
+
+    Returns:
+        (q_embed, k_embed): new tensors of q's and k's shapes and dtype, their dims laid out in
+        memory in q's and k's order, computed in fp32 and rounded once.
+    """
+    _check_inputs(q, k, cos, sin, unsqueeze_dim)
+    cos, sin = _table_view(cos), _table_view(sin)
+    return _RoPEFunction.apply(q, k, cos, sin, int(unsqueeze_dim), bool(interleaved))
+
+
+class RoPE(torch.nn.Module):
+    """Applies rotary position embedding: `forward(q, k, cos, sin) -> (q_embed, k_embed)`, a
+    drop-in for HF's `apply_rotary_pos_emb` (cos/sin from the model's rotary embedding)."""
+
+    def __init__(self, *, unsqueeze_dim: int = 1, interleaved: bool = False):
+        super().__init__()
+        self.unsqueeze_dim = unsqueeze_dim
+        self.interleaved = interleaved
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope(q, k, cos, sin, unsqueeze_dim=self.unsqueeze_dim, interleaved=self.interleaved)
+
+    def extra_repr(self) -> str:
+        return f"unsqueeze_dim={self.unsqueeze_dim}, interleaved={self.interleaved}"
+
+
+# --------------------------------------------------------------------------- references
+
+
+def _rotate_half(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:  # GLM's rotate_half: (-x[1::2], x[0::2]) interleaved back
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_eager(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    unsqueeze_dim: int = 1,
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's `apply_rotary_pos_emb` as written, in the inputs' dtypes (the `torch` provider);
+    partial rotary as Phi/GLM write it (rotate the first R channels, concatenate the rest)."""
+    if cos.dim() == 2:
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == q.shape[-1]:
+        q_embed = (q * cos) + (_rotate_half(q, interleaved) * sin)
+        k_embed = (k * cos) + (_rotate_half(k, interleaved) * sin)
+        return q_embed, k_embed
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = (q_rot * cos) + (_rotate_half(q_rot, interleaved) * sin)
+    k_embed = (k_rot * cos) + (_rotate_half(k_rot, interleaved) * sin)
+    return torch.cat([q_embed, q_pass], dim=-1), torch.cat([k_embed, k_pass], dim=-1)
+
+
+def rope_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    unsqueeze_dim: int = 1,
+    interleaved: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 reference (differentiable in q and k): `rope_eager` on fp32 copies, returned in q's
+    dtype (fp32 when given fp32 inputs, as `testing.check_op` does)."""
+    q32, k32 = rope_eager(
+        q.float(), k.float(), cos.float(), sin.float(),
+        unsqueeze_dim=unsqueeze_dim, interleaved=interleaved,
+    )  # fmt: skip
+    return q32.to(q.dtype), k32.to(k.dtype)
+
+
+def rope_tables(
+    seq_len: int,
+    rotary_dim: int,
+    *,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [1, seq_len, rotary_dim] as HF's default rotary embedding builds them for
+    positions 0..seq_len-1: inv_freq = base^(-2i/R), angles repeated as [f, f] (half-split),
+    or each repeated twice in place (interleaved, GLM's repeat_interleave)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+    freqs = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]  # [S, R/2]
+    emb = freqs.repeat_interleave(2, dim=-1) if interleaved else torch.cat((freqs, freqs), dim=-1)
+    emb = emb[None].to(device)  # [1, S, R]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
