@@ -98,9 +98,11 @@ COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchRow))
 def git_commit(cwd: str | Path | None = None) -> str:
     """The short commit kernelwright runs from, "+dirty" if tracked files changed since.
 
-    Falls back to $KERNELWRIGHT_COMMIT (a copy of the tree without .git, as on a remote GPU
-    machine: pass the commit in the environment), then to "unknown".
+    $KERNELWRIGHT_COMMIT, when set, wins: a copy of the tree on a remote GPU machine may have no
+    .git, or a stale one. Without either, "unknown".
     """
+    if os.environ.get("KERNELWRIGHT_COMMIT"):
+        return os.environ["KERNELWRIGHT_COMMIT"]
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
 
     def git(*args: str) -> str | None:
@@ -114,7 +116,7 @@ def git_commit(cwd: str | Path | None = None) -> str:
 
     commit = git("rev-parse", "--short", "HEAD")
     if not commit:
-        return os.environ.get("KERNELWRIGHT_COMMIT", "unknown")
+        return "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
     return commit

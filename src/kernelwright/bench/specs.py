@@ -795,9 +795,12 @@ def _rope_providers() -> tuple[Provider, ...]:
     def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
         return inp["q"], inp["k"], inp["cos"], inp["sin"]
 
-    def ours(inp: Inputs):
-        a, f = args(inp), op("rope")
-        return lambda: f(*a)
+    def ours(in_place: bool) -> Builder:
+        def build(inp: Inputs):
+            a, f = args(inp), op("rope")
+            return lambda: f(*a, in_place=in_place)
+
+        return build
 
     def eager(inp: Inputs):
         a, f = args(inp), op("rope_eager")
@@ -815,7 +818,9 @@ def _rope_providers() -> tuple[Provider, ...]:
         return lambda: liger_rotary_pos_emb(*a)
 
     return (
-        Provider("kernelwright", ours),
+        Provider("kernelwright", ours(False)),
+        # writes q and k in place (rope(..., in_place=True)), as Liger does
+        Provider("kernelwright_inplace", ours(True), mutates=True),
         Provider("torch", eager),
         Provider("torch_compile", torch_compile, compiled=True),
         # Liger rotates q and k in place when q.transpose(1, 2) is contiguous (HF's layout),

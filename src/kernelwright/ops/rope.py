@@ -262,6 +262,23 @@ def _(q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved) -> None:
     return None
 
 
+@torch.library.custom_op("kernelwright::rope_fwd_inplace", mutates_args=("q", "k"))
+def _rope_fwd_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int,
+    interleaved: bool,
+) -> None:
+    rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
+
+
+@_rope_fwd_inplace_op.register_fake
+def _(q, k, cos, sin, unsqueeze_dim, interleaved) -> None:
+    return None
+
+
 @torch.library.custom_op("kernelwright::rope_bwd", mutates_args=("dq", "dk"))
 def _rope_bwd_op(
     dq_out: torch.Tensor,
@@ -303,14 +320,23 @@ def _empty(
 
 class _RoPEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim, interleaved):
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, interleaved, in_place):
         ctx.layouts = [(t.shape, _dim_order(t), t.dtype, t.device) for t in (q, k)]
-        q_out, k_out = (_empty(*layout) for layout in ctx.layouts)
-        args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
-        if torch.compiler.is_compiling():
-            _rope_fwd_op(*args)
+        if in_place:
+            # Each program loads a head's channels before it stores them, so the outputs may be
+            # q and k themselves. Autograd is not told (as Liger's rope): see rope().
+            if torch.compiler.is_compiling():
+                _rope_fwd_inplace_op(q, k, cos, sin, unsqueeze_dim, interleaved)
+            else:
+                rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
+            q_out, k_out = q, k
         else:
-            rope_fwd_launch(*args)
+            q_out, k_out = (_empty(*layout) for layout in ctx.layouts)
+            args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
+            if torch.compiler.is_compiling():
+                _rope_fwd_op(*args)
+            else:
+                rope_fwd_launch(*args)
         ctx.save_for_backward(cos, sin)  # q and k are not needed: the rotation is linear
         ctx.unsqueeze_dim = unsqueeze_dim
         ctx.interleaved = interleaved
@@ -327,7 +353,7 @@ class _RoPEFunction(torch.autograd.Function):
         else:
             rope_bwd_launch(*args)
         need_q, need_k = ctx.needs_input_grad[:2]
-        return dq if need_q else None, dk if need_k else None, None, None, None, None
+        return dq if need_q else None, dk if need_k else None, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------- public API
@@ -395,6 +421,7 @@ def rope(
     *,
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of q and k in one Triton launch each way (HF semantics).
 
@@ -409,14 +436,26 @@ def rope(
         unsqueeze_dim: where HF unsqueezes cos/sin, which fixes the layout of q and k (above).
         interleaved: rotate channel pairs (2i, 2i+1) (GPT-J/GLM, cos/sin repeat-interleaved)
             instead of (i, i + R/2) (rotate_half).
+        in_place: UNSAFE opt-in. Write the rotated values into q's and k's own storage (no new
+            memory: the forward's peak drops by the size of q and k) and return (views of)
+            them. Autograd is not told, as with Liger's rope: correct only when nothing else
+            reads q or k afterwards, which holds in HF attention (the projections' outputs feed
+            rope alone; rope's backward needs only cos/sin). Needs stride(-1) == 1.
 
     Returns:
         (q_embed, k_embed): new tensors of q's and k's shapes and dtype, their dims laid out in
         memory in q's and k's order, computed in fp32 and rounded once.
     """
     _check_inputs(q, k, cos, sin, unsqueeze_dim)
+    if in_place and (q.stride(-1) != 1 or k.stride(-1) != 1):
+        raise ValueError(
+            f"{_OP}: in_place=True needs q and k with a contiguous last dim, got strides "
+            f"{tuple(q.stride())} and {tuple(k.stride())}"
+        )
     cos, sin = _table_view(cos), _table_view(sin)
-    return _RoPEFunction.apply(q, k, cos, sin, int(unsqueeze_dim), bool(interleaved))
+    return _RoPEFunction.apply(
+        q, k, cos, sin, int(unsqueeze_dim), bool(interleaved), bool(in_place)
+    )
 
 
 class RoPE(torch.nn.Module):
