@@ -62,7 +62,8 @@ def _jagged_mean_fwd_kernel(
         x = tl.load(v_ptr + rows[:, None] * stride_v + cols[None, :], mask=mask, other=0.0)
         acc += x.to(tl.float32)
     # Empty segment: the loop never ran, acc = 0, and 0 / 1 = 0.
-    mean = tl.sum(acc, axis=0) / tl.maximum(n, 1).to(tl.float32)
+    # div_rn: IEEE division, as torch divides (plain / compiles to an approximate divide)
+    mean = tl.math.div_rn(tl.sum(acc, axis=0), tl.maximum(n, 1).to(tl.float32))
     tl.store(out_ptr + seg * stride_out + cols, mean.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
@@ -78,7 +79,8 @@ def _jagged_mean_bwd_kernel(
     # d mean / d x_i = 1 / n for each of the segment's n rows: one gradient row, loaded once,
     # scaled in fp32, rounded once, then stored over every row of the segment.
     dy = tl.load(dout_ptr + seg * stride_dout + cols, mask=col_mask, other=0.0).to(tl.float32)
-    g = (dy / tl.maximum(n, 1).to(tl.float32)).to(dv_ptr.dtype.element_ty)
+    # div_rn: IEEE division, so grad / n rounds as torch rounds it
+    g = tl.math.div_rn(dy, tl.maximum(n, 1).to(tl.float32)).to(dv_ptr.dtype.element_ty)
     tile = tl.broadcast_to(g[None, :], (BLOCK_R, BLOCK_D))
     for r in range(0, n, BLOCK_R):
         rows = start + r + tl.arange(0, BLOCK_R)  # int64
