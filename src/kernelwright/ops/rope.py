@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.runtime import device_info, lookup
-from kernelwright.runtime.alloc import poisoning
+from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.rope import TABLE
@@ -306,22 +306,15 @@ def _dim_order(t: torch.Tensor) -> list[int]:
     return [*sorted(range(3), key=lambda d: -t.stride(d)), 3]
 
 
-def _empty(
-    shape: torch.Size, order: list[int], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    # runtime.alloc.empty (NaN-poisoned under testing.poisoned) with the dims laid out in
-    # memory in `order`. A tensor, not a view: callers may modify an output in place, which
-    # autograd forbids on a view made inside a custom Function.
-    out = torch.empty_permuted(shape, order, dtype=dtype, device=device)
-    if poisoning() and not torch.compiler.is_compiling():
-        out.fill_(float("nan"))
-    return out
-
-
 class _RoPEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin, unsqueeze_dim, interleaved, in_place):
-        ctx.layouts = [(t.shape, _dim_order(t), t.dtype, t.device) for t in (q, k)]
+        # Outputs and gradients: new tensors with q's / k's dims in the same memory order (not
+        # views: callers may modify an output in place, which autograd forbids on a view made
+        # inside a custom Function).
+        ctx.layouts = [
+            dict(shape=t.shape, order=_dim_order(t), dtype=t.dtype, device=t.device) for t in (q, k)
+        ]
         if in_place:
             # Each program loads a head's channels before it stores them, so the outputs may be
             # q and k themselves. Autograd is not told (as Liger's rope): see rope().
@@ -331,7 +324,7 @@ class _RoPEFunction(torch.autograd.Function):
                 rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
             q_out, k_out = q, k
         else:
-            q_out, k_out = (_empty(*layout) for layout in ctx.layouts)
+            q_out, k_out = (empty(**layout) for layout in ctx.layouts)
             args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
             if torch.compiler.is_compiling():
                 _rope_fwd_op(*args)
@@ -346,7 +339,7 @@ class _RoPEFunction(torch.autograd.Function):
     def backward(ctx, dq_out, dk_out):
         cos, sin = ctx.saved_tensors
         # dq/dk in q/k's own layout; an unused output's gradient arrives as zeros.
-        dq, dk = (_empty(*layout) for layout in ctx.layouts)
+        dq, dk = (empty(**layout) for layout in ctx.layouts)
         args = (dq_out, dk_out, cos, sin, dq, dk, ctx.unsqueeze_dim, ctx.interleaved)
         if torch.compiler.is_compiling():
             _rope_bwd_op(*args)

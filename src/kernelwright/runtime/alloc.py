@@ -33,8 +33,19 @@ def poisoned(enabled: bool = True) -> Iterator[None]:
         _poison = before
 
 
-def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    out = torch.empty(tuple(shape), dtype=dtype, device=device)
+def empty(
+    shape: Sequence[int],
+    *,
+    dtype: torch.dtype,
+    device: torch.device,
+    order: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """A new tensor (never a view). `order`: the dims from outermost to innermost in memory
+    (torch.empty_permuted), e.g. [0, 2, 1, 3] for a [B, H, S, D] tensor stored as [B, S, H, D]."""
+    if order is None:
+        out = torch.empty(tuple(shape), dtype=dtype, device=device)
+    else:
+        out = torch.empty_permuted(tuple(shape), tuple(order), dtype=dtype, device=device)
     if poisoning() and not torch.compiler.is_compiling():
         out.fill_(float("nan") if out.is_floating_point() else -(2**30))
     return out
