@@ -1,0 +1,732 @@
+"""Cross-entropy over the last dimension, with the gradient written in the forward pass.
+
+For row i with target t (not ignored), logits z (after the optional soft-capping
+z = cap * tanh(x / cap)), lse = log(sum_j exp(z_j)), class weights w (all 1 without weights),
+W = sum_j w_j, smoothing eps over V classes and z-loss scale s:
+
+    loss_i = (1 - eps) * w_t * (lse - z_t) + eps / V * (W * lse - sum_j w_j z_j) + s * lse^2
+    dloss_i/dz_j = A * p_j - (1 - eps) * w_t * [j == t] - eps / V * w_j,   p_j = exp(z_j - lse)
+    A = (1 - eps) * w_t + eps / V * W + 2 * s * lse
+
+(times 1 - (z_j / cap)^2 through the soft-capping). This is PyTorch's `F.cross_entropy` with
+`weight`, `ignore_index`, `label_smoothing` and `reduction` (label smoothing with weights as
+PyTorch defines it), plus the z-loss and soft-capping of PaLM / Gemma. "mean" divides by the
+sum of w_t over the non-ignored rows (their count without weights), or by `num_items_in_batch`
+when given (Hugging Face Trainer's gradient-accumulation normaliser); the z-loss is reduced the
+same way as the loss.
+
+One program per row reads the row once for lse (an online max and rescaled sum) and, when a
+gradient is needed, once more to write dloss/dx already divided by the reduction's denominator.
+The backward is then a multiply by the incoming gradient, skipped inside the kernel when that
+gradient is 1 (no host sync). Ignored rows cost no read and get an exactly-zero gradient; a
+target outside [0, V) that is not `ignore_index` gives a NaN loss and NaN gradient row
+(PyTorch raises; a check here would need a device-to-host sync every step).
+
+Layer order: kernels → launchers → custom ops → autograd Function → `cross_entropy` →
+`CrossEntropyLoss` → references.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.cross_entropy import TABLE
+
+REDUCTIONS = ("mean", "sum", "none")
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _softcap(x, cap):
+    # cap * tanh(x / cap), tanh(u) = 1 - 2 / (exp(2u) + 1) (no libdevice under the interpreter);
+    # exp overflow / underflow give exactly +-cap. Absolute error about cap * 1e-7 near 0.
+    return cap * (1.0 - 2.0 / (tl.exp(2.0 * x / cap) + 1.0))
+
+
+@triton.jit
+def _ce_fwd_kernel(
+    x_ptr,  # logits [M, V], row stride stride_x
+    t_ptr,  # targets [M], int32 or int64
+    w_ptr,  # class weights [V], fp32 (HAS_WEIGHT)
+    wsum_ptr,  # [1] fp32: sum of the class weights (HAS_WEIGHT)
+    loss_ptr,  # [M] fp32: per-row loss, z-loss included
+    z_ptr,  # [M] fp32: per-row z-loss (HAS_Z)
+    lse_ptr,  # [M] fp32: per-row log-sum-exp (0 for ignored rows)
+    g_ptr,  # gradient [M, V] (COMPUTE_GRAD); may be x_ptr itself (in place)
+    scale_ptr,  # fp32 gradient scale, read at row * stride_scale (HAS_SCALE)
+    V,
+    stride_x,
+    stride_g,
+    stride_scale,
+    ignore_index,
+    eps,  # label smoothing
+    eps_v,  # eps / V
+    zscale,  # lse_square_scale
+    cap,  # soft-capping
+    HAS_WEIGHT: tl.constexpr,
+    HAS_SMOOTH: tl.constexpr,
+    HAS_Z: tl.constexpr,  # lse_square_scale > 0
+    STORE_Z: tl.constexpr,  # write the per-row z-loss to z_ptr
+    SOFTCAP: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,  # BLOCK_V >= V: the row stays in registers
+):
+    row = tl.program_id(0).to(tl.int64)  # int64: row * stride passes 2^31 at 131072 x 262144
+    x_row = x_ptr + row * stride_x
+    g_row = g_ptr + row * stride_g
+    t = tl.load(t_ptr + row).to(tl.int64)
+    if t == ignore_index:
+        tl.store(loss_ptr + row, 0.0)
+        tl.store(lse_ptr + row, 0.0)
+        if STORE_Z:
+            tl.store(z_ptr + row, 0.0)
+        if COMPUTE_GRAD:
+            zero = tl.zeros([BLOCK_V], dtype=g_ptr.dtype.element_ty)
+            for start in range(0, V, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                tl.store(g_row + cols, zero, mask=cols < V)
+    else:
+        in_range = (t >= 0) & (t < V)
+        t_safe = tl.where(in_range, t, 0)
+        z_t = tl.load(x_row + t_safe).to(tl.float32)
+        if SOFTCAP:
+            z_t = _softcap(z_t, cap)
+        z_t = tl.where(in_range, z_t, float("nan"))  # a bad target poisons the row, loudly
+        if HAS_WEIGHT:
+            w_t = tl.load(w_ptr + t_safe).to(tl.float32)
+            w_all = tl.load(wsum_ptr).to(tl.float32)
+        else:
+            w_t = 1.0
+            w_all = V * 1.0
+        # ---- pass 1: lse (and sum_j w_j z_j for label smoothing)
+        if ONE_BLOCK:
+            cols = tl.arange(0, BLOCK_V)
+            mask = cols < V
+            z = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            if SOFTCAP:
+                z = tl.where(mask, _softcap(z, cap), -float("inf"))
+            m_row = tl.max(z, axis=0)
+            d_row = tl.sum(tl.exp(z - m_row), axis=0)
+            if HAS_SMOOTH:
+                wz = tl.where(mask, z, 0.0)
+                if HAS_WEIGHT:
+                    wz = wz * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                s_row = tl.sum(wz, axis=0)
+        else:
+            # Every lane keeps its own running max m and sum d of exp(z - m), rescaled when m
+            # grows, so one read gives both; the lanes merge at the end.
+            m = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
+            d = tl.zeros([BLOCK_V], dtype=tl.float32)
+            s = tl.zeros([BLOCK_V], dtype=tl.float32)
+            for start in range(0, V, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                mask = cols < V
+                z = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+                if SOFTCAP:
+                    z = tl.where(mask, _softcap(z, cap), -float("inf"))
+                m_new = tl.maximum(m, z)
+                # A lane that has seen only -inf shifts by 0 (-inf - -inf would be NaN).
+                shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+                d = d * tl.exp(m - shift) + tl.exp(z - shift)
+                m = m_new
+                if HAS_SMOOTH:
+                    wz = tl.where(mask, z, 0.0)
+                    if HAS_WEIGHT:
+                        wz = wz * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                    s += wz
+            m_row = tl.max(m, axis=0)
+            d_row = tl.sum(d * tl.exp(m - m_row), axis=0)
+            if HAS_SMOOTH:
+                s_row = tl.sum(s, axis=0)
+        lse = m_row + tl.log(d_row)
+        loss = (1.0 - eps) * w_t * (lse - z_t)
+        if HAS_SMOOTH:
+            loss += eps_v * (w_all * lse - s_row)
+        z_loss = zscale * lse * lse if HAS_Z else 0.0
+        loss += z_loss
+        if STORE_Z:
+            tl.store(z_ptr + row, z_loss)
+        tl.store(loss_ptr + row, loss)
+        tl.store(lse_ptr + row, lse)
+        # ---- pass 2: the gradient, already scaled
+        if COMPUTE_GRAD:
+            scale = tl.load(scale_ptr + row * stride_scale).to(tl.float32) if HAS_SCALE else 1.0
+            scale = tl.where(in_range, scale, float("nan"))
+            a = (1.0 - eps) * w_t
+            if HAS_SMOOTH:
+                a += eps_v * w_all
+            if HAS_Z:
+                a += 2.0 * zscale * lse
+            b = (1.0 - eps) * w_t  # taken off at the target column
+            if ONE_BLOCK:
+                g = a * tl.exp(z - lse)
+                if HAS_SMOOTH:
+                    if HAS_WEIGHT:
+                        g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                    else:
+                        g -= eps_v
+                g = tl.where(cols == t, g - b, g)
+                if SOFTCAP:
+                    zc = tl.where(mask, z, 0.0) / cap  # padding lanes hold -inf
+                    g *= 1.0 - zc * zc
+                tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
+            else:
+                for start in range(0, V, BLOCK_V):
+                    cols = start + tl.arange(0, BLOCK_V)
+                    mask = cols < V
+                    z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                    if SOFTCAP:
+                        z = _softcap(z, cap)
+                    g = a * tl.exp(z - lse)
+                    if HAS_SMOOTH:
+                        if HAS_WEIGHT:
+                            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+                            g -= eps_v * w
+                        else:
+                            g -= eps_v
+                    g = tl.where(cols == t, g - b, g)
+                    if SOFTCAP:
+                        zc = z / cap
+                        g *= 1.0 - zc * zc
+                    tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _ce_scale_kernel(
+    g_ptr,  # [M, V] gradient, scaled in place
+    s_ptr,  # incoming gradient, read at row * stride_s (stride 0: one scalar)
+    V,
+    stride_g,
+    stride_s,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.load(s_ptr + row * stride_s).to(tl.float32)
+    if s != 1.0:  # the usual loss.backward(): nothing to read or write
+        g_row = g_ptr + row * stride_g
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            mask = cols < V
+            g = tl.load(g_row + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(g_row + cols, (g * s).to(g_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
+    return config or lookup(TABLE, "cross_entropy", kernel, device_info(x.device), x.shape[-1])
+
+
+def cross_entropy_fwd_launch(
+    x: torch.Tensor,  # [M, V], stride(1) == 1
+    target: torch.Tensor,  # [M] int32/int64, contiguous
+    loss: torch.Tensor,  # [M] fp32 out
+    lse: torch.Tensor,  # [M] fp32 out
+    *,
+    weight: torch.Tensor | None = None,  # [V] fp32 contiguous
+    weight_sum: torch.Tensor | None = None,  # [1] fp32 (with weight)
+    z_loss: torch.Tensor | None = None,  # [M] fp32 out
+    grad: torch.Tensor | None = None,  # [M, V], stride(1) == 1; may be x (in place)
+    scale: torch.Tensor | None = None,  # fp32: [1] (one scalar) or [M]
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    softcap: float | None = None,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, V = x.shape
+    if M == 0:
+        return
+    cfg = _config("fwd", x, config)
+    compute_grad = grad is not None
+    g = grad if compute_grad else x  # never written without COMPUTE_GRAD
+    w = weight if weight is not None else loss  # dummies: never read without their flag
+    _ce_fwd_kernel[(M,)](
+        x,
+        target,
+        w,
+        weight_sum if weight_sum is not None else loss,
+        loss,
+        z_loss if z_loss is not None else loss,
+        lse,
+        g,
+        scale if scale is not None else loss,
+        V,
+        x.stride(0),
+        g.stride(0),
+        0 if scale is None or scale.numel() == 1 else scale.stride(0),
+        ignore_index,
+        float(label_smoothing),
+        float(label_smoothing) / V,
+        float(lse_square_scale),
+        float(softcap) if softcap is not None else 1.0,
+        HAS_WEIGHT=weight is not None,
+        HAS_SMOOTH=label_smoothing > 0.0,
+        HAS_Z=lse_square_scale > 0.0,
+        STORE_Z=z_loss is not None,
+        SOFTCAP=softcap is not None,
+        COMPUTE_GRAD=compute_grad,
+        HAS_SCALE=scale is not None,
+        BLOCK_V=cfg.block_n,
+        ONE_BLOCK=cfg.block_n >= V,
+        num_warps=cfg.num_warps,
+    )
+
+
+def cross_entropy_scale_launch(
+    grad: torch.Tensor,  # [M, V], stride(1) == 1, scaled in place
+    s: torch.Tensor,  # the incoming gradient: one element, or [M] (any stride)
+    config: LaunchConfig | None = None,
+) -> None:
+    M, V = grad.shape
+    if M == 0:
+        return
+    cfg = _config("scale", grad, config)
+    stride_s = 0 if s.numel() == 1 else s.stride(0)
+    s = s.reshape(-1) if s.numel() == 1 else s
+    _ce_scale_kernel[(M,)](
+        grad, s, V, grad.stride(0), stride_s, BLOCK_V=cfg.block_n, num_warps=cfg.num_warps
+    )
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# go straight to the launchers.
+
+
+@torch.library.custom_op(
+    "kernelwright::cross_entropy_fwd", mutates_args=("loss", "lse", "z_loss", "grad")
+)
+def _cross_entropy_fwd_op(
+    x: torch.Tensor,
+    target: torch.Tensor,
+    loss: torch.Tensor,
+    lse: torch.Tensor,
+    weight: torch.Tensor | None,
+    weight_sum: torch.Tensor | None,
+    z_loss: torch.Tensor | None,
+    grad: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+) -> None:
+    cross_entropy_fwd_launch(
+        x,
+        target,
+        loss,
+        lse,
+        weight=weight,
+        weight_sum=weight_sum,
+        z_loss=z_loss,
+        grad=grad,
+        scale=scale,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        lse_square_scale=lse_square_scale,
+        softcap=softcap,
+    )
+
+
+@_cross_entropy_fwd_op.register_fake
+def _(x, target, loss, lse, weight, weight_sum, z_loss, grad, scale, *args) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::cross_entropy_scale", mutates_args=("grad",))
+def _cross_entropy_scale_op(grad: torch.Tensor, s: torch.Tensor) -> None:
+    cross_entropy_scale_launch(grad, s)
+
+
+@_cross_entropy_scale_op.register_fake
+def _(grad, s) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- shared host side
+
+
+def check_loss_args(
+    op: str,
+    V: int,
+    target: torch.Tensor,
+    n_rows: int,
+    class_weight: torch.Tensor | None,
+    reduction: str,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+    num_items_in_batch,
+) -> None:
+    """Validation shared with fused_linear_cross_entropy."""
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{op}: argument 'target' must be a torch.Tensor")
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"{op}: argument 'target' must hold class indices as int64 or int32, "
+            f"got {str(target.dtype).replace('torch.', '')}"
+        )
+    if target.numel() != n_rows:
+        raise ValueError(
+            f"{op}: argument 'target' must have one class index per row of logits "
+            f"({n_rows}), got shape {tuple(target.shape)}"
+        )
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if lse_square_scale < 0.0:
+        raise ValueError(f"{op}: lse_square_scale must be >= 0, got {lse_square_scale}")
+    if softcap is not None and not softcap > 0.0:
+        raise ValueError(f"{op}: softcap must be > 0 (or None), got {softcap}")
+    if num_items_in_batch is not None and reduction != "mean":
+        raise ValueError(
+            f"{op}: num_items_in_batch replaces the denominator of reduction='mean'; "
+            f"got reduction={reduction!r}"
+        )
+    if class_weight is not None:
+        check_tensor(op, "weight", class_weight)
+        if tuple(class_weight.shape) != (V,):
+            raise ValueError(
+                f"{op}: class weights must have shape ({V},) (one per class), "
+                f"got {tuple(class_weight.shape)}"
+            )
+
+
+def prepare_targets(
+    target: torch.Tensor,
+    class_weight: torch.Tensor | None,
+    reduction: str,
+    num_items_in_batch,
+    ignore_index: int,
+    V: int,
+    device: torch.device,
+):
+    """(target [M] contiguous, fp32 weights, their sum, 1 / denominator or None) on `device`.
+
+    The denominator of "mean" is computed on the device (no host sync): the count of
+    non-ignored rows, their summed class weight, or `num_items_in_batch`.
+    """
+    t = target.reshape(-1)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    w = wsum = None
+    if class_weight is not None:
+        w = class_weight.to(device=device, dtype=torch.float32).contiguous()
+        wsum = w.sum().reshape(1)
+    inv = None
+    if reduction == "mean":
+        if num_items_in_batch is not None:
+            if isinstance(num_items_in_batch, torch.Tensor):
+                denom = num_items_in_batch.to(device=device, dtype=torch.float32).reshape(1)
+            else:
+                denom = torch.full((1,), float(num_items_in_batch), device=device)
+        else:
+            valid = t != ignore_index
+            if w is None:
+                denom = valid.sum(dtype=torch.float32).reshape(1)
+            else:
+                # Out-of-range targets read class 0 here; their rows are NaN anyway.
+                safe = torch.where(valid & (t >= 0) & (t < V), t, 0)
+                denom = (w.gather(0, safe) * valid).sum().reshape(1)
+        inv = 1.0 / denom
+    return t, w, wsum, inv
+
+
+def reduce_rows(rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape) -> torch.Tensor:
+    if reduction == "none":
+        return rows.view(shape)
+    total = rows.sum()
+    return total * inv.reshape(()) if reduction == "mean" else total
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        logits,
+        target,
+        class_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        return_z_loss,
+        softcap,
+        num_items_in_batch,
+        in_place,
+    ):
+        V = logits.shape[-1]
+        x2 = rows_view("cross_entropy", "logits", logits)
+        M = x2.shape[0]
+        compiling = torch.compiler.is_compiling()
+        t, w, wsum, inv = prepare_targets(
+            target, class_weight, reduction, num_items_in_batch, ignore_index, V, logits.device
+        )
+        dev = logits.device
+        loss_rows = empty((M,), dtype=torch.float32, device=dev)
+        lse = empty((M,), dtype=torch.float32, device=dev)
+        z_rows = empty((M,), dtype=torch.float32, device=dev) if return_z_loss else None
+        grad = None
+        if ctx.needs_input_grad[0]:
+            # In place only when the 2-D view is the caller's own storage (no copy was made).
+            if in_place and not compiling and x2.data_ptr() == logits.data_ptr():
+                grad = x2
+                ctx.in_place = True
+            else:
+                grad = empty(x2.shape, dtype=logits.dtype, device=dev)
+                ctx.in_place = False
+        kwargs = dict(
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale,
+            softcap=softcap,
+        )
+        if compiling:
+            _cross_entropy_fwd_op(x2, t, loss_rows, lse, w, wsum, z_rows, grad, inv, **kwargs)
+        else:
+            cross_entropy_fwd_launch(
+                x2,
+                t,
+                loss_rows,
+                lse,
+                weight=w,
+                weight_sum=wsum,
+                z_loss=z_rows,
+                grad=grad,
+                scale=inv,
+                **kwargs,
+            )
+        if grad is not None:
+            if ctx.in_place:
+                # The logits now hold the gradient: anything else that saved them for its
+                # backward fails loudly on the version check instead of reading a gradient.
+                torch.autograd.graph.increment_version(logits)
+            ctx.save_for_backward(grad)
+            ctx.logits_shape = logits.shape
+            ctx.used = False
+        loss = reduce_rows(loss_rows, reduction, inv, target.shape)
+        if return_z_loss:
+            z = reduce_rows(z_rows, reduction, inv, target.shape)
+            ctx.mark_non_differentiable(z)
+            return loss, z
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        (grad,) = ctx.saved_tensors
+        if ctx.used:
+            raise RuntimeError(
+                "cross_entropy: backward ran twice through the same graph; the gradient is "
+                "computed in the forward and scaled in place by the first backward. Run the "
+                "forward again for a second backward."
+            )
+        ctx.used = True
+        s = grad_loss.reshape(-1)  # one element ("mean"/"sum") or one per row ("none")
+        if s.dtype != torch.float32:
+            s = s.float()
+        if torch.compiler.is_compiling():
+            _cross_entropy_scale_op(grad, s)
+        else:
+            cross_entropy_scale_launch(grad, s)
+        return (grad.view(ctx.logits_shape),) + (None,) * 10
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    softcap: float | None = None,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+    in_place: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy of `logits` [..., V] against class indices `target` [...], in Triton.
+
+    As `torch.nn.functional.cross_entropy(logits.float(), target, weight, ...)` over the last
+    dimension, plus:
+
+    Args:
+        lse_square_scale: z-loss s * lse^2 added to every non-ignored row's loss.
+        return_z_loss: also return the z-loss part (reduced as the loss; no gradient of its own).
+        softcap: logits become softcap * tanh(logits / softcap) first (Gemma 2/3).
+        num_items_in_batch: with reduction="mean", the denominator (an int, or a tensor on any
+            device): the summed loss is divided by it, as Hugging Face Trainer does for
+            gradient accumulation over micro-batches.
+        in_place: write the gradient over `logits` (saves one logits-sized buffer; the caller
+            must not read `logits` afterwards; autograd's version check catches other users).
+            Ignored under torch.compile.
+
+    The loss is fp32 whatever the logits dtype (a bf16 loss would be 4e-3 off); the gradient
+    has the logits' dtype. Class weights get no gradient.
+    """
+    check_tensor("cross_entropy", "logits", logits)
+    V = logits.shape[-1]
+    if V == 0:
+        raise ValueError("cross_entropy: logits have an empty class dimension")
+    n_rows = logits.numel() // V
+    check_loss_args(
+        "cross_entropy",
+        V,
+        target,
+        n_rows,
+        weight,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        softcap,
+        num_items_in_batch,
+    )
+    check_same_device("cross_entropy", logits=logits, target=target, weight=weight)
+    if target.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"cross_entropy: target must have the logits' leading shape "
+            f"{tuple(logits.shape[:-1])}, got {tuple(target.shape)}"
+        )
+    return _CrossEntropyFunction.apply(
+        logits,
+        target,
+        weight,
+        ignore_index,
+        reduction,
+        float(label_smoothing),
+        float(lse_square_scale),
+        return_z_loss,
+        softcap,
+        num_items_in_batch,
+        in_place,
+    )
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """Drop-in for torch.nn.CrossEntropyLoss over the last dimension, with the extras of
+    `cross_entropy`. `forward(logits, target, num_items_in_batch=None)`."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        *,
+        lse_square_scale: float = 0.0,
+        return_z_loss: bool = False,
+        softcap: float | None = None,
+        in_place: bool = False,
+    ):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.return_z_loss = return_z_loss
+        self.softcap = softcap
+        self.in_place = in_place
+
+    def forward(self, logits, target, num_items_in_batch=None):
+        return cross_entropy(
+            logits,
+            target,
+            self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            lse_square_scale=self.lse_square_scale,
+            return_z_loss=self.return_z_loss,
+            softcap=self.softcap,
+            num_items_in_batch=num_items_in_batch,
+            in_place=self.in_place,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+            f"label_smoothing={self.label_smoothing}, lse_square_scale={self.lse_square_scale}, "
+            f"softcap={self.softcap}"
+        )
+
+
+# --------------------------------------------------------------------------- references
+
+
+def cross_entropy_ref(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    softcap: float | None = None,
+    num_items_in_batch=None,
+    in_place: bool = False,  # accepted for signature parity; the reference never writes
+    dtype: torch.dtype = torch.float32,
+):
+    """Reference in `dtype` (fp32, or fp64 for the tight tests), differentiable, written from
+    the formulas in the module docstring (and checked against F.cross_entropy in the tests)."""
+    V = logits.shape[-1]
+    z = logits.to(dtype).reshape(-1, V)
+    t = target.reshape(-1)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    lse = torch.logsumexp(z, dim=-1)
+    valid = t != ignore_index
+    safe = torch.where(valid, t, 0)
+    logp = z - lse[:, None]
+    w = weight.to(dtype) if weight is not None else torch.ones(V, dtype=dtype, device=z.device)
+    w_t = w.gather(0, safe) * valid
+    zero = torch.zeros((), dtype=dtype, device=z.device)
+    nll = torch.where(valid, -w_t * logp.gather(1, safe[:, None]).squeeze(1), zero)
+    rows = (1.0 - label_smoothing) * nll
+    if label_smoothing > 0.0:
+        smooth = torch.where(valid, -(logp * w).sum(-1), zero)
+        rows = rows + label_smoothing / V * smooth
+    z_rows = torch.where(valid, lse_square_scale * lse * lse, zero)
+    rows = rows + z_rows
+
+    def reduce(r):
+        if reduction == "none":
+            return r.view(target.shape)
+        if reduction == "sum":
+            return r.sum()
+        if num_items_in_batch is not None:
+            return r.sum() / torch.as_tensor(num_items_in_batch, dtype=dtype, device=r.device)
+        return r.sum() / w_t.sum()
+
+    if return_z_loss:
+        return reduce(rows), reduce(z_rows).detach()
+    return reduce(rows)
+
+
+def cross_entropy_eager(logits: torch.Tensor, target: torch.Tensor, **kwargs) -> torch.Tensor:
+    """Eager PyTorch as people write it in training code (the `torch` benchmark provider):
+    upcast the logits, then F.cross_entropy."""
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, V).float(), target.reshape(-1), **kwargs
+    )

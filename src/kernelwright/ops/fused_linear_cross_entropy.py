@@ -1,0 +1,522 @@
+"""Linear layer + cross-entropy in one op: the lm-head matmul and the loss, chunk by chunk, so
+the [tokens, V] logits never exist.
+
+For each chunk of C tokens (one reused [C, V] buffer in the hidden dtype):
+
+    logits_c = hidden_c @ weight.T (+ bias)             cuBLAS
+    loss, dlogits_c (written over logits_c)             the cross_entropy kernel, scaled by
+                                                        the reduction's 1 / denominator
+    grad_hidden_c = dlogits_c @ weight                  cuBLAS, into its slice of the output
+    grad_weight  += dlogits_c.T @ hidden_c              cuBLAS, accumulated in place
+    grad_bias    += dlogits_c.sum(0)                    fp32
+
+so the forward leaves every gradient ready and the backward only multiplies by the incoming
+gradient (skipped inside the kernel when it is 1: no sync). With reduction="none" the incoming
+gradient differs per token and the weight gradient sums over tokens, so the forward computes the
+losses only and the backward recomputes each chunk's logits (four matmuls instead of three).
+
+Chunk size: the logits buffer is held to about 64 MiB (and a quarter of the free GPU memory),
+i.e. 256 tokens at V = 128256 in bf16; `chunk_size` overrides. Larger chunks make the
+grad_weight update (a [V, H] read-modify-write per chunk) cheaper per token at the cost of
+memory. `accum_dtype=torch.float32` accumulates grad_weight / grad_bias in fp32 (one extra
+fp32 [V, H] buffer) and rounds once at the end.
+
+The loss semantics (ignore_index, reductions, label smoothing, class weights, z-loss,
+soft-capping, num_items_in_batch) are those of `kernelwright.ops.cross_entropy`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernelwright.ops.cross_entropy import (
+    check_loss_args,
+    cross_entropy_fwd_launch,
+    cross_entropy_scale_launch,
+    prepare_targets,
+    reduce_rows,
+)
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_same_device, check_tensor
+
+CHUNK_BYTES = 64 * 2**20  # default budget for the [C, V] logits buffer
+
+
+def choose_chunk_rows(n_tokens: int, V: int, itemsize: int, device: torch.device) -> int:
+    """Tokens per chunk: the logits buffer within CHUNK_BYTES and a quarter of the free memory,
+    a multiple of 64 (whole matmul tiles), at least 64, at most the token count."""
+    budget = CHUNK_BYTES
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = min(budget, free // 4)
+    rows = max(64, budget // (V * itemsize) // 64 * 64)
+    return max(1, min(rows, n_tokens))
+
+
+def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, with acc in fp32 and a, b in half precision when accumulating in fp32."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif acc.device.type == "cuda":
+        # cuBLAS reads and writes the fp32 accumulator directly (no half-precision product).
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:  # CPU (interpreter tests): no mixed-dtype addmm there
+        acc.addmm_(a.float(), b.float())
+
+
+def _run_chunks(
+    h2: torch.Tensor,  # [N, H]
+    weight: torch.Tensor,  # [V, H]
+    bias: torch.Tensor | None,  # [V]
+    t: torch.Tensor,  # [N]
+    loss_rows: torch.Tensor,  # [N] fp32 out
+    lse: torch.Tensor,  # [N] fp32 out
+    z_rows: torch.Tensor | None,  # [N] fp32 out
+    grad_h: torch.Tensor | None,  # [N, H] out
+    grad_w: torch.Tensor | None,  # [V, H] accumulated
+    grad_b: torch.Tensor | None,  # [V] fp32 accumulated
+    w: torch.Tensor | None,
+    wsum: torch.Tensor | None,
+    scale: torch.Tensor | None,  # [1] (1 / denominator) or [N] (per-token incoming gradient)
+    chunk: int,
+    **ce_kwargs,
+) -> None:
+    N = h2.shape[0]
+    V = weight.shape[0]
+    want_grad = grad_h is not None or grad_w is not None or grad_b is not None
+    buf = empty((min(chunk, N), V), dtype=h2.dtype, device=h2.device)
+    for s in range(0, N, chunk):
+        e = min(s + chunk, N)
+        hc = h2[s:e]
+        lg = buf[: e - s]
+        if bias is not None:
+            torch.addmm(bias, hc, weight.t(), out=lg)
+        else:
+            torch.mm(hc, weight.t(), out=lg)
+        cross_entropy_fwd_launch(
+            lg,
+            t[s:e],
+            loss_rows[s:e],
+            lse[s:e],
+            weight=w,
+            weight_sum=wsum,
+            z_loss=z_rows[s:e] if z_rows is not None else None,
+            grad=lg if want_grad else None,
+            scale=scale if scale is None or scale.numel() == 1 else scale[s:e],
+            **ce_kwargs,
+        )
+        if grad_h is not None:
+            torch.mm(lg, weight, out=grad_h[s:e])
+        if grad_w is not None:
+            _addmm_(grad_w, lg.t(), hc)
+        if grad_b is not None:
+            grad_b += lg.sum(0, dtype=torch.float32)
+
+
+@torch.library.custom_op(
+    "kernelwright::fused_linear_cross_entropy_chunks",
+    mutates_args=("loss_rows", "lse", "z_rows", "grad_h", "grad_w", "grad_b"),
+)
+def _chunks_op(
+    h2: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    t: torch.Tensor,
+    loss_rows: torch.Tensor,
+    lse: torch.Tensor,
+    z_rows: torch.Tensor | None,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+    grad_b: torch.Tensor | None,
+    w: torch.Tensor | None,
+    wsum: torch.Tensor | None,
+    scale: torch.Tensor | None,
+    chunk: int,
+    ignore_index: int,
+    label_smoothing: float,
+    lse_square_scale: float,
+    softcap: float | None,
+) -> None:
+    _run_chunks(
+        h2,
+        weight,
+        bias,
+        t,
+        loss_rows,
+        lse,
+        z_rows,
+        grad_h,
+        grad_w,
+        grad_b,
+        w,
+        wsum,
+        scale,
+        chunk,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        lse_square_scale=lse_square_scale,
+        softcap=softcap,
+    )
+
+
+@_chunks_op.register_fake
+def _(h2, weight, bias, t, loss_rows, lse, z_rows, grad_h, grad_w, grad_b, *args) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::scale_if_not_one", mutates_args=("x",))
+def _scale_op(x: torch.Tensor, s: torch.Tensor) -> None:
+    cross_entropy_scale_launch(x, s)
+
+
+@_scale_op.register_fake
+def _(x, s) -> None:
+    return None
+
+
+def _chunks(compiling: bool, *args, **kwargs) -> None:
+    if compiling:
+        _chunks_op(*args, **kwargs)
+    else:
+        _run_chunks(*args, **kwargs)
+
+
+def _scale(compiling: bool, x: torch.Tensor | None, s: torch.Tensor) -> None:
+    """x *= s in place (s: one element), a no-op inside the kernel when s == 1."""
+    if x is None or x.numel() == 0:
+        return
+    x2 = x.view(-1, x.shape[-1]) if x.dim() > 1 else x.view(1, -1)
+    if compiling:
+        _scale_op(x2, s)
+    else:
+        cross_entropy_scale_launch(x2, s)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        hidden,
+        weight,
+        target,
+        bias,
+        class_weight,
+        ignore_index,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        return_z_loss,
+        softcap,
+        num_items_in_batch,
+        accum_dtype,
+        chunk_size,
+    ):
+        H = hidden.shape[-1]
+        V = weight.shape[0]
+        h2 = hidden.reshape(-1, H)
+        if not h2.is_contiguous():
+            h2 = h2.contiguous()
+        N = h2.shape[0]
+        dev = hidden.device
+        compiling = torch.compiler.is_compiling()
+        t, w, wsum, inv = prepare_targets(
+            target, class_weight, reduction, num_items_in_batch, ignore_index, V, dev
+        )
+        chunk = chunk_size or choose_chunk_rows(N, V, h2.element_size(), dev)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[3]
+        grads_now = (need_h or need_w or need_b) and reduction != "none"
+        acc = accum_dtype or weight.dtype
+        loss_rows = empty((N,), dtype=torch.float32, device=dev)
+        lse = empty((N,), dtype=torch.float32, device=dev)
+        z_rows = empty((N,), dtype=torch.float32, device=dev) if return_z_loss else None
+        grad_h = empty((N, H), dtype=hidden.dtype, device=dev) if grads_now and need_h else None
+        grad_w = (
+            torch.zeros((V, H), dtype=acc, device=dev) if grads_now and need_w else None
+        )
+        grad_b = (
+            torch.zeros((V,), dtype=torch.float32, device=dev) if grads_now and need_b else None
+        )
+        ce_kwargs = dict(
+            ignore_index=ignore_index,
+            label_smoothing=label_smoothing,
+            lse_square_scale=lse_square_scale,
+            softcap=softcap,
+        )
+        _chunks(
+            compiling,
+            h2,
+            weight,
+            bias,
+            t,
+            loss_rows,
+            lse,
+            z_rows,
+            grad_h,
+            grad_w,
+            grad_b,
+            w,
+            wsum,
+            inv if grads_now else None,
+            chunk,
+            **ce_kwargs,
+        )
+        ctx.grads_now = grads_now
+        ctx.hidden_shape = hidden.shape
+        ctx.used = False
+        if grads_now:
+            if grad_w is not None and grad_w.dtype != weight.dtype:
+                grad_w = grad_w.to(weight.dtype)
+            if grad_b is not None and grad_b.dtype != bias.dtype:
+                grad_b = grad_b.to(bias.dtype)
+            ctx.save_for_backward(grad_h, grad_w, grad_b)
+        elif need_h or need_w or need_b:  # reduction="none": recompute in backward
+            ctx.save_for_backward(h2, weight, bias, t, w, wsum)
+            ctx.need = (need_h, need_w, need_b)
+            ctx.acc = acc
+            ctx.chunk = chunk
+            ctx.ce_kwargs = ce_kwargs
+        loss = reduce_rows(loss_rows, reduction, inv, target.shape)
+        if return_z_loss:
+            z = reduce_rows(z_rows, reduction, inv, target.shape)
+            ctx.mark_non_differentiable(z)
+            return loss, z
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss, *unused):
+        compiling = torch.compiler.is_compiling()
+        s = grad_loss.reshape(-1)
+        if s.dtype != torch.float32:
+            s = s.float()
+        if ctx.grads_now:
+            if ctx.used:
+                raise RuntimeError(
+                    "fused_linear_cross_entropy: backward ran twice through the same graph; "
+                    "the gradients are computed in the forward and scaled in place by the "
+                    "first backward. Run the forward again for a second backward."
+                )
+            ctx.used = True
+            grad_h, grad_w, grad_b = ctx.saved_tensors
+            for g in (grad_h, grad_w, grad_b):
+                _scale(compiling, g, s)
+        else:
+            h2, weight, bias, t, w, wsum = ctx.saved_tensors
+            need_h, need_w, need_b = ctx.need
+            N, H = h2.shape
+            V = weight.shape[0]
+            dev = h2.device
+            grad_h = empty((N, H), dtype=h2.dtype, device=dev) if need_h else None
+            grad_w = torch.zeros((V, H), dtype=ctx.acc, device=dev) if need_w else None
+            grad_b = torch.zeros((V,), dtype=torch.float32, device=dev) if need_b else None
+            scratch = empty((N,), dtype=torch.float32, device=dev)
+            _chunks(
+                compiling,
+                h2,
+                weight,
+                bias,
+                t,
+                scratch,
+                torch.empty_like(scratch),
+                None,
+                grad_h,
+                grad_w,
+                grad_b,
+                w,
+                wsum,
+                s,
+                ctx.chunk,
+                **ctx.ce_kwargs,
+            )
+            if grad_w is not None and grad_w.dtype != weight.dtype:
+                grad_w = grad_w.to(weight.dtype)
+            if grad_b is not None:
+                grad_b = grad_b.to(bias.dtype)
+        if grad_h is not None:
+            grad_h = grad_h.view(ctx.hidden_shape)
+        return (grad_h, grad_w, None, grad_b) + (None,) * 10
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def fused_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    class_weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    lse_square_scale: float = 0.0,
+    return_z_loss: bool = False,
+    softcap: float | None = None,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+    accum_dtype: torch.dtype | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """cross_entropy(hidden @ weight.T + bias, target) without materialising the logits.
+
+    Args:
+        hidden: [..., H] float32/float16/bfloat16 (the final hidden states).
+        weight: [V, H], the lm-head weight (may be tied to the input embedding), same dtype.
+        target: [...] class indices (int64/int32), hidden's leading shape.
+        bias: optional [V].
+        class_weight: optional [V] class weights (`weight` of F.cross_entropy).
+        accum_dtype: torch.float32 to accumulate grad_weight / grad_bias in fp32.
+        chunk_size: tokens per chunk (default: from V and the free memory, ~64 MiB of logits).
+        The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
+
+    Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
+    The loss is fp32; gradients come in the inputs' dtypes.
+    """
+    op = "fused_linear_cross_entropy"
+    check_tensor(op, "hidden", hidden)
+    check_tensor(op, "weight", weight, min_dim=2)
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be [V, H], got shape {tuple(weight.shape)}")
+    V, H = weight.shape
+    if hidden.shape[-1] != H:
+        raise ValueError(
+            f"{op}: hidden's last dimension ({hidden.shape[-1]}) must match weight [V, H] "
+            f"with H = {H}"
+        )
+    if V == 0:
+        raise ValueError(f"{op}: weight has no classes (V = 0)")
+    if bias is not None:
+        check_tensor(op, "bias", bias)
+        if tuple(bias.shape) != (V,):
+            raise ValueError(f"{op}: bias must have shape ({V},), got {tuple(bias.shape)}")
+    check_same_device(op, hidden=hidden, weight=weight, target=target, bias=bias)
+    n_rows = hidden.numel() // H if H else 0
+    check_loss_args(
+        op,
+        V,
+        target,
+        n_rows,
+        class_weight,
+        reduction,
+        label_smoothing,
+        lse_square_scale,
+        softcap,
+        num_items_in_batch,
+    )
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"{op}: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, "
+            f"got {tuple(target.shape)}"
+        )
+    if accum_dtype not in (None, torch.float32) and accum_dtype != weight.dtype:
+        raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be >= 1, got {chunk_size}")
+    dev_type = hidden.device.type
+    if torch.is_autocast_enabled(dev_type):
+        dt = torch.get_autocast_dtype(dev_type)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
+        raise TypeError(
+            f"{op}: hidden ({hidden.dtype}), weight ({weight.dtype})"
+            + (f" and bias ({bias.dtype})" if bias is not None else "")
+            + " must have one dtype (as for a matmul); cast them or run under torch.autocast"
+        )
+    if accum_dtype == weight.dtype:
+        accum_dtype = None
+    with torch.autocast(dev_type, enabled=False):
+        return _FusedLinearCrossEntropyFunction.apply(
+            hidden,
+            weight,
+            target,
+            bias,
+            class_weight,
+            ignore_index,
+            reduction,
+            float(label_smoothing),
+            float(lse_square_scale),
+            return_z_loss,
+            softcap,
+            num_items_in_batch,
+            accum_dtype,
+            chunk_size,
+        )
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """`forward(hidden, weight, target, bias=None, num_items_in_batch=None)`: the loss of an
+    lm-head `weight` on `hidden`, options fixed at construction (see the function)."""
+
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        *,
+        class_weight: torch.Tensor | None = None,
+        lse_square_scale: float = 0.0,
+        return_z_loss: bool = False,
+        softcap: float | None = None,
+        accum_dtype: torch.dtype | None = None,
+        chunk_size: int | None = None,
+    ):
+        super().__init__()
+        self.register_buffer("class_weight", class_weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.return_z_loss = return_z_loss
+        self.softcap = softcap
+        self.accum_dtype = accum_dtype
+        self.chunk_size = chunk_size
+
+    def forward(self, hidden, weight, target, bias=None, num_items_in_batch=None):
+        return fused_linear_cross_entropy(
+            hidden,
+            weight,
+            target,
+            bias,
+            class_weight=self.class_weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            lse_square_scale=self.lse_square_scale,
+            return_z_loss=self.return_z_loss,
+            softcap=self.softcap,
+            num_items_in_batch=num_items_in_batch,
+            accum_dtype=self.accum_dtype,
+            chunk_size=self.chunk_size,
+        )
+
+
+# --------------------------------------------------------------------------- references
+
+
+def fused_linear_cross_entropy_ref(
+    hidden, weight, target, bias=None, *, dtype=torch.float32, **kwargs
+) -> torch.Tensor:
+    """Reference: the logits in `dtype` (fp32 or fp64), then cross_entropy_ref. Differentiable."""
+    from kernelwright.ops.cross_entropy import cross_entropy_ref
+
+    kwargs.pop("accum_dtype", None)
+    kwargs.pop("chunk_size", None)
+    cw = kwargs.pop("class_weight", None)
+    logits = hidden.to(dtype) @ weight.to(dtype).t()
+    if bias is not None:
+        logits = logits + bias.to(dtype)
+    return cross_entropy_ref(logits, target, cw, dtype=dtype, **kwargs)
+
+
+def fused_linear_cross_entropy_eager(hidden, weight, target, bias=None, **kwargs):
+    """Eager PyTorch as a Hugging Face model computes it (the `torch` benchmark provider):
+    the full logits in the model dtype, upcast to fp32, then F.cross_entropy."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)
+    V = logits.shape[-1]
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, V).float(), target.reshape(-1), **kwargs
+    )
