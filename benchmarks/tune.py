@@ -281,6 +281,30 @@ def rope_cases():
             yield "fwd", shape, cfg, fwd, nbytes
 
 
+def cross_entropy_cases():
+    # The forward as training runs it: loss, lse and the gradient (scaled by 1 / token count)
+    # in one launch, ~5% of the targets ignored. Bytes: read the logits, write the gradient.
+    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
+
+    m = 8192
+    for v in (32000, 128256, 262144):
+        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)  # logits-like spread
+        t = torch.randint(0, v, (m,), device="cuda")
+        t[torch.rand(m, device="cuda") < 0.05] = -100
+        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        grad = torch.empty_like(x)
+        scale = torch.full((1,), 1.0 / m, device="cuda")
+        nbytes = 2 * m * v * 2 + m * 8
+        blocks = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+        for block, nw in itertools.product(blocks, (4, 8, 16, 32)):
+            if nw * 32 * 4 > block:  # under 4 elements a thread
+                continue
+            cfg = C(block_n=block, num_warps=nw)
+            f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
+            yield "fwd", (m, v), cfg, partial(f, config=cfg), nbytes
+        del x, grad
+
+
 CASES = {
     "rms_norm": rms_norm_cases,
     "rms_norm_fwd": rms_norm_fwd_cases,
@@ -292,6 +316,7 @@ CASES = {
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
     "rope": rope_cases,
+    "cross_entropy": cross_entropy_cases,
 }
 
 

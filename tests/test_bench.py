@@ -7,6 +7,7 @@ shapes.
 
 import math
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -35,7 +36,13 @@ from kernelwright.bench.harness import (
     measure_copy_bandwidth,
 )
 from kernelwright.bench.models import MODELS, distinct, token_counts
-from kernelwright.bench.specs import RMS_NORM, SPECS, SWIGLU
+from kernelwright.bench.specs import (
+    CROSS_ENTROPY,
+    FUSED_LINEAR_CROSS_ENTROPY,
+    RMS_NORM,
+    SPECS,
+    SWIGLU,
+)
 from kernelwright.ops.rms_norm import rms_norm
 from kernelwright.testing import generator, rand
 
@@ -43,7 +50,7 @@ from kernelwright.testing import generator, rand
 REQUIRED = [
     "op", "mode", "provider", "x_name", "x_value", "shape", "dtype", "ms_p20", "ms_p50", "ms_p80",
     "peak_mem_mb", "gbps", "pct_copy_bw", "gpu", "torch", "triton", "commit", "timestamp",
-    "copy_gbps", "error",
+    "copy_gbps", "error", "flops", "tflops",
 ]
 # fmt: on
 
@@ -145,6 +152,30 @@ def test_swiglu_bytes_count_each_tensor_once():
     assert SWIGLU.bytes(shape, dtype, "full") == fwd + bwd
 
 
+def test_loss_specs_count_bytes_and_flops():
+    shape = {"tokens": 6, "vocab": 40}
+    dtype = torch.bfloat16
+    inp = CROSS_ENTROPY.make_inputs(shape, dtype, DEVICE)
+    logits, target = inp["logits"], inp["target"]
+    assert target.dtype == torch.int64
+    assert bool(((target == -100) | ((target >= 0) & (target < 40))).all())
+    many = CROSS_ENTROPY.make_inputs({"tokens": 4000, "vocab": 8}, dtype, DEVICE)["target"]
+    assert 0.03 < float((many == -100).float().mean()) < 0.07  # ~5% ignored, as in SFT batches
+    # forward: logits and targets read; full (and a standalone backward): + the gradient
+    assert CROSS_ENTROPY.bytes(shape, dtype, "forward") == logits.nbytes + target.nbytes
+    assert CROSS_ENTROPY.bytes(shape, dtype, "full") == 2 * logits.nbytes + target.nbytes
+    assert CROSS_ENTROPY.too_large({"tokens": 32768, "vocab": 262144}, dtype) is None
+    assert CROSS_ENTROPY.too_large({"tokens": 32768, "vocab": 262144}, torch.float32)
+    # three [T, H] x [H, V] matmuls: 25.8 TFLOP at Llama-3-8B's lm-head and 8192 tokens
+    big = {"tokens": 8192, "hidden": 4096, "vocab": 128256}
+    flops = FUSED_LINEAR_CROSS_ENTROPY.flops
+    assert flops(big, dtype, "full") == 3 * 2 * 8192 * 4096 * 128256
+    assert flops(big, dtype, "full") == pytest.approx(25.8e12, rel=1e-3)
+    assert flops(big, dtype, "forward") + flops(big, dtype, "backward") == flops(big, dtype, "full")
+    assert CROSS_ENTROPY.unit_grad and FUSED_LINEAR_CROSS_ENTROPY.unit_grad
+    assert CROSS_ENTROPY.flops is None
+
+
 def test_inputs_are_random_not_zeros():
     inp = RMS_NORM.make_inputs({"tokens": 4, "hidden": 64}, torch.float32, DEVICE)
     assert bool((inp["x"] != 0).all()) and inp["x"].std() > 0.5
@@ -180,6 +211,23 @@ def test_bandwidth_and_percent_of_copy_use_the_byte_model_and_p50():
         assert r.gbps == pytest.approx(expected / 2e-3 / 1e9)
         assert r.pct_copy_bw == pytest.approx(r.gbps / 1000.0 * 100)
         assert r.copy_gbps == 1000.0 and r.error == ""
+
+
+def test_flop_model_gives_tflops_and_a_summary_column():
+    flops = lambda shape, dtype, mode: 10**9 * shape["n"]  # noqa: E731
+    spec = _scale_spec([Provider("kernelwright", _double)], flops=flops)
+    rows = run_spec(spec, ctx=fake_context(), timer=fake_timer(1.0, 2.0, 3.0))
+    for r in rows:
+        assert r.flops == 10**9 * r.x_value
+        assert r.tflops == pytest.approx(r.flops / 2e-3 / 1e12)
+    assert "TFLOP/s" in summary_markdown(rows)
+    (s, *_) = summarize(rows)
+    assert s.tflops == pytest.approx(rows[0].tflops)
+    # without a FLOP model: no count, NaN throughput, no column
+    plain = run_spec(_scale_spec([Provider("kernelwright", _double)]), ctx=fake_context(),
+                     timer=fake_timer())  # fmt: skip
+    assert all(r.flops == 0 and math.isnan(r.tflops) for r in plain)
+    assert "TFLOP/s" not in summary_markdown(plain)
 
 
 def test_copy_bandwidth_counts_read_plus_write():
@@ -327,6 +375,34 @@ def test_providers_that_write_their_inputs_get_them_back_every_rep():
     assert set(seen) <= set(originals.values()), (seen, originals)
 
 
+def test_backward_once_gives_every_rep_a_fresh_graph():
+    # An op whose graph takes one backward (as ours losses: the gradient is computed in the
+    # forward and scaled in place by the backward): "backward" mode must not re-walk a graph.
+    class OneShot(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.used = False
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, dy):
+            if ctx.used:
+                raise RuntimeError("backward ran twice through the same graph")
+            ctx.used = True
+            return dy * 2
+
+    def build(inp):
+        x = inp["x"]
+        return lambda: OneShot.apply(x)
+
+    once = _scale_spec([Provider("kernelwright", build)], backward_once=True)
+    rows = run_spec(once, ctx=fake_context(), timer=interpreter_timer())
+    assert all(r.ok for r in rows), [r.error for r in rows]
+    retained = _scale_spec([Provider("kernelwright", build)])
+    rows = run_spec(retained, modes=["backward"], ctx=fake_context(), timer=interpreter_timer())
+    assert all("twice" in r.error for r in rows)
+
+
 def test_oversized_shapes_are_skipped_with_a_reason():
     spec = _scale_spec(
         [Provider("kernelwright", _double)],
@@ -375,6 +451,13 @@ def test_csv_has_every_column_parses_back_and_appends(tmp_path):
                 assert va == vb, col
     write_csv(rows, path, append=True)
     assert len(read_csv(path)) == 2 * len(rows)
+    # a CSV of the schema before the FLOP columns still reads (they take their defaults)
+    old = tmp_path / "old.csv"
+    old_cols = [c for c in COLUMNS if c not in ("flops", "tflops")]
+    lines = [",".join(old_cols), ",".join(str(getattr(rows[1], c)) for c in old_cols)]
+    old.write_text("\n".join(lines) + "\n")
+    (r,) = read_csv(old)
+    assert r.ms_p50 == rows[1].ms_p50 and r.flops == 0 and math.isnan(r.tflops)
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="columns differ"):
         write_csv(rows, tmp_path / "other.csv", append=True)
@@ -403,6 +486,23 @@ def test_rms_norm_end_to_end_through_the_kernels():
     rows = run_spec(RMS_NORM, providers=providers, quick=True, ctx=fake_context())
     assert rows and all(r.ok for r in rows), [r.error for r in rows if r.error]
     assert {r.provider for r in rows} == set(providers)
+
+
+@pytest.mark.parametrize(
+    "spec, providers, shape",
+    [
+        (CROSS_ENTROPY, ["kernelwright", "kernelwright_inplace", "torch"], {"tokens": 8}),
+        (FUSED_LINEAR_CROSS_ENTROPY, ["kernelwright", "torch"], {"tokens": 16, "hidden": 16}),
+    ],
+    ids=["cross_entropy", "fused_linear_cross_entropy"],
+)
+def test_loss_specs_end_to_end_through_the_kernels(spec, providers, shape):
+    # Every mode of the real providers at one tiny shape: the one-backward-per-graph losses
+    # and the in-place provider (logits restored every rep) must give no error row.
+    tiny = replace(spec, interpreter_sweeps=(Sweep("vocab", (96,), shape),))
+    rows = run_spec(tiny, providers=providers, ctx=fake_context(), timer=fake_timer())
+    assert len(rows) == 3 * len(providers)
+    assert all(r.ok for r in rows), [(r.provider, r.mode, r.error) for r in rows if r.error]
 
 
 def test_cli_bench_quick_writes_the_csv(tmp_path):

@@ -8,10 +8,20 @@ from kernelwright.runtime.device import ensure_backend
 
 ensure_backend()
 
+from kernelwright.ops.cross_entropy import (  # noqa: E402
+    CrossEntropyLoss,
+    cross_entropy,
+    cross_entropy_ref,
+)
 from kernelwright.ops.fused_add_rms_norm import (  # noqa: E402
     FusedAddRMSNorm,
     fused_add_rms_norm,
     fused_add_rms_norm_ref,
+)
+from kernelwright.ops.fused_linear_cross_entropy import (  # noqa: E402
+    FusedLinearCrossEntropyLoss,
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_ref,
 )
 from kernelwright.ops.geglu import (  # noqa: E402
     GeGLU,
@@ -46,7 +56,9 @@ from kernelwright.ops.swiglu import (  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
+    "CrossEntropyLoss",
     "FusedAddRMSNorm",
+    "FusedLinearCrossEntropyLoss",
     "GeGLU",
     "GeGLUFused",
     "JaggedMean",
@@ -59,6 +71,10 @@ __all__ = [
     "SwiGLU",
     "SwiGLUFused",
     "__version__",
+    "cross_entropy",
+    "cross_entropy_ref",
+    "fused_linear_cross_entropy",
+    "fused_linear_cross_entropy_ref",
     "fused_add_rms_norm",
     "fused_add_rms_norm_ref",
     "geglu",

@@ -14,7 +14,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from kernelwright.ops.cross_entropy import cross_entropy, cross_entropy_ref
 from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref
+from kernelwright.ops.fused_linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    fused_linear_cross_entropy_ref,
+)
 from kernelwright.ops.geglu import geglu, geglu_ref
 from kernelwright.ops.jagged_mean import jagged_mean, jagged_mean_ref
 from kernelwright.ops.layer_norm import layer_norm, layer_norm_ref
@@ -104,6 +109,48 @@ def _swiglu_fused_inputs(shape, dtype, device, seed):
     return {"x": rand((*lead, 2 * n), dtype, device, gen=generator(seed))}
 
 
+def _targets(lead, v, gen, device):
+    # class indices in [0, V) of shape `lead`, about 1 in 8 of them ignore_index (-100)
+    t = torch.randint(0, v, tuple(lead), generator=gen)
+    t[torch.rand(tuple(lead), generator=gen) < 0.125] = -100
+    return t.to(device)
+
+
+def _ce_inputs(shape, dtype, device, seed):
+    # shape = (..., V): logits of std 4 (a trained lm-head's spread) and their targets
+    gen = generator(seed)
+    return {
+        "logits": rand(shape, dtype, device, gen=gen, std=4.0),
+        "target": _targets(shape[:-1], shape[-1], gen, device),
+    }
+
+
+def _flce_inputs(shape, dtype, device, seed):
+    # shape = (..., H, V): hidden [..., H], lm-head weight [V, H] scaled for logits of std ~3
+    *lead, h, v = shape
+    gen = generator(seed)
+    return {
+        "hidden": rand((*lead, h), dtype, device, gen=gen),
+        "weight": rand((v, h), dtype, device, gen=gen, std=3.0 / h**0.5),
+        "target": _targets(lead, v, gen, device),
+    }
+
+
+# check_op hands the reference fp32 copies of every input tensor, the targets included.
+def _ce_ref(logits, target, **kwargs):
+    return cross_entropy_ref(logits, target.long(), **kwargs)
+
+
+def _flce_ref(hidden, weight, target, **kwargs):
+    return fused_linear_cross_entropy_ref(hidden, weight, target.long(), **kwargs)
+
+
+# (..., V): Llama-3's vocabulary on the GPU; on the CPU a one-block and a looped row (V > 4096)
+_CE_SHAPES = ([(4, 1000, 32768), (2048, 128256)], [(3, 5, 300), (7, 5000)])
+# (..., H, V): Llama-3-8B's lm-head on the GPU. chunk_size=32 (options case): several chunks
+_FLCE_SHAPES = ([(4, 1024, 4096, 128256), (1000, 2048, 32000)], [(2, 9, 32, 300), (45, 40, 130)])
+_CE_OPTIONS = {"label_smoothing": 0.1, "softcap": 30.0, "lse_square_scale": 1e-4}
+
 CASES = [
     VerifyCase("rms_norm (llama)", rms_norm, rms_norm_ref, _rms_inputs, {}),
     VerifyCase(
@@ -138,6 +185,31 @@ CASES = [
         {"interleaved": True},
         _ROPE_SHAPES,
         ("q", "k"),
+    ),
+    VerifyCase("cross_entropy", cross_entropy, _ce_ref, _ce_inputs, {}, _CE_SHAPES),
+    VerifyCase(
+        "cross_entropy (smoothing, softcap, z-loss)",
+        cross_entropy,
+        _ce_ref,
+        _ce_inputs,
+        {**_CE_OPTIONS, "return_z_loss": True},
+        _CE_SHAPES,
+    ),
+    VerifyCase(
+        "fused_linear_cross_entropy",
+        fused_linear_cross_entropy,
+        _flce_ref,
+        _flce_inputs,
+        {},
+        _FLCE_SHAPES,
+    ),
+    VerifyCase(
+        "fused_linear_cross_entropy (options, fp32 dW)",
+        fused_linear_cross_entropy,
+        _flce_ref,
+        _flce_inputs,
+        {**_CE_OPTIONS, "accum_dtype": torch.float32, "chunk_size": 32},
+        _FLCE_SHAPES,
     ),
 ]
 

@@ -17,6 +17,9 @@ time budgets, p20/p50/p80 — plus that per-rep setup, which do_bench cannot run
 timed region (its `grad_to_none` is also skipped during its warm-up). Under the interpreter
 a perf_counter fallback runs a few reps and the rows say so: those numbers are not speeds.
 
+Losses (`BenchSpec.backward_once`) allow one backward per graph: in "backward" mode every rep
+gets a fresh forward in its untimed setup instead of re-walking one retained graph.
+
 Every measurement turns into one `BenchRow`. A provider that fails (OOM, a peer not
 installed, an exception) gives a row with NaN numbers and the error, and the run goes on.
 """
@@ -77,6 +80,10 @@ class BenchRow:
     commit: str = ""
     timestamp: str = ""
     error: str = ""
+    # Compute-bound ops (specs with a FLOP model): the spec's FLOP count for this shape and mode,
+    # and flops / ms_p50; 0 and NaN for the others. Last, so older CSVs keep their prefix.
+    flops: int = 0
+    tflops: float = NAN
 
     @property
     def ok(self) -> bool:
@@ -385,6 +392,7 @@ def measure(
             return tuple(outs[i] for i in spec.backward_through)
 
         restore: list[tuple[torch.Tensor, torch.Tensor]] = []  # (buffer, original values)
+        graph: list[tuple[torch.Tensor, ...]] = []  # backward_once: the next rep's outputs
         if provider.mutates:
             # `.data`: a write autograd does not version-count, as the provider's own kernel
             # writes are not — the graph kept by "backward" mode stays valid.
@@ -396,10 +404,22 @@ def measure(
             # dy drawn on the device: a CPU draw (testing.rand) of a GB-sized output would take
             # seconds for every provider and mode.
             gen = torch.Generator(device=device).manual_seed(seed + 1000)
-            dys = [torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in outs]
+            if spec.unit_grad:
+                dys = [torch.ones_like(o) for o in outs]
+            else:
+                dys = [
+                    torch.randn(o.shape, dtype=o.dtype, device=device, generator=gen) for o in outs
+                ]
             if provider.mutates:
                 restore += [(d, d.clone()) for d in dys]
-            if mode == "backward":
+            if mode == "backward" and spec.backward_once:
+                # One backward per graph: setup runs a fresh forward (untimed) before each rep.
+                del outs
+
+                def fn():
+                    torch.autograd.backward(graph.pop(), dys)
+
+            elif mode == "backward":
                 # retain_graph: the same graph is walked every rep; the forward is not timed.
                 def fn():
                     torch.autograd.backward(outs, dys, retain_graph=True)
@@ -414,6 +434,8 @@ def measure(
                 t.grad = None
             for buf, original in restore:
                 buf.copy_(original)
+            if mode == "backward" and spec.backward_once:
+                graph[:] = [through(fwd())]
 
         # Untimed first run: torch.compile builds its graphs, Triton compiles, the caching
         # allocator warms up — none of which should land in the memory or time figures.
@@ -427,7 +449,7 @@ def measure(
         row.error = _error_text(e)
         row.ms_p20 = row.ms_p50 = row.ms_p80 = row.peak_mem_mb = row.host_ms = NAN
     finally:
-        inputs = leaves = fwd = fn = outs = dys = restore = setup = None  # noqa: F841  (drop refs)
+        inputs = leaves = fwd = fn = outs = dys = restore = setup = graph = None  # noqa: F841
         _free(device, collect=bool(row.error))
     return _with_bandwidth(row)
 
@@ -437,6 +459,8 @@ def _with_bandwidth(row: BenchRow) -> BenchRow:
         row.gbps = row.bytes / (row.ms_p50 * 1e-3) / 1e9
         if math.isfinite(row.copy_gbps) and row.copy_gbps > 0:
             row.pct_copy_bw = row.gbps / row.copy_gbps * 100.0
+        if row.flops:
+            row.tflops = row.flops / (row.ms_p50 * 1e-3) / 1e12
     return row
 
 
@@ -615,6 +639,7 @@ def _new_row(spec, ctx, provider, mode, x_name, x_value, shape, dtype) -> BenchR
         shape=spec.shape_label(shape),
         dtype=str(dtype).replace("torch.", ""),
         bytes=spec.bytes(shape, dtype, mode),
+        flops=spec.flops(shape, dtype, mode) if spec.flops is not None else 0,
         copy_gbps=ctx.copy_gbps,
         timing=ctx.timing,
         gpu=ctx.gpu,

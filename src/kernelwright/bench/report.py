@@ -8,6 +8,7 @@
   p50 and peak memory, and how kernelwright compares with the best peer:
   speedup = best_of(torch_compile, liger) p50 / kernelwright p50 (>= 1.0: we are faster),
   mem_ratio = best_of(peers) peak / kernelwright peak (>= 1.0: we use no more memory).
+  Ops with a FLOP model (compute-bound) get a TFLOP/s column beside %copy-bw.
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ class SummaryRow:
     best_peer: str
     mem_ratio: float  # best peer peak / ours peak (the lowest-memory peer)
     pct_copy_bw: float  # ours
+    tflops: float = math.nan  # ours, for specs with a FLOP model
 
 
 def _ratio(num: float, den: float) -> float:
@@ -205,6 +207,7 @@ def summarize(
                 best_peer=best_peer,
                 mem_ratio=_ratio(min(peer_mem), our_mem) if peer_mem else math.nan,
                 pct_copy_bw=our.pct_copy_bw if our else math.nan,
+                tflops=our.tflops if our else math.nan,
             )
         )
     return out
@@ -219,6 +222,10 @@ def _cell(s: SummaryRow, provider: str) -> str:
         return ""
     mark = HOST_MARK if s.host_bound[provider] else ""
     return f"{_fmt(s.ms[provider], '.3f')}{mark} / {_fmt(s.mem_mb[provider], '.0f')}"
+
+
+def _has_tflops(summary: Sequence[SummaryRow]) -> bool:
+    return any(math.isfinite(s.tflops) for s in summary)
 
 
 def _providers(summary: Sequence[SummaryRow]) -> list[str]:
@@ -250,6 +257,9 @@ def print_summary(rows: Sequence[BenchRow], console=None) -> None:
         table.add_column("speedup", justify="right")
         table.add_column("mem ratio", justify="right")
         table.add_column("%copy-bw", justify="right")
+        flops = _has_tflops(group)
+        if flops:
+            table.add_column("TFLOP/s", justify="right")
         for s in group:
             cells = [_cell(s, p) for p in providers]
             win = s.speedup >= 1.0 if math.isfinite(s.speedup) else None
@@ -257,6 +267,7 @@ def print_summary(rows: Sequence[BenchRow], console=None) -> None:
             speed = f"[{colour}]{_fmt(s.speedup, '.2f')}[/]" + (
                 f" vs {s.best_peer}" if s.best_peer else ""
             )
+            extra = [_fmt(s.tflops, ".1f")] if flops else []
             table.add_row(
                 s.x,
                 s.shape,
@@ -264,6 +275,7 @@ def print_summary(rows: Sequence[BenchRow], console=None) -> None:
                 speed,
                 _fmt(s.mem_ratio, ".2f"),
                 _fmt(s.pct_copy_bw, ".0f"),
+                *extra,
             )
         console.print(table)
     if any(r.host_bound for r in rows):
@@ -290,13 +302,16 @@ def summary_markdown(rows: Sequence[BenchRow]) -> str:
         providers = _providers(group)
         lines.append(f"**{op} · {mode}**")
         lines.append("")
+        flops = _has_tflops(group)
         head = ["shape", *providers, "speedup", "mem ratio", "%copy-bw"]
+        head += ["TFLOP/s"] if flops else []
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for s in group:
             cells = [_cell(s, p) for p in providers]
             row = [s.shape, *cells, _fmt(s.speedup, ".2f"), _fmt(s.mem_ratio, ".2f")]
             row.append(_fmt(s.pct_copy_bw, ".0f"))
+            row += [_fmt(s.tflops, ".1f")] if flops else []
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     if any(r.host_bound for r in rows):

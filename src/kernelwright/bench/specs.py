@@ -10,6 +10,7 @@ time it. To benchmark a new op, write its spec below (or in the op's own module)
   faster than real data), and which of them get gradients;
 - `bytes`: the minimal device-memory traffic per mode (each input read once, each output
   written once), with a comment that counts it — achieved GB/s is this over the time;
+- `flops` (compute-bound ops only): the floating-point operations per mode — TFLOP/s;
 - sweeps: (x name, x values, fixed dims), the values taken from `bench.models`.
 """
 
@@ -76,6 +77,16 @@ class BenchSpec:
     input_bytes: Callable[[Shape, torch.dtype], int] | None = None
     max_input_bytes: int | None = None  # shapes whose inputs are larger are skipped
     notes: Mapping[str, str] = field(default_factory=dict)  # provider -> what it measures
+    # Losses: the backward gets dy = 1, as `loss.backward()` gives it (ops with a fast path for
+    # a unit gradient take it, as they would in training); other ops get a random dy.
+    unit_grad: bool = False
+    # A graph takes one backward (ours computes the gradient in the forward and scales it in
+    # place in the backward): "backward" mode runs a fresh, untimed forward before every rep
+    # instead of re-walking one retained graph. Every provider of the spec is timed that way.
+    backward_once: bool = False
+    # Compute-bound ops: (shape, dtype, mode) -> floating-point operations, with a comment that
+    # counts them; the rows then carry flops and TFLOP/s beside the byte model's GB/s.
+    flops: Callable[[Shape, torch.dtype, str], int] | None = None
 
     @property
     def provider_names(self) -> list[str]:
@@ -848,5 +859,258 @@ ROPE = register(
             "torch": "HF apply_rotary_pos_emb (rotate_half) in the input dtype",
             "liger": "liger_rotary_pos_emb: rotates q/k (and the gradients) in place",
         },
+    )
+)
+
+
+# --------------------------------------------------------------------------- losses
+
+IGNORE_INDEX = -100
+IGNORED_FRACTION = 0.05  # padding / prompt tokens masked out of the loss, as in SFT batches
+
+
+def _loss_targets(m: int, v: int, gen: torch.Generator, device) -> torch.Tensor:
+    # [M] int64 class indices in [0, V), ~5% of them ignore_index
+    t = torch.randint(0, v, (m,), generator=gen)
+    t[torch.rand(m, generator=gen) < IGNORED_FRACTION] = IGNORE_INDEX
+    return t.to(device)
+
+
+def _ce_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    m, v = shape["tokens"], shape["vocab"]
+    return {
+        # std 4: a trained lm-head's logits spread over several units (as softmax's inputs)
+        "logits": rand((m, v), dtype, device, gen=gen, std=4.0),  # [M, V]
+        "target": _loss_targets(m, v, gen, device),  # [M] int64
+    }
+
+
+def _ce_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    logits = shape["tokens"] * shape["vocab"] * dtype.itemsize
+    targets = shape["tokens"] * 8  # int64; the loss is one fp32 scalar, not counted
+    # forward: read logits and targets                                    -> M*V*s + M*8
+    # full: read logits and targets once, write the gradient              -> 2*M*V*s + M*8
+    #   (ours reads each row twice, the second time mostly from L2: not counted)
+    # backward: what a standalone backward moves, read logits (or the saved softmax) and
+    #   targets, write the gradient -> as "full". Ours wrote the gradient in the forward and
+    #   its backward is a multiply skipped at dy = 1: its backward GB/s means nothing.
+    full = 2 * logits + targets
+    return {"forward": logits + targets, "backward": full, "full": full}[mode]
+
+
+def _ce_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
+    return shape["tokens"] * shape["vocab"] * dtype.itemsize
+
+
+def _ce_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.cross_entropy"), name)
+
+    def ours(in_place: bool) -> Builder:
+        def build(inp: Inputs):
+            x, t, f = inp["logits"], inp["target"], op("cross_entropy")
+            return lambda: f(x, t, ignore_index=IGNORE_INDEX, in_place=in_place)
+
+        return build
+
+    def eager(inp: Inputs):
+        x, t, f = inp["logits"], inp["target"], op("cross_entropy_eager")
+        return lambda: f(x, t, ignore_index=IGNORE_INDEX)
+
+    def torch_compile(inp: Inputs):
+        x, t, f = inp["logits"], inp["target"], compiled(op("cross_entropy_eager"))
+        return lambda: f(x, t, ignore_index=IGNORE_INDEX)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+
+        x, t = inp["logits"], inp["target"]
+        # (_input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction,
+        #  softcap, return_z_loss, return_token_accuracy, return_predicted_tokens)
+        # -> (loss, z_loss, token_accuracy, predicted_tokens); the backward runs through loss.
+        args = (None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, False, False)
+        return lambda: LigerCrossEntropyFunction.apply(x, t, *args)
+
+    return (
+        Provider("kernelwright", ours(False)),
+        Provider("kernelwright_inplace", ours(True), mutates=True),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        # Liger's forward writes the gradient over the logits (always in place)
+        Provider("liger", liger, requires="liger_kernel", mutates=True),
+    )
+
+
+CROSS_ENTROPY = register(
+    BenchSpec(
+        op="cross_entropy",
+        dims=("tokens", "vocab"),
+        providers=_ce_providers(),
+        make_inputs=_ce_inputs,
+        grad_inputs=("logits",),
+        bytes=_ce_bytes,
+        sweeps=(
+            # the models' vocabularies plus powers of two across the one-block/looped switch
+            Sweep(
+                "vocab",
+                tuple(sorted({32768, 65536, 131072, 262144, *distinct("vocab")})),
+                {"tokens": DEFAULT_TOKENS},
+            ),
+            Sweep("tokens", token_counts(4096, 32768), {"vocab": REFERENCE.vocab}),
+        ),
+        quick_sweeps=(Sweep("vocab", (REFERENCE.vocab,), {"tokens": DEFAULT_TOKENS}),),
+        interpreter_sweeps=(Sweep("vocab", (512, 5000), {"tokens": 16}),),
+        input_bytes=_ce_input_bytes,
+        # 16 GiB of logits: 32768 x 262144 in bf16 is the largest measured. Eager PyTorch needs
+        # several times the logits' size (fp32 upcast, log-softmax, gradients): where it runs
+        # out of memory its rows say OOM.
+        max_input_bytes=2**34,
+        notes={
+            "kernelwright": "reduction='mean', ignore_index=-100; the forward also writes the "
+            "gradient (already divided by the token count) and the backward is a multiply "
+            "skipped at dy = 1, so compare 'full'",
+            "kernelwright_inplace": "in_place=True: the gradient written over the logits, as "
+            "Liger does",
+            "torch": "F.cross_entropy(logits.float(), target), as HF models compute it",
+            "torch_compile": "the torch provider under torch.compile",
+            "liger": "LigerCrossEntropyFunction: gradient computed in the forward and written "
+            "over the logits; one host sync per call (.item() of the token count)",
+        },
+        unit_grad=True,
+        backward_once=True,
+    )
+)
+
+
+# ----------------------------------------------------------------------- fused_linear_cross_entropy
+
+
+def _flce_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    gen = generator(seed)
+    t, h, v = shape["tokens"], shape["hidden"], shape["vocab"]
+    return {
+        "hidden": rand((t, h), dtype, device, gen=gen),  # [T, H], normed hidden states
+        # [V, H] with std 3 / sqrt(H) (0.047 at H = 4096): logits of std ~3, a trained
+        # lm-head's spread, whatever H is
+        "weight": rand((v, h), dtype, device, gen=gen, std=3.0 / h**0.5),
+        "target": _loss_targets(t, v, gen, device),  # [T] int64
+    }
+
+
+def _flce_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    t, h, v, s = shape["tokens"], shape["hidden"], shape["vocab"], dtype.itemsize
+    hidden, weight, targets = t * h * s, v * h * s, t * 8
+    # forward: read hidden, weight and targets; the [T, V] logits need never reach memory
+    #   -> (T + V)*H*s + T*8
+    # full: that, plus write grad_hidden and grad_weight -> 2*(T + V)*H*s + T*8
+    # backward (standalone, recomputing the logits): read hidden, weight, targets, write both
+    #   gradients -> as "full". Compute-bound: see the FLOP count.
+    fwd = hidden + weight + targets
+    full = 2 * (hidden + weight) + targets
+    return {"forward": fwd, "backward": full, "full": full}[mode]
+
+
+def _flce_flops(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    matmul = 2 * shape["tokens"] * shape["hidden"] * shape["vocab"]  # [T, H] x [H, V]
+    # forward: logits = hidden @ weight.T                                          1 matmul
+    # backward: grad_hidden = dlogits @ weight, grad_weight = dlogits.T @ hidden    2 matmuls
+    # full: 3 matmuls (25.8 TFLOP at 8192 x 4096 x 128256); the O(T*V) softmax is not counted
+    return {"forward": 1, "backward": 2, "full": 3}[mode] * matmul
+
+
+def _flce_providers() -> tuple[Provider, ...]:
+    def op(name: str) -> Callable:
+        return getattr(importlib.import_module("kernelwright.ops.fused_linear_cross_entropy"), name)
+
+    def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
+        return inp["hidden"], inp["weight"], inp["target"]
+
+    def ours(budget: int | None) -> Builder:
+        def build(inp: Inputs):
+            a, f = args(inp), op("fused_linear_cross_entropy")
+            h, w = a[0], a[1]
+            # the chunk the op would choose under this logits budget (None: its default)
+            chunk = op("choose_chunk_rows")(
+                h.shape[0], w.shape[0], h.element_size(), h.device, budget
+            )
+            return lambda: f(*a, ignore_index=IGNORE_INDEX, chunk_size=chunk)
+
+        return build
+
+    def eager(inp: Inputs):
+        a, f = args(inp), op("fused_linear_cross_entropy_eager")
+        return lambda: f(*a, ignore_index=IGNORE_INDEX)
+
+    def torch_compile(inp: Inputs):
+        a, f = args(inp), compiled(op("fused_linear_cross_entropy_eager"))
+        return lambda: f(*a, ignore_index=IGNORE_INDEX)
+
+    def liger(inp: Inputs):
+        from liger_kernel.ops.fused_linear_cross_entropy import (
+            LigerFusedLinearCrossEntropyFunction,
+        )
+
+        # (_input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
+        #  label_smoothing, reduction, softcap, return_z_loss, accum_dtype, ...) -> (loss,
+        #  z_loss, token_accuracy, predicted_tokens); the rest left at their defaults.
+        a = args(inp)
+        rest = (None, None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, None)
+        return lambda: LigerFusedLinearCrossEntropyFunction.apply(*a, *rest)
+
+    return (
+        Provider("kernelwright", ours(None)),
+        # Liger's chunk rule gives 256 tokens at V = 128256 (~63 MiB of logits): the same here
+        Provider("kernelwright_64mib", ours(64 * 2**20)),
+        Provider("torch", eager),
+        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("liger", liger, requires="liger_kernel"),
+    )
+
+
+FUSED_LINEAR_CROSS_ENTROPY = register(
+    BenchSpec(
+        op="fused_linear_cross_entropy",
+        dims=("tokens", "hidden", "vocab"),
+        providers=_flce_providers(),
+        make_inputs=_flce_inputs,
+        grad_inputs=("hidden", "weight"),
+        bytes=_flce_bytes,
+        flops=_flce_flops,
+        sweeps=(
+            Sweep(
+                "vocab",
+                tuple(sorted({*distinct("vocab"), 262144})),
+                {"tokens": DEFAULT_TOKENS, "hidden": REFERENCE.hidden},
+            ),
+            Sweep(
+                "tokens",
+                token_counts(4096, 32768),
+                {"hidden": REFERENCE.hidden, "vocab": REFERENCE.vocab},
+            ),
+        ),
+        quick_sweeps=(
+            Sweep(
+                "vocab",
+                (REFERENCE.vocab,),
+                {"tokens": DEFAULT_TOKENS, "hidden": REFERENCE.hidden},
+            ),
+        ),
+        interpreter_sweeps=(Sweep("vocab", (300,), {"tokens": 64, "hidden": 32}),),
+        # No input cap: the inputs are small; eager PyTorch's [T, V] logits (and their fp32
+        # copies) are what runs out of memory, and its rows then say OOM.
+        notes={
+            "kernelwright": "chunks of ~128 MiB of logits; the forward runs all three matmuls "
+            "and leaves the gradients ready, the backward is a multiply skipped at dy = 1: "
+            "compare 'full' (its forward TFLOP/s counts one matmul of the three it runs)",
+            "kernelwright_64mib": "chunks of ~64 MiB of logits: Liger's chunk and memory",
+            "torch": "F.linear to the full [T, V] logits, .float(), F.cross_entropy: HF's "
+            "lm-head + loss",
+            "torch_compile": "the torch provider under torch.compile",
+            "liger": "LigerFusedLinearCrossEntropyFunction: chunked, gradients computed in "
+            "the forward; one host sync per call (.item() of the token count)",
+        },
+        unit_grad=True,
+        backward_once=True,
     )
 )

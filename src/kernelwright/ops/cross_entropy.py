@@ -444,7 +444,9 @@ def prepare_targets(
     return t, w, wsum, inv
 
 
-def reduce_rows(rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape) -> torch.Tensor:
+def reduce_rows(
+    rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape
+) -> torch.Tensor:
     if reduction == "none":
         return rows.view(shape)
     total = rows.sum()
@@ -516,7 +518,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
                 # The logits now hold the gradient: anything else that saved them for its
                 # backward fails loudly on the version check instead of reading a gradient.
                 torch.autograd.graph.increment_version(logits)
-            ctx.save_for_backward(grad)
+            # In place, the logits themselves are saved (not the 2-D view made here under
+            # no_grad, which autograd refuses to hand back after its base changed).
+            ctx.save_for_backward(logits if ctx.in_place else grad)
             ctx.logits_shape = logits.shape
             ctx.used = False
         loss = reduce_rows(loss_rows, reduction, inv, target.shape)
@@ -528,7 +532,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        (grad,) = ctx.saved_tensors
+        (saved,) = ctx.saved_tensors
+        # a detached alias: the gradient lives in the saved buffer (or in the logits, in place)
+        grad = saved.detach().view(-1, saved.shape[-1])
         if ctx.used:
             raise RuntimeError(
                 "cross_entropy: backward ran twice through the same graph; the gradient is "
