@@ -17,6 +17,7 @@ time it. To benchmark a new op, write its spec below (or in the op's own module)
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -1026,14 +1027,15 @@ def _flce_providers() -> tuple[Provider, ...]:
     def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
         return inp["hidden"], inp["weight"], inp["target"]
 
-    def ours(budget: int | None) -> Builder:
+    def ours(liger_chunk: bool) -> Builder:
         def build(inp: Inputs):
             a, f = args(inp), op("fused_linear_cross_entropy")
-            h, w = a[0], a[1]
-            # the chunk the op would choose under this logits budget (None: its default)
-            chunk = op("choose_chunk_rows")(
-                h.shape[0], w.shape[0], h.element_size(), h.device, budget
-            )
+            chunk = None  # the op's own choice
+            if liger_chunk:
+                # Liger 0.8.5's rule, so the logits buffer (and the memory) is Liger's:
+                # next_power_of_2(ceil(T / ceil(V / H))), 256 tokens at 8192 x 4096 x 128256
+                (t, h), v = a[0].shape, a[1].shape[0]
+                chunk = 1 << (math.ceil(t / math.ceil(v / h)) - 1).bit_length()
             return lambda: f(*a, ignore_index=IGNORE_INDEX, chunk_size=chunk)
 
         return build
@@ -1059,9 +1061,8 @@ def _flce_providers() -> tuple[Provider, ...]:
         return lambda: LigerFusedLinearCrossEntropyFunction.apply(*a, *rest)
 
     return (
-        Provider("kernelwright", ours(None)),
-        # Liger's chunk rule gives 256 tokens at V = 128256 (~63 MiB of logits): the same here
-        Provider("kernelwright_64mib", ours(64 * 2**20)),
+        Provider("kernelwright", ours(False)),
+        Provider("kernelwright_liger_chunk", ours(True)),
         Provider("torch", eager),
         Provider("torch_compile", torch_compile, compiled=True),
         Provider("liger", liger, requires="liger_kernel"),
@@ -1100,10 +1101,10 @@ FUSED_LINEAR_CROSS_ENTROPY = register(
         # No input cap: the inputs are small; eager PyTorch's [T, V] logits (and their fp32
         # copies) are what runs out of memory, and its rows then say OOM.
         notes={
-            "kernelwright": "chunks of ~128 MiB of logits; the forward runs all three matmuls "
+            "kernelwright": "chunks of >= 512 tokens; the forward runs all three matmuls "
             "and leaves the gradients ready, the backward is a multiply skipped at dy = 1: "
             "compare 'full' (its forward TFLOP/s counts one matmul of the three it runs)",
-            "kernelwright_64mib": "chunks of ~64 MiB of logits: Liger's chunk and memory",
+            "kernelwright_liger_chunk": "Liger's chunk size (so Liger's memory)",
             "torch": "F.linear to the full [T, V] logits, .float(), F.cross_entropy: HF's "
             "lm-head + loss",
             "torch_compile": "the torch provider under torch.compile",

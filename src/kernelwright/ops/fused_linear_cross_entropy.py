@@ -15,13 +15,16 @@ gradient (skipped inside the kernel when it is 1: no sync). With reduction="none
 gradient differs per token and the weight gradient sums over tokens, so the forward computes the
 losses only and the backward recomputes each chunk's logits (four matmuls instead of three).
 
-Chunk size: the logits buffer is held to about 128 MiB (and a quarter of the free GPU memory),
-i.e. 512 tokens at V = 128256 in bf16; `chunk_size` overrides. The grad_weight update is a
-[V, H] read-modify-write per chunk, memory-bound at small chunks, so the chunk trades memory for
-speed (H200, 8192 x 4096 x 128256, bf16: 256 tokens ~54 ms at 63 MiB, Liger's chunk and
-memory; 512 tokens ~45 ms at 125 MiB; 1024 tokens ~43 ms at 250 MiB; eager PyTorch ~50 ms at
-10.7 GiB). `accum_dtype=torch.float32` accumulates grad_weight / grad_bias in fp32 (one extra
-fp32 [V, H] buffer, and cuBLAS's mixed-dtype update is slower) and rounds once at the end.
+Chunk size: the grad_weight update reads and writes the whole [V, H] gradient once per chunk,
+while its math grows with the chunk's tokens C: below ~400 tokens it is memory-bound whatever V
+is. So a chunk has at least 512 tokens, and more while the [C, V] logits buffer stays within
+128 MiB (2048 tokens at V = 32768); 512 tokens at V = 128256 is a 125 MiB buffer, at 262144 a
+256 MiB one (about 1% of what eager PyTorch allocates at those shapes). Never more than a
+quarter of the free memory; `chunk_size` overrides. Measured on an H200 at 8192 x 4096 x 128256
+(bf16): 256 tokens (Liger's chunk and memory) ~54 ms, 512 ~42-45 ms, 1024 ~42-44 ms; at
+V = 262144, 256 tokens took 186 ms where eager PyTorch takes 100.
+`accum_dtype=torch.float32` accumulates grad_weight / grad_bias in fp32 (one extra fp32 [V, H]
+buffer, and cuBLAS's mixed-dtype update is slower) and rounds once at the end.
 
 The loss semantics (ignore_index, reductions, label smoothing, class weights, z-loss,
 soft-capping, num_items_in_batch) are those of `kernelwright.ops.cross_entropy`.
@@ -41,20 +44,22 @@ from kernelwright.ops.cross_entropy import (
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
 
-CHUNK_BYTES = 128 * 2**20  # default budget for the [C, V] logits buffer
+CHUNK_BYTES = 128 * 2**20  # default budget for the [C, V] logits buffer...
+MIN_CHUNK_TOKENS = 512  # ...but never fewer tokens per chunk than this
 
 
 def choose_chunk_rows(
     n_tokens: int, V: int, itemsize: int, device: torch.device, budget: int | None = None
 ) -> int:
-    """Tokens per chunk: the logits buffer within `budget` bytes (default CHUNK_BYTES) and a
-    quarter of the free memory, a multiple of 64 (whole matmul tiles), at least 64, at most the
-    token count."""
-    budget = budget or CHUNK_BYTES
+    """Tokens per chunk: at least MIN_CHUNK_TOKENS (below that the grad_weight update is
+    memory-bound whatever V is), more while the logits buffer stays within `budget` bytes
+    (default CHUNK_BYTES); never over a quarter of the free memory, a multiple of 64 (whole
+    matmul tiles), at least 64, at most the token count."""
+    rows = max(MIN_CHUNK_TOKENS, (budget or CHUNK_BYTES) // (V * itemsize))
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        budget = min(budget, free // 4)
-    rows = max(64, budget // (V * itemsize) // 64 * 64)
+        rows = min(rows, free // 4 // (V * itemsize))
+    rows = max(64, rows // 64 * 64)
     return max(1, min(rows, n_tokens))
 
 
@@ -372,8 +377,8 @@ def fused_linear_cross_entropy(
         bias: optional [V].
         class_weight: optional [V] class weights (`weight` of F.cross_entropy).
         accum_dtype: torch.float32 to accumulate grad_weight / grad_bias in fp32.
-        chunk_size: tokens per chunk (default: from V and the free memory, ~128 MiB of logits;
-            256 at V = 128256 matches Liger's memory, at ~20% more time).
+        chunk_size: tokens per chunk (default: >= 512, more while the logits stay within
+            128 MiB; 256 at V = 128256 matches Liger's memory, at ~25% more time).
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
