@@ -17,12 +17,13 @@ losses only and the backward recomputes each chunk's logits (four matmuls instea
 
 Chunk size: the grad_weight update reads and writes the whole [V, H] gradient once per chunk,
 while its math grows with the chunk's tokens C: below ~400 tokens it is memory-bound whatever V
-is. So a chunk has at least 512 tokens, and more while the [C, V] logits buffer stays within
-128 MiB (2048 tokens at V = 32768); 512 tokens at V = 128256 is a 125 MiB buffer, at 262144 a
-256 MiB one (about 1% of what eager PyTorch allocates at those shapes). Never more than a
-quarter of the free memory; `chunk_size` overrides. Measured on an H200 at 8192 x 4096 x 128256
-(bf16): 256 tokens (Liger's chunk and memory) ~54 ms, 512 ~42-45 ms, 1024 ~42-44 ms; at
-V = 262144, 256 tokens took 186 ms where eager PyTorch takes 100.
+is. So a chunk has at least 512 tokens and 1/16 of the tokens (at most 16 updates), and more
+while the [C, V] logits buffer stays within 128 MiB (2048 tokens at V = 32768). At 8192 tokens
+and V = 128256 that is 512 tokens, a 125 MiB buffer (about 1% of what eager PyTorch allocates;
+the ratio holds as tokens grow). Never more than a quarter of the free memory; `chunk_size`
+overrides. Measured on an H200 at 8192 x 4096 x 128256 (bf16): 256 tokens (Liger's chunk and
+memory) ~54 ms, 512 ~41-45 ms, 1024 ~42-44 ms; at V = 262144, 256 tokens took 186 ms where
+eager PyTorch takes 100 (512: 89 ms).
 `accum_dtype=torch.float32` accumulates grad_weight / grad_bias in fp32 (one extra fp32 [V, H]
 buffer, and cuBLAS's mixed-dtype update is slower) and rounds once at the end.
 
@@ -51,11 +52,13 @@ MIN_CHUNK_TOKENS = 512  # ...but never fewer tokens per chunk than this
 def choose_chunk_rows(
     n_tokens: int, V: int, itemsize: int, device: torch.device, budget: int | None = None
 ) -> int:
-    """Tokens per chunk: at least MIN_CHUNK_TOKENS (below that the grad_weight update is
-    memory-bound whatever V is), more while the logits buffer stays within `budget` bytes
-    (default CHUNK_BYTES); never over a quarter of the free memory, a multiple of 64 (whole
-    matmul tiles), at least 64, at most the token count."""
-    rows = max(MIN_CHUNK_TOKENS, (budget or CHUNK_BYTES) // (V * itemsize))
+    """Tokens per chunk: the largest of MIN_CHUNK_TOKENS (below that the grad_weight update
+    is memory-bound whatever V is), 1/16 of the tokens (so the number of grad_weight updates
+    stays at most 16; the buffer is then ~1% of what eager PyTorch allocates, whose logits grow
+    with the tokens too) and what fits `budget` bytes (default CHUNK_BYTES); never over a
+    quarter of the free memory, a multiple of 64 (whole matmul tiles), at least 64, at most the
+    token count."""
+    rows = max(MIN_CHUNK_TOKENS, n_tokens // 16, (budget or CHUNK_BYTES) // (V * itemsize))
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         rows = min(rows, free // 4 // (V * itemsize))
@@ -377,8 +380,8 @@ def fused_linear_cross_entropy(
         bias: optional [V].
         class_weight: optional [V] class weights (`weight` of F.cross_entropy).
         accum_dtype: torch.float32 to accumulate grad_weight / grad_bias in fp32.
-        chunk_size: tokens per chunk (default: >= 512, more while the logits stay within
-            128 MiB; 256 at V = 128256 matches Liger's memory, at ~25% more time).
+        chunk_size: tokens per chunk (default: max(512, tokens / 16, what fits 128 MiB of
+            logits); 256 at 8192 x 128256 matches Liger's memory, at ~25% more time).
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
