@@ -147,8 +147,11 @@ def _ce_fwd_kernel(
             d_row = tl.sum(d * tl.exp(m - m_row), axis=0)
             if HAS_SMOOTH:
                 s_row = tl.sum(s, axis=0)
-        lse = m_row + tl.log(d_row)
-        loss = (1.0 - eps) * w_t * (lse - z_t)
+        # lse = m + log(d), but kept apart where it meets z: at |logits| ~ 1e4 a rounded lse
+        # is ~1e-3 off, so (m - z_t) + log(d) and exp((z - m) - log(d)) keep torch's accuracy.
+        log_d = tl.log(d_row)
+        lse = m_row + log_d
+        loss = (1.0 - eps) * w_t * ((m_row - z_t) + log_d)
         if HAS_SMOOTH:
             loss += eps_v * (w_all * lse - s_row)
         z_loss = zscale * lse * lse if HAS_Z else 0.0
@@ -168,7 +171,7 @@ def _ce_fwd_kernel(
                 a += 2.0 * zscale * lse
             b = (1.0 - eps) * w_t  # taken off at the target column
             if ONE_BLOCK:
-                g = a * tl.exp(z - lse)
+                g = a * tl.exp((z - m_row) - log_d)
                 if HAS_SMOOTH:
                     if HAS_WEIGHT:
                         g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -186,7 +189,7 @@ def _ce_fwd_kernel(
                     z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
                     if SOFTCAP:
                         z = _softcap(z, cap)
-                    g = a * tl.exp(z - lse)
+                    g = a * tl.exp((z - m_row) - log_d)
                     if HAS_SMOOTH:
                         if HAS_WEIGHT:
                             w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -471,6 +474,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         softcap,
         num_items_in_batch,
         in_place,
+        want_grad,
     ):
         V = logits.shape[-1]
         x2 = rows_view("cross_entropy", "logits", logits)
@@ -484,9 +488,16 @@ class _CrossEntropyFunction(torch.autograd.Function):
         lse = empty((M,), dtype=torch.float32, device=dev)
         z_rows = empty((M,), dtype=torch.float32, device=dev) if return_z_loss else None
         grad = None
-        if ctx.needs_input_grad[0]:
-            # In place only when the 2-D view is the caller's own storage (no copy was made).
-            if in_place and not compiling and x2.data_ptr() == logits.data_ptr():
+        if want_grad and ctx.needs_input_grad[0]:
+            # In place only when the 2-D view is the caller's own storage (no copy was made)
+            # and no two rows share memory (an expanded tensor: a written gradient row would be
+            # read back as logits by a later row).
+            if (
+                in_place
+                and not compiling
+                and x2.data_ptr() == logits.data_ptr()
+                and (x2.shape[0] == 1 or x2.stride(0) >= V)
+            ):
                 grad = x2
                 ctx.in_place = True
             else:
@@ -549,7 +560,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             _cross_entropy_scale_op(grad, s)
         else:
             cross_entropy_scale_launch(grad, s)
-        return (grad.view(ctx.logits_shape),) + (None,) * 10
+        return (grad.view(ctx.logits_shape),) + (None,) * 11
 
 
 # --------------------------------------------------------------------------- public API
@@ -623,6 +634,8 @@ def cross_entropy(
         softcap,
         num_items_in_batch,
         in_place,
+        # autograd.Function's needs_input_grad ignores grad mode: no gradient under no_grad
+        torch.is_grad_enabled(),
     )
 
 

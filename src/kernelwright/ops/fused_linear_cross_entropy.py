@@ -17,7 +17,7 @@ losses only and the backward recomputes each chunk's logits (four matmuls instea
 
 Chunk size: the grad_weight update reads and writes the whole [V, H] gradient once per chunk,
 while its math grows with the chunk's tokens C: below ~400 tokens it is memory-bound whatever V
-is. So a chunk has at least 512 tokens and 1/16 of the tokens (at most 16 updates), and more
+is. So a chunk has at least 512 tokens and 1/16 of the tokens (about 16 updates at most), and more
 while the [C, V] logits buffer stays within 128 MiB (2048 tokens at V = 32768). At 8192 tokens
 and V = 128256 that is 512 tokens, a 125 MiB buffer (about 1% of what eager PyTorch allocates;
 the ratio holds as tokens grow). Never more than a quarter of the free memory; `chunk_size`
@@ -53,8 +53,8 @@ def choose_chunk_rows(
     n_tokens: int, V: int, itemsize: int, device: torch.device, budget: int | None = None
 ) -> int:
     """Tokens per chunk: the largest of MIN_CHUNK_TOKENS (below that the grad_weight update
-    is memory-bound whatever V is), 1/16 of the tokens (so the number of grad_weight updates
-    stays at most 16; the buffer is then ~1% of what eager PyTorch allocates, whose logits grow
+    is memory-bound whatever V is), 1/16 of the tokens (so there are about 16 grad_weight
+    updates at most; the buffer is then ~1% of what eager PyTorch allocates, whose logits grow
     with the tokens too) and what fits `budget` bytes (default CHUNK_BYTES); never over a
     quarter of the free memory, a multiple of 64 (whole matmul tiles), at least 64, at most the
     token count."""
@@ -226,6 +226,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         num_items_in_batch,
         accum_dtype,
         chunk_size,
+        want_grad,
     ):
         H = hidden.shape[-1]
         V = weight.shape[0]
@@ -239,8 +240,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             target, class_weight, reduction, num_items_in_batch, ignore_index, V, dev
         )
         chunk = chunk_size or choose_chunk_rows(N, V, h2.element_size(), dev)
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_b = bias is not None and ctx.needs_input_grad[3]
+        need_h = want_grad and ctx.needs_input_grad[0]
+        need_w = want_grad and ctx.needs_input_grad[1]
+        need_b = want_grad and bias is not None and ctx.needs_input_grad[3]
         grads_now = (need_h or need_w or need_b) and reduction != "none"
         acc = accum_dtype or weight.dtype
         loss_rows = empty((N,), dtype=torch.float32, device=dev)
@@ -348,7 +350,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 grad_b = grad_b.to(bias.dtype)
         if grad_h is not None:
             grad_h = grad_h.view(ctx.hidden_shape)
-        return (grad_h, grad_w, None, grad_b) + (None,) * 10
+        return (grad_h, grad_w, None, grad_b) + (None,) * 11
 
 
 # --------------------------------------------------------------------------- public API
@@ -456,6 +458,8 @@ def fused_linear_cross_entropy(
             num_items_in_batch,
             accum_dtype,
             chunk_size,
+            # autograd.Function's needs_input_grad ignores grad mode: no gradients under no_grad
+            torch.is_grad_enabled(),
         )
 
 
