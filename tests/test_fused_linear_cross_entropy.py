@@ -31,9 +31,11 @@ from kernelwright.testing import Tolerance, check_op, generator, poisoned, rand,
 #       the interpreter -- then half-precision matmuls, grad_weight summed over the chunks).
 # The fp32 bounds leave room for the GPU's cuBLAS summation order over H = 512 and V = 128256
 # (fp32 matmuls without TF32: PyTorch's default).
+# On the GPU (H200, measured): fp32 grads 3.4-3.6e-6 (the GPU's approximate exp in the
+# softmax), fp16 grads 2.0-2.1e-3 (cuBLAS's fp16 logits): bounds ~2x those there.
 TOL = {
-    torch.float32: Tolerance(fwd=1e-6, bwd=2e-6),
-    torch.float16: Tolerance(fwd=3e-4, bwd=1.4e-3),
+    torch.float32: Tolerance(fwd=1e-6, bwd=8e-6 if ON_GPU else 2e-6),
+    torch.float16: Tolerance(fwd=3e-4, bwd=4.5e-3 if ON_GPU else 1.4e-3),
     torch.bfloat16: Tolerance(fwd=1.7e-3, bwd=1.8e-2),
 }
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -324,7 +326,9 @@ def test_frozen_weight(reduction, monkeypatch):
     assert calls == []
     assert leaves["weight"].grad is None and leaves["bias"].grad is None
     ref_in = _leaves(inputs, F64, requires=("hidden",))
-    REF(**ref_in, target=t, reduction=reduction).backward(torch.full(loss.shape, 0.37, dtype=F64))
+    REF(**ref_in, target=t, reduction=reduction).backward(
+        torch.full(loss.shape, 0.37, dtype=F64, device=DEVICE)
+    )
     assert rel_norm_error(leaves["hidden"].grad, ref_in["hidden"].grad) < TOL[torch.float32].bwd
 
 
@@ -346,7 +350,9 @@ def test_only_weight_requires_grad(reduction, monkeypatch):
     assert (N, H) not in shapes
     assert leaves["hidden"].grad is None and leaves["bias"].grad is None
     ref_in = _leaves(inputs, F64, requires=("weight",))
-    REF(**ref_in, target=t, reduction=reduction).backward(torch.full(loss.shape, -0.5, dtype=F64))
+    REF(**ref_in, target=t, reduction=reduction).backward(
+        torch.full(loss.shape, -0.5, dtype=F64, device=DEVICE)
+    )
     assert rel_norm_error(leaves["weight"].grad, ref_in["weight"].grad) < TOL[torch.float32].bwd
 
 
@@ -520,7 +526,7 @@ def _bad_input_cases():
     gen = generator(35)
     h = rand((4, 8), torch.float32, "cpu", gen=gen)
     w = rand((10, 8), torch.float32, "cpu", gen=gen)
-    t = torch.tensor([1, 2, 3, -100])
+    t = torch.tensor([1, 2, 3, -100], device=DEVICE)
     return {
         "hidden_size": (
             (h[:, :7], w, t),
@@ -532,12 +538,17 @@ def _bad_input_cases():
         "weight_3d": ((h, w.view(2, 5, 8), t), {}, ValueError, r"weight must be \[V, H\]"),
         "dtype_mismatch": ((h, w.bfloat16(), t), {}, TypeError, "must have one dtype"),
         "bias_dtype": (
-            (h, w, t, torch.ones(10, dtype=torch.float16)),
+            (h, w, t, torch.ones(10, dtype=torch.float16, device=DEVICE)),
             {},
             TypeError,
             r"and bias \(torch.float16\)",
         ),
-        "bias_shape": ((h, w, t, torch.ones(11)), {}, ValueError, r"bias must have shape \(10,\)"),
+        "bias_shape": (
+            (h, w, t, torch.ones(11, device=DEVICE)),
+            {},
+            ValueError,
+            r"bias must have shape \(10,\)",
+        ),
         "chunk_zero": ((h, w, t), dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
         "accum_fp16": (
             (h, w, t),
@@ -581,7 +592,7 @@ def _bad_input_cases():
         ),
         "class_weight_shape": (
             (h, w, t),
-            dict(class_weight=torch.ones(9)),
+            dict(class_weight=torch.ones(9, device=DEVICE)),
             ValueError,
             r"class weights must have shape \(10,\)",
         ),
