@@ -208,6 +208,26 @@ def _scale(compiling: bool, x: torch.Tensor | None, s: torch.Tensor) -> None:
 # --------------------------------------------------------------------------- autograd
 
 
+def _grad_buffers(h2, V, acc, need_h, need_w, need_b):
+    """grad_hidden [N, H] (written chunk by chunk), grad_weight [V, H] in `acc` and grad_bias
+    [V] in fp32 (both accumulated from zero), each only when needed."""
+    N, H = h2.shape
+    dev = h2.device
+    grad_h = empty((N, H), dtype=h2.dtype, device=dev) if need_h else None
+    grad_w = torch.zeros((V, H), dtype=acc, device=dev) if need_w else None
+    grad_b = torch.zeros((V,), dtype=torch.float32, device=dev) if need_b else None
+    return grad_h, grad_w, grad_b
+
+
+def _in_param_dtypes(grad_w, grad_b, weight, bias):
+    """The accumulated grad_weight / grad_bias rounded once to their parameters' dtypes."""
+    if grad_w is not None and grad_w.dtype != weight.dtype:
+        grad_w = grad_w.to(weight.dtype)
+    if grad_b is not None and grad_b.dtype != bias.dtype:
+        grad_b = grad_b.to(bias.dtype)
+    return grad_w, grad_b
+
+
 class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -248,10 +268,8 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         loss_rows = empty((N,), dtype=torch.float32, device=dev)
         lse = empty((N,), dtype=torch.float32, device=dev)
         z_rows = empty((N,), dtype=torch.float32, device=dev) if return_z_loss else None
-        grad_h = empty((N, H), dtype=hidden.dtype, device=dev) if grads_now and need_h else None
-        grad_w = torch.zeros((V, H), dtype=acc, device=dev) if grads_now and need_w else None
-        grad_b = (
-            torch.zeros((V,), dtype=torch.float32, device=dev) if grads_now and need_b else None
+        grad_h, grad_w, grad_b = _grad_buffers(
+            h2, V, acc, need_h and grads_now, need_w and grads_now, need_b and grads_now
         )
         ce_kwargs = dict(
             ignore_index=ignore_index,
@@ -281,11 +299,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         ctx.hidden_shape = hidden.shape
         ctx.used = False
         if grads_now:
-            if grad_w is not None and grad_w.dtype != weight.dtype:
-                grad_w = grad_w.to(weight.dtype)
-            if grad_b is not None and grad_b.dtype != bias.dtype:
-                grad_b = grad_b.to(bias.dtype)
-            ctx.save_for_backward(grad_h, grad_w, grad_b)
+            ctx.save_for_backward(grad_h, *_in_param_dtypes(grad_w, grad_b, weight, bias))
         elif need_h or need_w or need_b:  # reduction="none": recompute in backward
             ctx.save_for_backward(h2, weight, bias, t, w, wsum)
             ctx.need = (need_h, need_w, need_b)
@@ -319,13 +333,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         else:
             h2, weight, bias, t, w, wsum = ctx.saved_tensors
             need_h, need_w, need_b = ctx.need
-            N, H = h2.shape
-            V = weight.shape[0]
-            dev = h2.device
-            grad_h = empty((N, H), dtype=h2.dtype, device=dev) if need_h else None
-            grad_w = torch.zeros((V, H), dtype=ctx.acc, device=dev) if need_w else None
-            grad_b = torch.zeros((V,), dtype=torch.float32, device=dev) if need_b else None
-            scratch = empty((N,), dtype=torch.float32, device=dev)
+            grad_h, grad_w, grad_b = _grad_buffers(
+                h2, weight.shape[0], ctx.acc, need_h, need_w, need_b
+            )
+            scratch = empty((h2.shape[0],), dtype=torch.float32, device=h2.device)
             _chunks(
                 compiling,
                 h2,
@@ -344,10 +355,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
                 ctx.chunk,
                 **ctx.ce_kwargs,
             )
-            if grad_w is not None and grad_w.dtype != weight.dtype:
-                grad_w = grad_w.to(weight.dtype)
-            if grad_b is not None:
-                grad_b = grad_b.to(bias.dtype)
+            grad_w, grad_b = _in_param_dtypes(grad_w, grad_b, weight, bias)
         if grad_h is not None:
             grad_h = grad_h.view(ctx.hidden_shape)
         return (grad_h, grad_w, None, grad_b) + (None,) * 11
