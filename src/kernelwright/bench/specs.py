@@ -157,6 +157,42 @@ def compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
+def _call(
+    module: str, fn: str, names: tuple[str, ...], *args: Any, compile_it: bool = False, **kw: Any
+) -> Builder:
+    """A builder running `module.fn(*(inputs[n] for n in names), *args, **kw)`.
+
+    `fn` may be dotted (a peer's "Function.apply"). It is looked up when the provider is built,
+    not here, so the harness works while one op's module (or a peer) is broken or missing: its
+    providers then give error rows. With `compile_it`, the function runs under torch.compile.
+    """
+
+    def build(inp: Inputs):
+        f: Any = importlib.import_module(module)
+        for part in fn.split("."):
+            f = getattr(f, part)
+        if compile_it:
+            f = compiled(f)
+        a = tuple(inp[n] for n in names)
+        return lambda: f(*a, *args, **kw)
+
+    return build
+
+
+def _torch_providers(
+    module: str, eager_fn: str, names: tuple[str, ...], *args: Any, **kw: Any
+) -> tuple[Provider, Provider]:
+    """The eager PyTorch form of an op (`torch`) and the same under torch.compile."""
+    return (
+        Provider("torch", _call(module, eager_fn, names, *args, **kw)),
+        Provider(
+            "torch_compile",
+            _call(module, eager_fn, names, *args, compile_it=True, **kw),
+            compiled=True,
+        ),
+    )
+
+
 # --------------------------------------------------------------------------- rms_norm
 
 EPS = 1e-6
@@ -181,37 +217,24 @@ def _rms_norm_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _rms_norm_providers() -> tuple[Provider, ...]:
-    from kernelwright.ops.rms_norm import rms_norm, rms_norm_eager
-
-    def ours(in_place: bool) -> Builder:
-        def build(inp: Inputs):
-            x, w = inp["x"], inp["weight"]
-            return lambda: rms_norm(x, w, EPS, in_place_backward=in_place)
-
-        return build
-
-    def eager(inp: Inputs):
-        x, w = inp["x"], inp["weight"]
-        return lambda: rms_norm_eager(x, w, EPS, casting_mode="llama")
-
-    def torch_compile(inp: Inputs):
-        x, w, fn = inp["x"], inp["weight"], compiled(rms_norm_eager)
-        return lambda: fn(x, w, EPS, casting_mode="llama")
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
-
-        x, w = inp["x"], inp["weight"]
+    m, names = "kernelwright.ops.rms_norm", ("x", "weight")
+    liger = ("liger_kernel.ops.rms_norm", "LigerRMSNormFunction.apply")
+    return (
+        Provider("kernelwright", _call(m, "rms_norm", names, EPS, in_place_backward=False)),
+        Provider(
+            "kernelwright_inplace",
+            _call(m, "rms_norm", names, EPS, in_place_backward=True),
+            mutates=True,
+        ),
+        *_torch_providers(m, "rms_norm_eager", names, EPS, casting_mode="llama"),
         # (X, W, eps, offset, casting_mode, in_place): in_place=True is Liger's default, so
         # this is Liger as users get it — dx written over dy.
-        return lambda: LigerRMSNormFunction.apply(x, w, EPS, 0.0, "llama", True)
-
-    return (
-        Provider("kernelwright", ours(False)),
-        Provider("kernelwright_inplace", ours(True), mutates=True),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel", mutates=True),
+        Provider(
+            "liger",
+            _call(*liger, names, EPS, 0.0, "llama", True),
+            requires="liger_kernel",
+            mutates=True,
+        ),
     )
 
 
@@ -263,34 +286,13 @@ def _fused_add_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _fused_add_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.fused_add_rms_norm"), name)
-
-    def ours(inp: Inputs):
-        x, r, w, f = inp["x"], inp["residual"], inp["weight"], op("fused_add_rms_norm")
-        return lambda: f(x, r, w, EPS)
-
-    def eager(inp: Inputs):
-        x, r, w, f = inp["x"], inp["residual"], inp["weight"], op("fused_add_rms_norm_eager")
-        return lambda: f(x, r, w, EPS)
-
-    def torch_compile(inp: Inputs):
-        x, r, w = inp["x"], inp["residual"], inp["weight"]
-        f = compiled(op("fused_add_rms_norm_eager"))
-        return lambda: f(x, r, w, EPS)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
-
-        x, r, w = inp["x"], inp["residual"], inp["weight"]
-        # (X, R, W, eps, offset, casting_mode, in_place): in_place=False is its default
-        return lambda: LigerFusedAddRMSNormFunction.apply(x, r, w, EPS, 0.0, "llama", False)
-
+    m, names = "kernelwright.ops.fused_add_rms_norm", ("x", "residual", "weight")
+    liger = ("liger_kernel.ops.fused_add_rms_norm", "LigerFusedAddRMSNormFunction.apply")
     return (
-        Provider("kernelwright", ours),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel"),
+        Provider("kernelwright", _call(m, "fused_add_rms_norm", names, EPS)),
+        *_torch_providers(m, "fused_add_rms_norm_eager", names, EPS),
+        # (X, R, W, eps, offset, casting_mode, in_place): in_place=False is its default
+        Provider("liger", _call(*liger, names, EPS, 0.0, "llama", False), requires="liger_kernel"),
     )
 
 
@@ -343,34 +345,13 @@ def _layer_norm_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _layer_norm_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.layer_norm"), name)
-
-    def ours(inp: Inputs):
-        x, w, b, f = inp["x"], inp["weight"], inp["bias"], op("layer_norm")
-        return lambda: f(x, w, b, LN_EPS)
-
-    def eager(inp: Inputs):
-        x, w, b, f = inp["x"], inp["weight"], inp["bias"], op("layer_norm_eager")
-        return lambda: f(x, w, b, LN_EPS)
-
-    def torch_compile(inp: Inputs):
-        x, w, b = inp["x"], inp["weight"], inp["bias"]
-        f = compiled(op("layer_norm_eager"))
-        return lambda: f(x, w, b, LN_EPS)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
-
-        x, w, b = inp["x"], inp["weight"], inp["bias"]
-        # (X, W, B, eps); Liger allocates dx, so nothing is written over the inputs or dy
-        return lambda: LigerLayerNormFunction.apply(x, w, b, LN_EPS)
-
+    m, names = "kernelwright.ops.layer_norm", ("x", "weight", "bias")
+    liger = ("liger_kernel.ops.layer_norm", "LigerLayerNormFunction.apply")
     return (
-        Provider("kernelwright", ours),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel"),
+        Provider("kernelwright", _call(m, "layer_norm", names, LN_EPS)),
+        *_torch_providers(m, "layer_norm_eager", names, LN_EPS),
+        # (X, W, B, eps); Liger allocates dx, so nothing is written over the inputs or dy
+        Provider("liger", _call(*liger, names, LN_EPS), requires="liger_kernel"),
     )
 
 
@@ -403,31 +384,10 @@ def _unary_providers(
 ) -> tuple[Provider, ...]:
     # Ops of one input x: ours, its eager PyTorch form, that compiled, and Liger's Function
     # (which allocates its own gradient: nothing is written over the inputs).
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module(module), name)
-
-    def ours(inp: Inputs):
-        x, f = inp["x"], op(fn)
-        return lambda: f(x)
-
-    def eager(inp: Inputs):
-        x, f = inp["x"], op(eager_fn)
-        return lambda: f(x)
-
-    def torch_compile(inp: Inputs):
-        x, f = inp["x"], compiled(op(eager_fn))
-        return lambda: f(x)
-
-    def peer(inp: Inputs):
-        cls = getattr(importlib.import_module(liger[0]), liger[1])
-        x = inp["x"]
-        return lambda: cls.apply(x)
-
     return (
-        Provider("kernelwright", ours),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", peer, requires="liger_kernel"),
+        Provider("kernelwright", _call(module, fn, ("x",))),
+        *_torch_providers(module, eager_fn, ("x",)),
+        Provider("liger", _call(liger[0], liger[1] + ".apply", ("x",)), requires="liger_kernel"),
     )
 
 
@@ -512,38 +472,22 @@ def _gated_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
 def _gated_providers(
     module: str, fn: str, eager_fn: str, liger: tuple[str, str], **kwargs
 ) -> tuple[Provider, ...]:
-    # The op's module is imported when a provider is built, not here, so the harness works
-    # while one op's module is broken or missing: its providers then give error rows.
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module(module), name)
-
-    def ours(in_place: bool) -> Builder:
-        def build(inp: Inputs):
-            g, u, f = inp["gate"], inp["up"], op(fn)
-            return lambda: f(g, u, in_place_backward=in_place, **kwargs)
-
-        return build
-
-    def eager(inp: Inputs):
-        g, u, f = inp["gate"], inp["up"], op(eager_fn)
-        return lambda: f(g, u, **kwargs)
-
-    def torch_compile(inp: Inputs):
-        g, u, f = inp["gate"], inp["up"], compiled(op(eager_fn))
-        return lambda: f(g, u, **kwargs)
-
-    def peer(inp: Inputs):
-        cls = getattr(importlib.import_module(liger[0]), liger[1])
-        g, u = inp["gate"], inp["up"]
-        # Liger's backward writes dgate/dup into the saved gate/up buffers (in place, always).
-        return lambda: cls.apply(g, u)
-
+    names = ("gate", "up")
     return (
-        Provider("kernelwright", ours(False)),
-        Provider("kernelwright_inplace", ours(True), mutates=True),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", peer, requires="liger_kernel", mutates=True),
+        Provider("kernelwright", _call(module, fn, names, in_place_backward=False, **kwargs)),
+        Provider(
+            "kernelwright_inplace",
+            _call(module, fn, names, in_place_backward=True, **kwargs),
+            mutates=True,
+        ),
+        *_torch_providers(module, eager_fn, names, **kwargs),
+        # Liger's backward writes dgate/dup into the saved gate/up buffers (in place, always).
+        Provider(
+            "liger",
+            _call(liger[0], liger[1] + ".apply", names),
+            requires="liger_kernel",
+            mutates=True,
+        ),
     )
 
 
@@ -673,44 +617,18 @@ def _jagged_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _jagged_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.jagged_mean"), name)
-
-    def ours(validate: bool) -> Builder:
-        def build(inp: Inputs):
-            v, o, f = inp["values"], inp["offsets"], op("jagged_mean")
-            return lambda: f(v, o, validate=validate)
-
-        return build
-
-    def loop(inp: Inputs):
-        v, o, f = inp["values"], inp["offsets"], op("jagged_mean_loop")
-        return lambda: f(v, o)
-
-    def eager(inp: Inputs):
-        v, o, f = inp["values"], inp["offsets"], op("jagged_mean_vectorized")
-        return lambda: f(v, o)
-
-    def torch_compile(inp: Inputs):
-        v, o, f = inp["values"], inp["offsets"], compiled(op("jagged_mean_vectorized"))
-        return lambda: f(v, o)
-
-    def segment_reduce(compile_it: bool) -> Builder:
-        def build(inp: Inputs):
-            f = op("jagged_mean_segment_reduce")
-            v, o, f = inp["values"], inp["offsets"], compiled(f) if compile_it else f
-            return lambda: f(v, o)
-
-        return build
-
+    m, names = "kernelwright.ops.jagged_mean", ("values", "offsets")
     return (
-        Provider("kernelwright", ours(False)),
-        Provider("kernelwright_validate", ours(True)),
-        Provider("loop", loop),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("torch_segment_reduce", segment_reduce(False)),
-        Provider("torch_segment_reduce_compile", segment_reduce(True), compiled=True),
+        Provider("kernelwright", _call(m, "jagged_mean", names, validate=False)),
+        Provider("kernelwright_validate", _call(m, "jagged_mean", names, validate=True)),
+        Provider("loop", _call(m, "jagged_mean_loop", names)),
+        *_torch_providers(m, "jagged_mean_vectorized", names),
+        Provider("torch_segment_reduce", _call(m, "jagged_mean_segment_reduce", names)),
+        Provider(
+            "torch_segment_reduce_compile",
+            _call(m, "jagged_mean_segment_reduce", names, compile_it=True),
+            compiled=True,
+        ),
     )
 
 
@@ -801,43 +719,21 @@ def _rope_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _rope_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.rope"), name)
-
-    def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
-        return inp["q"], inp["k"], inp["cos"], inp["sin"]
-
-    def ours(in_place: bool) -> Builder:
-        def build(inp: Inputs):
-            a, f = args(inp), op("rope")
-            return lambda: f(*a, in_place=in_place)
-
-        return build
-
-    def eager(inp: Inputs):
-        a, f = args(inp), op("rope_eager")
-        return lambda: f(*a)
-
-    def torch_compile(inp: Inputs):
-        a, f = args(inp), compiled(op("rope_eager"))
-        return lambda: f(*a)
-
-    def liger(inp: Inputs):
-        from liger_kernel.transformers.rope import liger_rotary_pos_emb
-
-        # (q, k, cos, sin, position_ids=None, unsqueeze_dim=1); half-split, full rotary only
-        a = args(inp)
-        return lambda: liger_rotary_pos_emb(*a)
-
+    m, names = "kernelwright.ops.rope", ("q", "k", "cos", "sin")
     return (
-        Provider("kernelwright", ours(False)),
+        Provider("kernelwright", _call(m, "rope", names, in_place=False)),
         # writes q and k in place (rope(..., in_place=True)), as Liger does
-        Provider("kernelwright_inplace", ours(True), mutates=True),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
+        Provider("kernelwright_inplace", _call(m, "rope", names, in_place=True), mutates=True),
+        *_torch_providers(m, "rope_eager", names),
+        # (q, k, cos, sin, position_ids=None, unsqueeze_dim=1); half-split, full rotary only.
         # Liger rotates q and k in place when q.transpose(1, 2) is contiguous (HF's layout),
         # and the gradients in place over dq_out / dk_out.
-        Provider("liger", liger, requires="liger_kernel", mutates=True),
+        Provider(
+            "liger",
+            _call("liger_kernel.transformers.rope", "liger_rotary_pos_emb", names),
+            requires="liger_kernel",
+            mutates=True,
+        ),
     )
 
 
@@ -905,41 +801,26 @@ def _ce_input_bytes(shape: Shape, dtype: torch.dtype) -> int:
 
 
 def _ce_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.cross_entropy"), name)
-
-    def ours(in_place: bool) -> Builder:
-        def build(inp: Inputs):
-            x, t, f = inp["logits"], inp["target"], op("cross_entropy")
-            return lambda: f(x, t, ignore_index=IGNORE_INDEX, in_place=in_place)
-
-        return build
-
-    def eager(inp: Inputs):
-        x, t, f = inp["logits"], inp["target"], op("cross_entropy_eager")
-        return lambda: f(x, t, ignore_index=IGNORE_INDEX)
-
-    def torch_compile(inp: Inputs):
-        x, t, f = inp["logits"], inp["target"], compiled(op("cross_entropy_eager"))
-        return lambda: f(x, t, ignore_index=IGNORE_INDEX)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
-
-        x, t = inp["logits"], inp["target"]
+    m, names = "kernelwright.ops.cross_entropy", ("logits", "target")
+    liger = ("liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction.apply")
+    return (
+        Provider("kernelwright", _call(m, "cross_entropy", names, ignore_index=IGNORE_INDEX)),
+        Provider(
+            "kernelwright_inplace",
+            _call(m, "cross_entropy", names, ignore_index=IGNORE_INDEX, in_place=True),
+            mutates=True,
+        ),
+        *_torch_providers(m, "cross_entropy_eager", names, ignore_index=IGNORE_INDEX),
         # (_input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction,
         #  softcap, return_z_loss, return_token_accuracy, return_predicted_tokens)
         # -> (loss, z_loss, token_accuracy, predicted_tokens); the backward runs through loss.
-        args = (None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, False, False)
-        return lambda: LigerCrossEntropyFunction.apply(x, t, *args)
-
-    return (
-        Provider("kernelwright", ours(False)),
-        Provider("kernelwright_inplace", ours(True), mutates=True),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        # Liger's forward writes the gradient over the logits (always in place)
-        Provider("liger", liger, requires="liger_kernel", mutates=True),
+        # Its forward writes the gradient over the logits (always in place).
+        Provider(
+            "liger",
+            _call(*liger, names, None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, False, False),
+            requires="liger_kernel",
+            mutates=True,
+        ),
     )
 
 
@@ -1021,51 +902,35 @@ def _flce_flops(shape: Shape, dtype: torch.dtype, mode: str) -> int:
 
 
 def _flce_providers() -> tuple[Provider, ...]:
-    def op(name: str) -> Callable:
-        return getattr(importlib.import_module("kernelwright.ops.fused_linear_cross_entropy"), name)
+    m, fn = "kernelwright.ops.fused_linear_cross_entropy", "fused_linear_cross_entropy"
+    names = ("hidden", "weight", "target")
+    liger = ("liger_kernel.ops.fused_linear_cross_entropy", "LigerFusedLinearCrossEntropyFunction")
 
-    def args(inp: Inputs) -> tuple[torch.Tensor, ...]:
-        return inp["hidden"], inp["weight"], inp["target"]
+    def liger_chunk(inp: Inputs):
+        # Liger 0.8.5's rule, so the logits buffer (and the memory) is Liger's:
+        # next_power_of_2(ceil(T / ceil(V / H))), 256 tokens at 8192 x 4096 x 128256
+        (t, h), v = inp["hidden"].shape, inp["weight"].shape[0]
+        chunk = 1 << (math.ceil(t / math.ceil(v / h)) - 1).bit_length()
+        return _call(m, fn, names, ignore_index=IGNORE_INDEX, chunk_size=chunk)(inp)
 
-    def ours(liger_chunk: bool) -> Builder:
-        def build(inp: Inputs):
-            a, f = args(inp), op("fused_linear_cross_entropy")
-            chunk = None  # the op's own choice
-            if liger_chunk:
-                # Liger 0.8.5's rule, so the logits buffer (and the memory) is Liger's:
-                # next_power_of_2(ceil(T / ceil(V / H))), 256 tokens at 8192 x 4096 x 128256
-                (t, h), v = a[0].shape, a[1].shape[0]
-                chunk = 1 << (math.ceil(t / math.ceil(v / h)) - 1).bit_length()
-            return lambda: f(*a, ignore_index=IGNORE_INDEX, chunk_size=chunk)
-
-        return build
-
-    def eager(inp: Inputs):
-        a, f = args(inp), op("fused_linear_cross_entropy_eager")
-        return lambda: f(*a, ignore_index=IGNORE_INDEX)
-
-    def torch_compile(inp: Inputs):
-        a, f = args(inp), compiled(op("fused_linear_cross_entropy_eager"))
-        return lambda: f(*a, ignore_index=IGNORE_INDEX)
-
-    def liger(inp: Inputs):
-        from liger_kernel.ops.fused_linear_cross_entropy import (
-            LigerFusedLinearCrossEntropyFunction,
-        )
-
+    return (
+        # chunk_size left to the op
+        Provider("kernelwright", _call(m, fn, names, ignore_index=IGNORE_INDEX)),
+        Provider("kernelwright_liger_chunk", liger_chunk),
+        *_torch_providers(m, fn + "_eager", names, ignore_index=IGNORE_INDEX),
         # (_input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
         #  label_smoothing, reduction, softcap, return_z_loss, accum_dtype, ...) -> (loss,
         #  z_loss, token_accuracy, predicted_tokens); the rest left at their defaults.
-        a = args(inp)
-        rest = (None, None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, None)
-        return lambda: LigerFusedLinearCrossEntropyFunction.apply(*a, *rest)
-
-    return (
-        Provider("kernelwright", ours(False)),
-        Provider("kernelwright_liger_chunk", ours(True)),
-        Provider("torch", eager),
-        Provider("torch_compile", torch_compile, compiled=True),
-        Provider("liger", liger, requires="liger_kernel"),
+        Provider(
+            "liger",
+            _call(
+                liger[0],
+                liger[1] + ".apply",
+                names,
+                *(None, None, IGNORE_INDEX, 0.0, 0.0, "mean", None, False, None),
+            ),
+            requires="liger_kernel",
+        ),
     )
 
 
