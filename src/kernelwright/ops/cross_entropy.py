@@ -357,6 +357,15 @@ def _(grad, s) -> None:
     return None
 
 
+def scale_grad_(grad: torch.Tensor, s: torch.Tensor) -> None:
+    """grad [M, N] *= s (one element, or one per row) in place, skipped per row where s == 1;
+    through the custom op when compiling. Also scales fused_linear_cross_entropy's gradients."""
+    if torch.compiler.is_compiling():
+        _cross_entropy_scale_op(grad, s)
+    else:
+        cross_entropy_scale_launch(grad, s)
+
+
 # --------------------------------------------------------------------------- shared host side
 
 
@@ -556,10 +565,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         s = grad_loss.reshape(-1)  # one element ("mean"/"sum") or one per row ("none")
         if s.dtype != torch.float32:
             s = s.float()
-        if torch.compiler.is_compiling():
-            _cross_entropy_scale_op(grad, s)
-        else:
-            cross_entropy_scale_launch(grad, s)
+        scale_grad_(grad, s)
         return (grad.view(ctx.logits_shape),) + (None,) * 11
 
 

@@ -38,9 +38,9 @@ import torch
 from kernelwright.ops.cross_entropy import (
     check_loss_args,
     cross_entropy_fwd_launch,
-    cross_entropy_scale_launch,
     prepare_targets,
     reduce_rows,
+    scale_grad_,
 )
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
@@ -177,16 +177,6 @@ def _(h2, weight, bias, t, loss_rows, lse, z_rows, grad_h, grad_w, grad_b, *args
     return None
 
 
-@torch.library.custom_op("kernelwright::scale_if_not_one", mutates_args=("x",))
-def _scale_op(x: torch.Tensor, s: torch.Tensor) -> None:
-    cross_entropy_scale_launch(x, s)
-
-
-@_scale_op.register_fake
-def _(x, s) -> None:
-    return None
-
-
 def _chunks(compiling: bool, *args, **kwargs) -> None:
     if compiling:
         _chunks_op(*args, **kwargs)
@@ -194,15 +184,11 @@ def _chunks(compiling: bool, *args, **kwargs) -> None:
         _run_chunks(*args, **kwargs)
 
 
-def _scale(compiling: bool, x: torch.Tensor | None, s: torch.Tensor) -> None:
+def _scale(x: torch.Tensor | None, s: torch.Tensor) -> None:
     """x *= s in place (s: one element), a no-op inside the kernel when s == 1."""
     if x is None or x.numel() == 0:
         return
-    x2 = x.view(-1, x.shape[-1]) if x.dim() > 1 else x.view(1, -1)
-    if compiling:
-        _scale_op(x2, s)
-    else:
-        cross_entropy_scale_launch(x2, s)
+    scale_grad_(x.view(-1, x.shape[-1]) if x.dim() > 1 else x.view(1, -1), s)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -329,7 +315,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             ctx.used = True
             grad_h, grad_w, grad_b = ctx.saved_tensors
             for g in (grad_h, grad_w, grad_b):
-                _scale(compiling, g, s)
+                _scale(g, s)
         else:
             h2, weight, bias, t, w, wsum = ctx.saved_tensors
             need_h, need_w, need_b = ctx.need
