@@ -9,13 +9,12 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from kernelwright.ops.cross_entropy import cross_entropy, cross_entropy_fwd_launch
+from kernelwright.ops.cross_entropy import cross_entropy
 from kernelwright.ops.fused_linear_cross_entropy import fused_linear_cross_entropy as flce
-from kernelwright.runtime import LaunchConfig
 
 dev = torch.device("cuda")
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-what = sys.argv[1:] or ["ce", "flce", "tune"]
+what = sys.argv[1:] or ["ce", "flce"]
 
 
 def bench(fn, leaves):
@@ -171,39 +170,3 @@ if "dw" in what:
             f"dw c={c}: [V,H] += g.T @ h {m0:.3f} ms; [H,V] += h.T @ g {m1:.3f} ms; with h.T contiguous {m2:.3f} ms",
             flush=True,
         )
-
-if "tune" in what:
-    for M, V in [(8192, 32000), (8192, 128256), (8192, 262144)]:
-        x = (torch.randn(M, V, device=dev) * 4).to(torch.bfloat16)
-        t = torch.randint(0, V, (M,), device=dev)
-        loss = torch.empty(M, device=dev)
-        lse = torch.empty(M, device=dev)
-        gbuf = torch.empty_like(x)
-        sc = torch.full((1,), 1.0 / M, device=dev)
-        res = []
-        for bn in (512, 1024, 2048, 4096):
-            for nw in (2, 4, 8, 16):
-                if bn < V and bn > 32768:
-                    continue
-                cfg = LaunchConfig(block_n=bn, num_warps=nw)
-                try:
-                    ms = do_bench(
-                        lambda: cross_entropy_fwd_launch(
-                            x, t, loss, lse, grad=gbuf, scale=sc, config=cfg
-                        ),
-                        warmup=5,
-                        rep=40,
-                    )
-                    res.append((ms, bn, nw))
-                except Exception:
-                    pass
-        res.sort()
-        print(
-            f"tune CE fwd+grad {M}x{V}: "
-            + ", ".join(
-                f"{bn}/{nw}: {ms:.3f}ms ({2 * M * V * 2 / ms / 1e9:.0f}GB/s)"
-                for ms, bn, nw in res[:6]
-            ),
-            flush=True,
-        )
-        del x, gbuf
