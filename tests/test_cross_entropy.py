@@ -24,6 +24,7 @@ from kernelwright.runtime import LaunchConfig
 from kernelwright.testing import (
     Tolerance,
     check_op,
+    class_targets,
     generator,
     large_offset_rows,
     poisoned,
@@ -95,9 +96,8 @@ def _targets(lead, V, seed, *, ignore_index=-100, frac=0.25, dtype=torch.int64):
     """Random classes with about `frac` of the rows ignored; the first row is never ignored and
     (with two rows or more) the last one always is."""
     gen = generator(seed + 500)
-    t = torch.randint(0, V, tuple(lead), generator=gen)
-    drop = torch.rand(tuple(lead), generator=gen) < frac
-    t = torch.where(drop, torch.full_like(t, ignore_index), t).reshape(-1)
+    t = class_targets(lead, V, gen, "cpu", ignore_fraction=frac, ignore_index=ignore_index)
+    t = t.reshape(-1)
     t[0] = (ignore_index + 1) % V if t[0] == ignore_index else t[0]
     if t.numel() > 1:
         t[-1] = ignore_index

@@ -19,7 +19,15 @@ from kernelwright.ops.fused_linear_cross_entropy import (
     fused_linear_cross_entropy_eager,
     fused_linear_cross_entropy_ref,
 )
-from kernelwright.testing import Tolerance, check_op, generator, poisoned, rand, rel_norm_error
+from kernelwright.testing import (
+    Tolerance,
+    check_op,
+    class_targets,
+    generator,
+    poisoned,
+    rand,
+    rel_norm_error,
+)
 
 # Relative-norm error bounds vs the fp64 reference, about 2x the worst measured under the
 # interpreter over every comparison in this file (CPU matmuls; H = 32, std-1 hidden, weight
@@ -69,8 +77,8 @@ def _targets(lead, V, seed, *, ignore_index=-100, frac=0.25, dtype=torch.int64):
     """Random classes, about `frac` ignored; the first row never, the last one always."""
     gen = generator(seed + 500)
     lead = tuple(lead)
-    t = torch.randint(0, V, lead, generator=gen)
-    t = torch.where(torch.rand(lead, generator=gen) < frac, ignore_index, t).reshape(-1)
+    t = class_targets(lead, V, gen, "cpu", ignore_fraction=frac, ignore_index=ignore_index)
+    t = t.reshape(-1)
     t[0] = (ignore_index + 1) % V if t[0] == ignore_index else t[0]
     t[-1] = ignore_index
     return t.reshape(lead).to(dtype).to(DEVICE)

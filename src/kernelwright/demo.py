@@ -29,7 +29,7 @@ from kernelwright.ops.rope import rope, rope_ref
 from kernelwright.ops.softmax import log_softmax, log_softmax_ref, softmax, softmax_ref
 from kernelwright.ops.swiglu import swiglu, swiglu_fused, swiglu_fused_ref, swiglu_ref
 from kernelwright.runtime import default_device, device_info
-from kernelwright.testing import check_op, generator, rand
+from kernelwright.testing import check_op, class_targets, generator, rand
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,7 @@ def _swiglu_fused_inputs(shape, dtype, device, seed):
 
 def _targets(lead, v, gen, device):
     # class indices in [0, V) of shape `lead`, about 1 in 8 of them ignore_index (-100)
-    t = torch.randint(0, v, tuple(lead), generator=gen)
-    t[torch.rand(tuple(lead), generator=gen) < 0.125] = -100
-    return t.to(device)
+    return class_targets(lead, v, gen, device, ignore_fraction=0.125)
 
 
 def _ce_inputs(shape, dtype, device, seed):

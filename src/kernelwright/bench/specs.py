@@ -31,7 +31,7 @@ from kernelwright.bench.models import (
     distinct,
     token_counts,
 )
-from kernelwright.testing import generator, rand
+from kernelwright.testing import class_targets, generator, rand
 
 MODES = ("forward", "backward", "full")
 
@@ -768,9 +768,9 @@ IGNORED_FRACTION = 0.05  # padding / prompt tokens masked out of the loss, as in
 
 def _loss_targets(m: int, v: int, gen: torch.Generator, device) -> torch.Tensor:
     # [M] int64 class indices in [0, V), ~5% of them ignore_index
-    t = torch.randint(0, v, (m,), generator=gen)
-    t[torch.rand(m, generator=gen) < IGNORED_FRACTION] = IGNORE_INDEX
-    return t.to(device)
+    return class_targets(
+        (m,), v, gen, device, ignore_fraction=IGNORED_FRACTION, ignore_index=IGNORE_INDEX
+    )
 
 
 def _ce_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):

@@ -8,10 +8,17 @@ from kernelwright.testing.compare import (
     check_op_seeds,
     rel_norm_error,
 )
-from kernelwright.testing.inputs import LAYOUTS, generator, large_offset_rows, rand
+from kernelwright.testing.inputs import (
+    LAYOUTS,
+    class_targets,
+    generator,
+    large_offset_rows,
+    rand,
+)
 from kernelwright.testing.tolerances import DEFAULT_TOLERANCES, Tolerance
 
 __all__ = [
+    "class_targets",
     "DEFAULT_TOLERANCES",
     "LAYOUTS",
     "CheckReport",

@@ -70,3 +70,19 @@ def large_offset_rows(
     view = storage.as_strided((rows, n), (stride, 1))
     view.copy_(rand((rows, n), dtype, device, gen=gen))
     return view
+
+
+def class_targets(
+    shape: Sequence[int],
+    num_classes: int,
+    gen: torch.Generator,
+    device,
+    *,
+    ignore_fraction: float,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """int64 class indices in [0, num_classes) of `shape`, about `ignore_fraction` of them
+    `ignore_index` (masked tokens, as padding and prompts are in a training batch)."""
+    t = torch.randint(0, num_classes, tuple(shape), generator=gen)
+    t[torch.rand(tuple(shape), generator=gen) < ignore_fraction] = ignore_index
+    return t.to(device)
