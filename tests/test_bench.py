@@ -499,7 +499,9 @@ def test_rms_norm_end_to_end_through_the_kernels():
 def test_loss_specs_end_to_end_through_the_kernels(spec, providers, shape):
     # Every mode of the real providers at one tiny shape: the one-backward-per-graph losses
     # and the in-place provider (logits restored every rep) must give no error row.
-    tiny = replace(spec, interpreter_sweeps=(Sweep("vocab", (96,), shape),))
+    # both sweep sets: on a GPU the harness takes `sweeps` (real model shapes), not the tiny ones
+    one = (Sweep("vocab", (96,), shape),)
+    tiny = replace(spec, sweeps=one, interpreter_sweeps=one)
     rows = run_spec(tiny, providers=providers, ctx=fake_context(), timer=fake_timer())
     assert len(rows) == 3 * len(providers)
     assert all(r.ok for r in rows), [(r.provider, r.mode, r.error) for r in rows if r.error]
