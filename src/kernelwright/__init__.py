@@ -55,6 +55,26 @@ from kernelwright.ops.swiglu import (  # noqa: E402
 
 __version__ = "0.1.0"
 
+# autopatch needs transformers, an optional dependency: these names import it on first use only
+# (and stay out of __all__, so that `from kernelwright import *` does not import it either)
+_TRANSFORMERS_EXPORTS = ("KernelwrightCallback", "from_pretrained", "patch", "unpatch")
+
+
+def __getattr__(name: str):
+    if name in _TRANSFORMERS_EXPORTS:
+        try:
+            from kernelwright.integrations import transformers as _hf
+        except ModuleNotFoundError as e:
+            if e.name != "transformers":
+                raise
+            raise ImportError(
+                f"kernelwright.{name} needs Hugging Face transformers: "
+                "pip install 'kernelwright[hf]'"
+            ) from e
+        return getattr(_hf, name)
+    raise AttributeError(f"module 'kernelwright' has no attribute {name!r}")
+
+
 __all__ = [
     "CrossEntropyLoss",
     "FusedAddRMSNorm",

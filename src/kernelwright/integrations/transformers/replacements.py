@@ -89,10 +89,73 @@ def norm_forward(d: NormDecision, *, in_place_backward: bool = False) -> Callabl
     return forward
 
 
-def mlp_forward(d: MLPDecision) -> Callable:
-    """forward(module, x) for one MLP class: projections by attribute name, our activation."""
+class _ActThenLinear(torch.autograd.Function):
+    """y = linear(act(*inputs), weight, bias), saving act's inputs and not its output.
+
+    The activation output h ([tokens, intermediate], the largest activation of a decoder layer)
+    is what nn.Linear would save for its weight gradient. Here the backward recomputes it from
+    the inputs the activation kernel saves anyway, one elementwise pass (our kernel again):
+        dW = dy^T h,  db = sum(dy),  dh = dy W,  d inputs = act's backward(dh)
+    The matmuls are the same two cuBLAS calls nn.Linear's backward makes.
+    """
+
+    @staticmethod
+    def forward(ctx, act, weight, bias, *inputs):
+        with torch.no_grad():
+            h = act(*inputs)
+        ctx.act, ctx.has_bias = act, bias is not None
+        ctx.save_for_backward(weight, *inputs)
+        return torch.nn.functional.linear(h, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        weight, *inputs = ctx.saved_tensors
+        leaves = [
+            t.detach().requires_grad_(ctx.needs_input_grad[3 + i]) for i, t in enumerate(inputs)
+        ]
+        with torch.enable_grad():
+            h = ctx.act(*leaves)
+        dy2, h2 = dy.reshape(-1, dy.shape[-1]), h.detach().reshape(-1, h.shape[-1])
+        dw = dy2.t().mm(h2) if ctx.needs_input_grad[1] else None  # [out, in]
+        db = dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        wanted = [leaf for leaf in leaves if leaf.requires_grad]
+        grads = iter(torch.autograd.grad(h, wanted, dy.matmul(weight)) if wanted else ())
+        dinputs = [next(grads) if leaf.requires_grad else None for leaf in leaves]
+        return (None, dw, db, *dinputs)
+
+
+def _act_then_down(down: torch.nn.Module, act: Callable, *inputs: torch.Tensor) -> torch.Tensor:
+    """down(act(*inputs)), recomputing act in the backward when that is exact to do by hand:
+    a plain nn.Linear (not LoRA/quantised: their own forward must run), eager (under
+    torch.compile the custom Function's backward would not trace), no autocast (the backward
+    would not see its casts), and something to differentiate."""
+    plain = (
+        type(down) is torch.nn.Linear
+        and not torch.compiler.is_compiling()
+        and not torch.is_autocast_enabled()
+        and torch.is_grad_enabled()
+        and (down.weight.requires_grad or any(t.requires_grad for t in inputs))
+        and all(t.dtype == down.weight.dtype for t in inputs)
+    )
+    if not plain:
+        return down(act(*inputs))
+    return _ActThenLinear.apply(act, down.weight, down.bias, *inputs)
+
+
+def mlp_forward(d: MLPDecision, *, recompute: bool = True) -> Callable:
+    """forward(module, x) for one MLP class: projections by attribute name, our activation.
+
+    `recompute`: the down projection's input (the activation output) is recomputed in the
+    backward instead of stored: intermediate_size x 2 bytes less per token and layer in bf16,
+    for one extra elementwise pass (see `_ActThenLinear`)."""
     _require(d, "activation", "layout", "down_attribute")
     down = d.down_attribute
+
+    def act_down(module, act, *inputs):
+        if recompute:
+            return _act_then_down(getattr(module, down), act, *inputs)
+        return getattr(module, down)(act(*inputs))
+
     if d.layout == "non_gated":
         _require(d, "up_attribute")
         if d.activation != "relu_squared":
@@ -100,7 +163,7 @@ def mlp_forward(d: MLPDecision) -> Callable:
         up = d.up_attribute
 
         def forward(module, x):
-            return getattr(module, down)(relu_squared(getattr(module, up)(x)))
+            return act_down(module, relu_squared, getattr(module, up)(x))
 
         return forward
     if d.activation not in _GATED:
@@ -111,14 +174,14 @@ def mlp_forward(d: MLPDecision) -> Callable:
         gate_up = d.gate_up_attribute
 
         def forward(module, x):
-            return getattr(module, down)(fused(getattr(module, gate_up)(x)))
+            return act_down(module, fused, getattr(module, gate_up)(x))
 
         return forward
     _require(d, "gate_attribute", "up_attribute")
     gate, up = d.gate_attribute, d.up_attribute
 
     def forward(module, x):
-        return getattr(module, down)(separate(getattr(module, gate)(x), getattr(module, up)(x)))
+        return act_down(module, separate, getattr(module, gate)(x), getattr(module, up)(x))
 
     return forward
 

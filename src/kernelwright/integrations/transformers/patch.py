@@ -1,0 +1,578 @@
+"""Apply a ModelProfile to a model instance: one generic walker, no per-model code.
+
+    profile = kernelwright.patch(model)            # analyse, then patch
+    kernelwright.patch(model, "llama.yaml")        # a reviewed profile
+    kernelwright.unpatch(model)                    # back to the original, bit for bit
+
+Every change is an instance attribute `module.forward` (a bound method) on a module whose
+class name the profile names; classes, modeling files and parameters are never touched, so
+the state dict, the optimizer's parameter references and other instances of the same class
+stay as they are, and `unpatch` only deletes what `patch` set. Matching by class name (not
+attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one and any depth.
+
+- norms: `replacements.norm_forward`, with the in-place backward only where every use of that
+  norm instance (owner class + attribute name) is marked `in_place_safe` in the profile;
+- MLPs: `replacements.mlp_forward`, after checking that the instance's activation module
+  computes the profile's `hidden_act` (a profile made from another config is refused);
+- RoPE: the attention class's own forward, re-created with a globals dict in which the name it
+  calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
+- the causal LM: `forward.causal_lm_forward` (fused linear cross-entropy when training).
+
+A module that already carries an instance-level `forward` (another patcher, or accelerate's
+mixed-precision wrapper on the causal LM) is left alone and listed in the record's `skipped`:
+replacing it would drop that wrapper. Patch before `accelerator.prepare` / `Trainer.train`
+(`KernelwrightCallback` does so from `on_init_end`).
+
+Patching a patched model raises RuntimeError; call `unpatch` first. A patched model cannot be
+pickled whole (`torch.save(model)`: the forwards are closures); save its state dict, which
+patching never changes, or unpatch first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from transformers.activations import ACT2FN
+
+from kernelwright.integrations.transformers import replacements
+from kernelwright.integrations.transformers.forward import (
+    NotStandardForward,
+    causal_lm_forward,
+    plan_causal_lm,
+)
+from kernelwright.profiles.model import MLPDecision, ModelProfile, RopeDecision
+
+_RECORD = "_kernelwright_patch"  # instance attribute on the module `patch` was given
+# the rope replacement accepts HF's apply_rotary_pos_emb signatures named here, nothing else
+_ROPE_SIGNATURES = {
+    ("q", "k", "cos", "sin", "unsqueeze_dim"),
+    ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"),
+}
+
+
+@dataclasses.dataclass
+class PatchedModule:
+    kind: str  # "norm", "mlp", "rope", "causal_lm"
+    name: str  # qualified name under the module `patch` was given ("" for itself)
+    class_name: str
+    module: torch.nn.Module
+    forward: Callable  # the bound method installed
+    detail: str = ""  # "in_place_backward=True", "swiglu/separate", ...
+
+
+@dataclasses.dataclass
+class PatchRecord:
+    """What `patch` did; kept on the model as `model._kernelwright_patch`."""
+
+    profile: ModelProfile
+    modules: list[PatchedModule] = dataclasses.field(default_factory=list)
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (what, why)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for p in self.modules if p.kind == kind)
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def _class_name(module: torch.nn.Module) -> str:
+    """The modeling class name, seen through FSDP2/replicate's dynamic wrapper classes."""
+    cls = type(module)
+    bases = cls.__bases__
+    # fully_shard swaps the class for type(f"FSDP{name}", (FSDPModule, cls), {...})
+    if (
+        len(bases) == 2
+        and bases[0].__module__.startswith("torch.distributed")
+        and cls.__name__.endswith(bases[1].__name__)
+    ):
+        return bases[1].__name__
+    return cls.__name__
+
+
+def _modeling_class(module: torch.nn.Module, name: str) -> type:
+    return next(c for c in type(module).__mro__ if c.__name__ == name)
+
+
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a wrapper (PEFT's PeftModel/LoraModel), or model."""
+    from transformers import PreTrainedModel
+
+    return next((m for m in model.modules() if isinstance(m, PreTrainedModel)), model)
+
+
+def _resolve_profile(model: torch.nn.Module, profile) -> ModelProfile:
+    if profile is None:
+        try:
+            from kernelwright.workflows.autopatch.analyze import analyze
+        except ModuleNotFoundError as e:
+            if not (e.name or "").startswith("kernelwright"):
+                raise
+            raise ImportError(
+                "kernelwright.patch(model) without a profile needs the autopatch analyser "
+                f"({e.name} is missing); pass profile=<ModelProfile or YAML path>"
+            ) from e
+        return analyze(_hf_model(model))
+    if isinstance(profile, (str, Path)):
+        return ModelProfile.load(profile)
+    if isinstance(profile, ModelProfile):
+        return profile
+    raise TypeError(
+        f"profile must be None, a ModelProfile or a path to its YAML, got {type(profile).__name__}"
+    )
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _activation_matches(module: torch.nn.Module, hidden_act: str | None) -> str | None:
+    """None when the MLP's activation module computes `hidden_act`, else why not.
+
+    The profile was made from one config; another checkpoint of the same class may set another
+    hidden_act, and a swiglu kernel on a gelu MLP would train silently wrong. Compared by value
+    on a probe (aliases such as silu/swish are different classes with the same function).
+    """
+    if hidden_act is None or hidden_act not in ACT2FN:
+        return None
+    acts = [
+        c
+        for c in module.children()
+        if type(c).__module__ in ("transformers.activations", "torch.nn.modules.activation")
+    ]
+    if not acts:
+        return None  # nothing to compare: the analyser's evidence stands
+    probe = torch.linspace(-6.0, 6.0, 97)
+    want = ACT2FN[hidden_act](probe)
+    for act in acts:
+        with torch.no_grad():
+            got = act(probe)
+        if got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+            return None
+    names = ", ".join(type(a).__name__ for a in acts)
+    return f"its activation ({names}) does not compute the profile's hidden_act={hidden_act!r}"
+
+
+def _rope_adapter(d: RopeDecision, original: Callable) -> Callable:
+    """Our rope with the modeling function's own signature (some keep a dead position_ids)."""
+    names = tuple(inspect.signature(original).parameters)
+    if names not in _ROPE_SIGNATURES:
+        raise NotStandardForward(
+            f"{d.call_name}{tuple(names)} is not HF's apply_rotary_pos_emb signature "
+            "(q, k, cos, sin[, position_ids], unsqueeze_dim)"
+        )
+    fn = replacements.rope_function(d)
+    if "position_ids" not in names:
+        return fn
+
+    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        return fn(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+    return apply_rotary_pos_emb
+
+
+def _copy_function(f: types.FunctionType, globals_: dict, closure=None) -> types.FunctionType:
+    g = types.FunctionType(
+        f.__code__,
+        globals_,
+        f.__name__,
+        f.__defaults__,
+        f.__closure__ if closure is None else closure,
+    )
+    g.__kwdefaults__ = dict(f.__kwdefaults__) if f.__kwdefaults__ else None
+    g.__dict__.update(f.__dict__)
+    g.__qualname__, g.__doc__, g.__module__ = f.__qualname__, f.__doc__, f.__module__
+    g.__annotations__ = f.__annotations__
+    return g
+
+
+def with_global(fn: Callable, name: str, value: Any) -> Callable:
+    """A copy of `fn` in which the global `name` is `value`; the modeling module is untouched.
+
+    Decorators that follow functools.wraps (`__wrapped__`, the inner function in a closure
+    cell) are rebuilt around the new inner function; anything else raises NotStandardForward.
+    The new globals are a snapshot of the module's dict taken now.
+    """
+    chain = [fn]
+    while hasattr(chain[-1], "__wrapped__"):
+        chain.append(chain[-1].__wrapped__)
+    reads = [
+        i
+        for i, f in enumerate(chain)
+        if isinstance(f, types.FunctionType) and name in f.__code__.co_names
+    ]
+    if not reads:
+        raise NotStandardForward(f"{fn.__qualname__} never reads a global named {name!r}")
+    i = reads[-1]
+    inner = chain[i]
+    new_globals = dict(inner.__globals__)
+    new_globals[name] = value
+    # Without __name__, torch.compile reads globals from this dict; with it, dynamo would import
+    # the modeling module by that name and guard on the module's own apply_rotary_pos_emb.
+    new_globals.pop("__name__", None)
+    new = _copy_function(inner, new_globals)
+    # rebuild each wrapper outwards: swap the closure cell that held the old inner function
+    for j in range(i - 1, -1, -1):
+        outer, old = chain[j], chain[j + 1]
+        cells = getattr(outer, "__closure__", None) or ()
+        if not isinstance(outer, types.FunctionType) or not any(_holds(c, old) for c in cells):
+            raise NotStandardForward(
+                f"cannot rebuild the decorator around {inner.__qualname__}: "
+                f"{getattr(outer, '__qualname__', outer)!r} keeps the wrapped function elsewhere"
+            )
+        closure = tuple(types.CellType(new) if _holds(c, old) else c for c in cells)
+        new_outer = _copy_function(outer, outer.__globals__, closure)
+        new_outer.__wrapped__ = new
+        new = new_outer
+    return new
+
+
+def _holds(cell, obj) -> bool:
+    try:
+        return cell.cell_contents is obj
+    except ValueError:  # an empty cell holds nothing
+        return False
+
+
+def _rope_forward(cls: type, d: RopeDecision) -> Callable:
+    """cls.forward re-created so that its global `d.call_name` is our rope."""
+    inner = inspect.unwrap(cls.forward)
+    original = inner.__globals__.get(d.call_name)
+    if original is None:
+        raise NotStandardForward(f"{cls.__name__}.forward's module has no global {d.call_name!r}")
+    return with_global(cls.forward, d.call_name, _rope_adapter(d, original))
+
+
+# --------------------------------------------------------------------------- patch / unpatch
+
+
+class _Patcher:
+    def __init__(self, root: torch.nn.Module, profile: ModelProfile):
+        self.root = root
+        self.profile = profile
+        self.record = PatchRecord(profile)
+        self.names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        self.found: list[str] = []
+
+    def skip(self, what: str, why: str, *, found: bool = False) -> None:
+        # found: a reason discovered on this instance, not one the profile or a flag gave
+        self.record.skipped.append((what, why))
+        if found:
+            self.found.append(f"{what}: {why}")
+
+    def wrapped(self, kind: str, module) -> bool:
+        """True (and recorded) when the module's forward is already replaced on the instance."""
+        if "forward" not in module.__dict__:
+            return False
+        self.skip(
+            f"{kind} {self.names.get(id(module), '?')}",
+            "it already has an instance-level forward (another wrapper); patch before "
+            "other libraries wrap it",
+            found=True,
+        )
+        return True
+
+    def install(self, kind: str, module, fn: Callable, detail: str = "") -> None:
+        if self.wrapped(kind, module):
+            return
+        fn.__kernelwright__ = kind  # is_patched recognises our forwards by this mark
+        bound = types.MethodType(fn, module)
+        module.forward = bound
+        self.record.modules.append(
+            PatchedModule(
+                kind, self.names.get(id(module), "?"), _class_name(module), module, bound, detail
+            )
+        )
+
+    def norms(self, rms_norm: bool, layer_norm: bool) -> None:
+        decisions = {}
+        for d in self.profile.norms:
+            what = f"norm {d.class_name}"
+            if not d.patched:
+                self.skip(what, f"{d.status}: {d.reason}")
+            elif (d.kind == "rms_norm" and not rms_norm) or (
+                d.kind == "layer_norm" and not layer_norm
+            ):
+                self.skip(what, f"{d.kind}=False")
+            else:
+                decisions[d.class_name] = d
+        if not decisions:
+            return
+        # A norm instance may be reached through several (owner, attribute) pairs; the
+        # in-place backward needs every one of them proven safe. Unknown owners (a PEFT
+        # ModulesToSaveWrapper, a model the profile did not see) count as unsafe.
+        found: dict[int, list] = {}
+        for parent in self.root.modules():
+            owner = _class_name(parent)
+            for attr, child in parent.named_children():
+                d = decisions.get(_class_name(child))
+                if d is None:
+                    continue
+                safe = any(
+                    u.owner_class == owner and u.attribute == attr and u.in_place_safe
+                    for u in d.uses
+                )
+                entry = found.setdefault(id(child), [child, d, True])
+                entry[2] = entry[2] and safe
+        built: dict[tuple[str, bool], Callable] = {}
+        for child, d, safe in found.values():
+            key = (d.class_name, safe)
+            if key not in built:
+                built[key] = replacements.norm_forward(d, in_place_backward=safe)
+            self.install("norm", child, built[key], f"in_place_backward={safe}")
+
+    def mlps(self) -> None:
+        decisions: dict[str, MLPDecision] = {}
+        for d in self.profile.mlps:
+            if d.patched:
+                decisions[d.class_name] = d
+            else:
+                self.skip(f"mlp {d.class_name}", f"{d.status}: {d.reason}")
+        built: dict[str, Callable] = {}
+        for m in self.root.modules():
+            d = decisions.get(_class_name(m))
+            if d is None:
+                continue
+            why = _activation_matches(m, d.hidden_act)
+            if why is not None:
+                self.skip(f"mlp {self.names.get(id(m), '?')}", why, found=True)
+                continue
+            if d.class_name not in built:
+                built[d.class_name] = replacements.mlp_forward(d)
+            self.install("mlp", m, built[d.class_name], f"{d.activation}/{d.layout}")
+
+    def rope(self) -> None:
+        d = self.profile.rope
+        if not d.patched:
+            self.skip("rope", f"{d.status}: {d.reason}")
+            return
+        if d.attention_class is None or d.call_name is None:
+            raise ValueError(
+                f"profile {self.profile.architecture}: the rope decision is 'patch' but lacks "
+                "attention_class or call_name; re-run the analyser or mark it unsupported"
+            )
+        built: dict[type, Callable] = {}
+        for m in self.root.modules():
+            if _class_name(m) != d.attention_class:
+                continue
+            cls = _modeling_class(m, d.attention_class)
+            if cls not in built:
+                try:
+                    built[cls] = _rope_forward(cls, d)
+                except NotStandardForward as e:
+                    built[cls] = None
+                    self.skip(f"rope {cls.__name__}", str(e), found=True)
+            if built[cls] is not None:
+                self.install("rope", m, built[cls], d.variant or "")
+
+    def causal_lm(self) -> None:
+        p = self.profile
+        for label, d in (("output", p.output), ("logits", p.logits), ("lm_head", p.lm_head)):
+            if d.status == "unsupported" or (label == "output" and not d.patched):
+                self.skip("fused_linear_cross_entropy", f"{label} {d.status}: {d.reason}")
+                return
+        if p.moe.status == "unsupported":
+            self.skip("fused_linear_cross_entropy", f"moe unsupported: {p.moe.reason}")
+            return
+        built: dict[type, Callable | None] = {}  # one generic forward per causal-LM class
+        for m in self.root.modules():
+            if _class_name(m) != p.output.causal_lm_class:
+                continue
+            cls = _modeling_class(m, p.output.causal_lm_class)
+            if cls not in built:
+                try:
+                    built[cls] = causal_lm_forward(plan_causal_lm(cls, p))
+                except NotStandardForward as e:
+                    built[cls] = None
+                    self.skip(f"fused_linear_cross_entropy {cls.__name__}", str(e), found=True)
+            if built[cls] is not None:
+                self.install("causal_lm", m, built[cls], p.output.output_class or "")
+
+    def undo(self) -> None:
+        for entry in reversed(self.record.modules):
+            del entry.module.forward
+
+
+def _ours(module: torch.nn.Module) -> bool:
+    fn = getattr(module.__dict__.get("forward"), "__func__", None)
+    return getattr(fn, "__kernelwright__", None) is not None
+
+
+def is_patched(model: torch.nn.Module) -> bool:
+    """True when `patch` was applied to `model`, to a module inside it, or to one around it
+    (then some of its modules carry our forwards)."""
+    return any(_RECORD in m.__dict__ or _ours(m) for m in model.modules())
+
+
+def patch_record(model: torch.nn.Module) -> PatchRecord | None:
+    """The PatchRecord of the patch applied to `model` itself (None if it was not patched)."""
+    return model.__dict__.get(_RECORD)
+
+
+def patch(
+    model: torch.nn.Module,
+    profile: ModelProfile | str | Path | None = None,
+    *,
+    rms_norm: bool = True,
+    layer_norm: bool = True,
+    rope: bool = True,
+    mlp: bool = True,
+    fused_linear_cross_entropy: bool = True,
+) -> ModelProfile:
+    """Patch `model` (a HF causal LM, bare or PEFT-wrapped) in place with kernelwright kernels.
+
+    Args:
+        model: the module to patch; every submodule whose class the profile names is patched.
+        profile: a ModelProfile, a path to its YAML, or None to run the analyser on `model`.
+        rms_norm, layer_norm, rope, mlp: patch those parts (decisions marked "unsupported" or
+            "absent" in the profile are never applied).
+        fused_linear_cross_entropy: compute the training loss without materialising logits;
+            the output's `logits` is then None (labels given and grad enabled only).
+
+    Returns the profile applied. What was patched and what was skipped (and why) is in
+    `kernelwright.integrations.transformers.patch_record(model)`.
+
+    Raises RuntimeError when `model` (or a module inside it) is already patched, ValueError when
+    the profile does not belong to this model or lacks a field a "patch" decision needs.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"patch expects a torch.nn.Module, got {type(model).__name__}")
+    if is_patched(model):
+        raise RuntimeError(
+            f"{type(model).__name__} is already patched by kernelwright; call "
+            "kernelwright.unpatch(model) before patching it again"
+        )
+    profile = _resolve_profile(model, profile)
+    classes = {_class_name(m) for m in model.modules()}
+    wanted = {profile.output.causal_lm_class, profile.architecture, profile.decoder.class_name}
+    if not classes & wanted:
+        raise ValueError(
+            f"the profile is for {profile.architecture} ({profile.model_type}) but "
+            f"{type(model).__name__} has no {sorted(wanted)} module; analyse this model "
+            "(kernelwright autopatch) or pass its own profile"
+        )
+    p = _Patcher(model, profile)
+    try:
+        p.norms(rms_norm, layer_norm)
+        if mlp:
+            p.mlps()
+        else:
+            p.skip("mlp", "mlp=False")
+        if rope:
+            p.rope()
+        else:
+            p.skip("rope", "rope=False")
+        if fused_linear_cross_entropy:
+            p.causal_lm()
+        else:
+            p.skip("fused_linear_cross_entropy", "fused_linear_cross_entropy=False")
+    except BaseException:
+        p.undo()  # all or nothing: a half-patched model is worse than either
+        raise
+    model.__dict__[_RECORD] = p.record
+    if p.found:
+        # the profile said "patch" but this instance could not take it: say so, once
+        warnings.warn(
+            f"kernelwright.patch left {len(p.found)} part(s) of {type(model).__name__} "
+            f"unpatched: {'; '.join(p.found[:4])}",
+            stacklevel=2,
+        )
+    return profile
+
+
+def unpatch(model: torch.nn.Module) -> ModelProfile:
+    """Undo `patch` on `model` (or on the modules inside it that were patched).
+
+    Deletes the instance-level forwards patch set, so every module runs its class's forward
+    again: outputs are bit-identical to a never-patched model and the state dict never
+    changed. Returns the profile that had been applied.
+    """
+    owners = [m for m in model.modules() if _RECORD in m.__dict__]
+    if not owners:
+        if is_patched(model):
+            raise ValueError(
+                f"{type(model).__name__} was patched as part of an enclosing module; call "
+                "unpatch on the module that was given to patch"
+            )
+        raise ValueError(f"{type(model).__name__} is not patched by kernelwright (nothing to undo)")
+    records: list[PatchRecord] = [m.__dict__[_RECORD] for m in owners]
+    replaced = [
+        e.name
+        for r in records
+        for e in r.modules
+        if e.module.__dict__.get("forward") is not e.forward
+    ]
+    if replaced:
+        raise RuntimeError(
+            f"the forward of {replaced[:4]} was replaced after kernelwright patched it (by "
+            "another wrapper); unpatching would drop that wrapper too. Unwrap it first"
+        )
+    for r in records:
+        for e in reversed(r.modules):
+            del e.module.forward
+    for m in owners:
+        del m.__dict__[_RECORD]
+    return records[0].profile
+
+
+def from_pretrained(
+    name_or_path: str | Path,
+    *args,
+    profile: ModelProfile | str | Path | None = None,
+    patch_kwargs: dict | None = None,
+    **kwargs,
+) -> torch.nn.Module:
+    """AutoModelForCausalLM.from_pretrained(name_or_path, *args, **kwargs), then patch it.
+
+    `patch_kwargs` go to `patch` (rms_norm=False, ...); the profile defaults to the analyser's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, *args, **kwargs)
+    patch(model, profile, **(patch_kwargs or {}))
+    return model
+
+
+class KernelwrightCallback(TrainerCallback):
+    """Patch the Trainer's model (transformers Trainer, TRL's SFTTrainer, ...).
+
+        trainer = Trainer(model, args, ..., callbacks=[KernelwrightCallback()])
+
+    Given to the constructor, it patches in `on_init_end`, before the Trainer hands the model to
+    accelerate, so accelerate's mixed-precision wrapper wraps the patched forward. Added later
+    (`trainer.add_callback`), it patches in `on_train_begin`; a forward that accelerate already
+    wrapped then keeps its original loss (see `patch_record(model).skipped`). A model that is
+    already patched is left as it is. `unpatch_on_end=True` restores the model after training.
+    """
+
+    def __init__(
+        self,
+        profile: ModelProfile | str | Path | None = None,
+        *,
+        unpatch_on_end: bool = False,
+        **patch_kwargs,
+    ):
+        self.profile = profile
+        self.unpatch_on_end = unpatch_on_end
+        self.patch_kwargs = patch_kwargs
+        self.applied: ModelProfile | None = None
+
+    def _patch(self, model) -> None:
+        if model is not None and not is_patched(model):
+            self.applied = patch(model, self.profile, **self.patch_kwargs)
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        self._patch(model)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._patch(model)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self.unpatch_on_end and model is not None and is_patched(model):
+            unpatch(model)
