@@ -238,6 +238,63 @@ def info() -> None:
     make_console().print(table)
 
 
+@app.command()
+def autopatch(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A model type ('llama', 'qwen3'), a directory holding config.json, a "
+            "config.json, or a modeling_*.py file. No weights are downloaded."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Profile YAML (default kernelwright-runs/autopatch/<type>/profile.yaml)"),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(help="Confirm each patch decision numerically on a tiny CPU instance."),
+    ] = True,
+    emit: Annotated[
+        Path | None, typer.Option(help="Also write a convergence test for the profile here.")
+    ] = None,
+) -> None:
+    """Analyse MODEL into a reviewed ModelProfile: every decision, its status and evidence."""
+    from rich.markup import escape
+
+    from kernelwright.workflows.autopatch import analyze
+    from kernelwright.workflows.autopatch.summary import rows
+
+    console = make_console()
+    try:
+        profile = analyze(model, check=check)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="MODEL") from None
+    path = out or Path("kernelwright-runs/autopatch") / profile.model_type / "profile.yaml"
+    profile.save(path)
+
+    table = Table(title=f"autopatch {profile.architecture} ({profile.modeling_file})")
+    for col in ("what", "status", "value", "evidence"):
+        table.add_column(col, overflow="fold")
+    colour = {"patch": "green", "unsupported": "yellow", "absent": "dim"}
+    for r in rows(profile):
+        value = escape(r.value)
+        if r.status == "unsupported":  # the reason under the value, in the status colour
+            value = "\n".join(v for v in (value, f"[yellow]{escape(r.reason)}[/]") if v)
+        table.add_row(escape(r.what), f"[{colour[r.status]}]{r.status}[/]", value, str(r.evidence))
+    console.print(table)
+    for note in profile.notes:
+        console.print(f"note: {escape(note)}")
+    if not check:
+        console.print("[yellow]--no-check: no decision was confirmed numerically.[/]")
+    console.print(f"Profile: {path}  (review it; edit a decision to 'unsupported' to skip it)")
+    if emit is not None:
+        from kernelwright.workflows.autopatch.emit import emit_convergence_test
+
+        written = emit_convergence_test(profile, emit)
+        console.print(f"Convergence test: {written or emit}")
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,41 @@
+"""What every part of the analysis reads: the resolved target, its tiny instance, the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from kernelwright.profiles.model import Evidence
+from kernelwright.workflows.autopatch import source as S
+from kernelwright.workflows.autopatch.load import Target
+
+
+@dataclass
+class Context:
+    target: Target
+    tiny: nn.Module
+    text_config: object  # the original text config: values reported come from it
+    text_prefix: str  # "" or "text_config." for evidence keys of multimodal configs
+    modules: dict[str, nn.Module] = field(default_factory=dict)  # text-path modules of tiny
+    text_model_path: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def cfg(self, key: str):
+        return getattr(self.text_config, key, None)
+
+    def cfg_ev(self, key: str) -> Evidence:
+        return S.config_evidence(self.text_prefix + key, self.cfg(key))
+
+    def classes(self) -> dict[str, list[tuple[str, nn.Module]]]:
+        """class name -> [(path, module)] over the text path, in registration order."""
+        out: dict[str, list[tuple[str, nn.Module]]] = {}
+        for path, m in self.modules.items():
+            out.setdefault(type(m).__name__, []).append((path, m))
+        return out
+
+
+def text_config(config):
+    """The decoder's config (a multimodal config's text_config; the config itself otherwise)."""
+    get = getattr(config, "get_text_config", None)
+    return (get() if get else None) or config

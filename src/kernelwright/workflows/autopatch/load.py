@@ -1,0 +1,399 @@
+"""What the analyser reads: resolve a source to a config and a causal-LM class, and build the
+tiny CPU instance every introspection and numerical check runs on.
+
+No weights are ever downloaded. The tiny instance comes from a shrunken copy of the config
+(hidden 64, 4 heads of 16, 2 layers, vocab 128; MoE: 4 experts, top-2) built on CPU in fp32;
+per-layer lists (`layer_types`, `no_rope_layers`, ...) are cut to two entries that keep each
+kind of layer the original has, so a sliding and a full attention layer both exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+}
+TINY_MOE = {
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+TINY_TOP_K = {"num_experts_per_tok": 2, "top_k": 2, "moe_topk": 2}
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+@dataclass
+class Target:
+    """A resolved analyser input."""
+
+    model_type: str
+    config: object  # the PretrainedConfig as given (or built): decisions report its values
+    model_cls: type
+    config_source: str
+    modeling_file: str
+    instance: nn.Module | None = None  # the caller's (unwrapped) model, when one was passed
+    notes: list[str] = field(default_factory=list)
+
+
+def _unknown(source, hint: str = "") -> ValueError:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+
+    close = difflib.get_close_matches(str(source), list(M), n=3)
+    maybe = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return ValueError(
+        f"{source!r} is not a causal-LM model type, path or model that the analyser can read."
+        f"{hint}{maybe} Pass one of: a model type transformers knows (e.g. 'llama', 'qwen3'; "
+        f"{len(M)} causal-LM types are registered), a directory holding config.json or the "
+        "config.json itself, a modeling_*.py file, a PretrainedConfig, or a model instance "
+        "(nn.Module, PEFT-wrapped ones included)."
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model inside PEFT (and similar) wrappers."""
+    for _ in range(4):
+        if hasattr(model, "get_base_model") and callable(model.get_base_model):
+            inner = model.get_base_model()
+        elif hasattr(model, "base_model") and hasattr(model.base_model, "model"):
+            inner = model.base_model.model
+        else:
+            break
+        if inner is model:
+            break
+        model = inner
+    return model
+
+
+def resolve(source) -> Target:
+    from transformers import PretrainedConfig
+
+    if isinstance(source, nn.Module):
+        return _from_instance(source)
+    if isinstance(source, PretrainedConfig):
+        cls = _causal_lm_class(source)
+        return Target(
+            source.model_type,
+            source,
+            cls,
+            f"config:{type(source).__name__}",
+            _modeling_file(cls),
+        )
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if path.exists():
+            return _from_path(path)
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        if isinstance(source, str) and source in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return _from_model_type(source, f"model_type:{source}")
+        raise _unknown(source)
+    raise TypeError(
+        f"analyze() takes a model type, a path, a PretrainedConfig or an nn.Module, "
+        f"not {type(source).__name__}"
+    )
+
+
+def _from_model_type(model_type: str, config_source: str) -> Target:
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(model_type)
+    cls = _causal_lm_class(config)
+    return Target(model_type, config, cls, config_source, _modeling_file(cls))
+
+
+def _from_instance(model: nn.Module) -> Target:
+    inner = unwrap(model)
+    config = getattr(inner, "config", None)
+    if config is None:
+        raise ValueError(
+            f"{type(inner).__name__} has no .config; pass a transformers model (or its "
+            "model type / config.json) instead"
+        )
+    if inner.get_output_embeddings() is None if hasattr(inner, "get_output_embeddings") else True:
+        raise ValueError(
+            f"{type(inner).__name__} has no output embeddings (lm_head): pass the causal-LM "
+            "model (…ForCausalLM), not the bare base model"
+        )
+    notes = []
+    if inner is not model:
+        notes.append(f"unwrapped {type(model).__name__} to {type(inner).__name__}")
+    return Target(
+        getattr(config, "model_type", type(inner).__name__),
+        config,
+        type(inner),
+        f"instance:{type(model).__name__}",
+        _modeling_file(type(inner)),
+        instance=inner,
+        notes=notes,
+    )
+
+
+def _from_path(path: Path) -> Target:
+    if path.is_dir():
+        cfg_path = path / "config.json"
+        if not cfg_path.exists():
+            modeling = sorted(path.glob("modeling_*.py"))
+            if len(modeling) == 1:
+                return _from_modeling_file(modeling[0])
+            raise _unknown(str(path), " The directory has no config.json.")
+        modeling = sorted(path.glob("modeling_*.py"))
+        data = json.loads(cfg_path.read_text())
+        if modeling and "auto_map" in data:
+            return _from_modeling_file(modeling[0])
+        return _from_config_json(cfg_path)
+    if path.suffix == ".json":
+        return _from_config_json(path)
+    if path.suffix == ".py":
+        return _from_modeling_file(path)
+    raise _unknown(str(path), " Expected a directory, a .json config or a modeling_*.py file.")
+
+
+def _from_config_json(path: Path) -> Target:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    data = json.loads(path.read_text())
+    model_type = data.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        raise _unknown(model_type, f" (model_type of {path})")
+    config = CONFIG_MAPPING[model_type].from_dict(data)
+    cls = _causal_lm_class(config)
+    return Target(model_type, config, cls, str(path), _modeling_file(cls))
+
+
+def _from_modeling_file(path: Path) -> Target:
+    import transformers
+
+    path = path.resolve()
+    tf_root = Path(transformers.__file__).resolve().parent
+    if tf_root in path.parents:
+        mod_name = "transformers." + ".".join(path.relative_to(tf_root).with_suffix("").parts)
+        module = importlib.import_module(mod_name)
+        model_type = _model_type_of_module(module, path)
+        t = _from_model_type(model_type, str(path))
+        return t
+    module = _import_outside(path)
+    cls = _causal_lm_in(module, path)
+    config_cls = getattr(cls, "config_class", None)
+    if config_cls is None:
+        config_cls = _config_class_beside(path)
+    cfg_json = path.parent / "config.json"
+    if cfg_json.exists():
+        config = config_cls.from_dict(json.loads(cfg_json.read_text()))
+        config_source = str(cfg_json)
+    else:
+        config = config_cls()
+        config_source = f"{path} (default {config_cls.__name__})"
+    return Target(getattr(config, "model_type", path.stem), config, cls, config_source, str(path))
+
+
+def _model_type_of_module(module, path: Path) -> str:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+
+    names = {n for n, v in vars(module).items() if inspect.isclass(v)}
+    types_ = [mt for mt, cls in M.items() if cls in names]
+    if not types_:
+        raise _unknown(str(path), " It defines no causal-LM class that transformers registers.")
+    types_.sort(key=lambda mt: (not M[mt].endswith("ForCausalLM"), mt != path.parent.name))
+    return types_[0]
+
+
+def _import_outside(path: Path):
+    # modeling files import their siblings relatively (`from .configuration_x import XConfig`):
+    # import the file as a submodule of a synthetic package rooted at its directory
+    pkg = "kernelwright_autopatch_" + hashlib.sha1(str(path.parent).encode()).hexdigest()[:10]
+    if pkg not in sys.modules:
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(path.parent)]
+        sys.modules[pkg] = mod
+    return importlib.import_module(f"{pkg}.{path.stem}")
+
+
+def _causal_lm_in(module, path: Path) -> type:
+    from transformers import PreTrainedModel
+
+    found = [
+        v
+        for v in vars(module).values()
+        if inspect.isclass(v)
+        and issubclass(v, PreTrainedModel)
+        and v.__module__ == module.__name__
+        and v.__name__.endswith("ForCausalLM")
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"{path} defines {len(found)} …ForCausalLM classes "
+            f"({', '.join(c.__name__ for c in found) or 'none'}); pass a model instance instead"
+        )
+    return found[0]
+
+
+def _config_class_beside(path: Path):
+    from transformers import PretrainedConfig
+
+    for cfg_file in sorted(path.parent.glob("configuration_*.py")):
+        mod = _import_outside(cfg_file)
+        for v in vars(mod).values():
+            is_config = inspect.isclass(v) and issubclass(v, PretrainedConfig)
+            if is_config and v.__module__ == mod.__name__:
+                return v
+    raise ValueError(
+        f"no config class for {path}: add a configuration_*.py beside it, or set config_class "
+        "on its causal-LM class"
+    )
+
+
+def _causal_lm_class(config) -> type:
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None and arch in M.values():
+            return cls
+    name = M.get(getattr(config, "model_type", None))
+    if name is None:
+        raise _unknown(getattr(config, "model_type", None), " (the config's model_type)")
+    return getattr(transformers, name)
+
+
+def _modeling_file(cls: type) -> str:
+    from kernelwright.workflows.autopatch.source import display_path, source_file
+
+    path = source_file(cls)
+    return display_path(path) if path else cls.__module__
+
+
+# ----------------------------------------------------------------------------- tiny instance
+
+
+def _pick_layers(values: list, n: int) -> list:
+    """n entries of a per-layer list that keep its distinct values (first occurrences first)."""
+    picked = []
+    for i, v in enumerate(values):
+        if v not in [values[j] for j in picked]:
+            picked.append(i)
+    for i in range(len(values)):
+        if len(picked) >= n:
+            break
+        if i not in picked:
+            picked.append(i)
+    return [values[i] for i in sorted(picked[:n])]
+
+
+def tiny_config(config) -> tuple[object, list[str]]:
+    """A shrunken copy of `config` (and of its sub-configs) and the notes on what changed."""
+    from transformers import PretrainedConfig
+
+    cfg = copy.deepcopy(config)
+    notes: list[str] = []
+    _shrink(cfg, notes)
+    for value in list(vars(cfg).values()):
+        if isinstance(value, PretrainedConfig):
+            _shrink(value, notes)
+    return cfg, notes
+
+
+def _has(cfg, key: str) -> bool:
+    return key in cfg.to_dict() or key in getattr(cfg, "attribute_map", {})
+
+
+def _set(cfg, key: str, value) -> None:
+    # a read-only property derived from other keys (Falcon's head_dim) follows them
+    with contextlib.suppress(AttributeError):
+        setattr(cfg, key, value)
+
+
+def _shrink(cfg, notes: list[str]) -> None:
+    n_orig = getattr(cfg, "num_hidden_layers", None)
+    for key, value in TINY.items():
+        if _has(cfg, key) or key == "head_dim" and _has(cfg, "num_attention_heads"):
+            current = getattr(cfg, key, None)
+            # per-layer sizes (Gemma3n's intermediate_size) stay lists
+            _set(cfg, key, [value] * len(current) if isinstance(current, list) else value)
+    n_new = TINY["num_hidden_layers"]
+    for key, value in TINY_MOE.items():
+        current = getattr(cfg, key, None) if _has(cfg, key) else None
+        if isinstance(current, int) and current > 0:
+            _set(cfg, key, value)
+    for key, value in TINY_TOP_K.items():
+        current = getattr(cfg, key, None) if _has(cfg, key) else None
+        if isinstance(current, int) and current > 0:
+            _set(cfg, key, min(current, value))
+    if isinstance(n_orig, int) and n_orig > n_new:
+        for key, value in list(cfg.to_dict().items()):
+            if isinstance(value, list) and len(value) == n_orig:
+                _set(cfg, key, _pick_layers(value, n_new))
+                notes.append(f"{key}: kept {getattr(cfg, key)} of {n_orig} layers")
+        for key in ("mlp_only_layers",):
+            v = getattr(cfg, key, None)
+            if isinstance(v, list):
+                _set(cfg, key, [i for i in v if i < n_new])
+        for key in ("first_k_dense_replace", "num_kv_shared_layers"):
+            # layer counts inside the stack: keep them below the tiny depth
+            v = getattr(cfg, key, None)
+            if isinstance(v, int) and v > 1:
+                _set(cfg, key, 1 if key == "first_k_dense_replace" else 0)
+    vocab = getattr(cfg, "vocab_size", None)
+    if isinstance(vocab, int):
+        for key in TOKEN_IDS:
+            v = getattr(cfg, key, None)
+            if isinstance(v, int) and v >= vocab:
+                _set(cfg, key, vocab - 1)
+            elif isinstance(v, list):
+                _set(cfg, key, [i for i in v if i < vocab] or None)
+    _shrink_rope(cfg)
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+
+
+def _shrink_rope(cfg) -> None:
+    # long/short rope factors have one entry per rotary frequency: cut them to the tiny head
+    rp = getattr(cfg, "rope_parameters", None)
+    head = TINY["head_dim"]
+    for params in [rp] + (list(rp.values()) if isinstance(rp, dict) else []):
+        if not isinstance(params, dict):
+            continue
+        factor = params.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))
+        n = int(head * (factor or 1.0)) // 2
+        for key in ("long_factor", "short_factor"):
+            if isinstance(params.get(key), list):
+                params[key] = params[key][:n]
+
+
+def build_tiny(model_cls: type, config, seed: int = 0) -> tuple[nn.Module, object, list[str]]:
+    """(tiny model, its config, notes): a CPU fp32 instance of `model_cls` from a shrunk config."""
+    torch.manual_seed(seed)
+    try:
+        cfg, notes = tiny_config(config)
+        with torch.device("cpu"):
+            model = model_cls._from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    except Exception as e:
+        raise RuntimeError(
+            f"could not build a tiny {model_cls.__name__} from the shrunken config "
+            f"({type(e).__name__}: {e}); pass a model instance (kernelwright analyses its "
+            "classes) or a config whose sizes can be reduced"
+        ) from e
+    return model.float().eval(), cfg, notes

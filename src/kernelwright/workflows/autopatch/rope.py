@@ -1,0 +1,284 @@
+"""RoPE (8): the function the attention forward really calls with (q, k, cos, sin).
+
+Resolved through the attention module's globals at analysis time, as Python resolves it at call
+time; transformers 5 decorates it (`use_kernel_forward_from_hub`) and the attention class
+(`use_kernelized_func`): both are recorded as evidence. The variant comes from the function's
+AST (rotate_half: half split; x[..., ::2] pairs: interleaved), the partial factor from the
+config, and where the rotated dims are cut (in the function by cos.shape[-1], or by the caller).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from kernelwright.profiles.model import RopeDecision
+from kernelwright.workflows.autopatch import source as S
+from kernelwright.workflows.autopatch.context import Context, text_config
+
+
+def _rope_call(cls: type) -> tuple[str, object, ast.Call, S.Method] | None:
+    """(global name, function, call node, forward) of the (q, k, cos, sin) call in a forward."""
+    fwd = S.method(cls, "forward")
+    if fwd is None:
+        return None
+    glb = S.module_globals(fwd.owner)
+    for call in S.calls(fwd.node):
+        if not isinstance(call.func, ast.Name):
+            continue
+        fn = glb.get(call.func.id)
+        if not callable(fn) or inspect.isclass(fn):
+            continue
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            continue
+        if len(params) >= 4 and params[2:4] == ["cos", "sin"]:
+            return call.func.id, fn, call, fwd
+    return None
+
+
+@dataclass
+class RopeFn:
+    """The rotary function the attention calls, and whether the caller cuts q to the rotated
+    dims first (then the function sees cos.shape[-1] dims, not the head)."""
+
+    fn: object
+    caller_slices: bool = False
+
+
+def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
+    """(the decision, the attention classes, the function the check compares against)."""
+    found: dict[str, tuple] = {}
+    for name, mods in ctx.classes().items():
+        hit = _rope_call(type(mods[0][1]))
+        if hit is not None:
+            found[name] = hit
+    attention = set(found)
+    if not attention:
+        # attention classes still matter for norm roles: those owning q/k/v projections
+        attention = {
+            n
+            for n, mods in ctx.classes().items()
+            if {"q_proj", "k_proj"} <= {c for c, _ in mods[0][1].named_children()}
+        }
+        has_rope = ctx.cfg("rope_parameters") is not None or any(
+            "rotary" in n.lower() for n in ctx.classes()
+        )
+        if not has_rope:
+            return RopeDecision(status="absent"), attention, None
+        return (
+            RopeDecision(
+                status="unsupported",
+                reason="no attention forward calls a global function taking (q, k, cos, sin)",
+            ),
+            attention,
+            None,
+        )
+    fns = {id(h[1]) for h in found.values()}
+    attn_name = sorted(found)[0]
+    call_name, fn, call, fwd = found[attn_name]
+    rope_fn = RopeFn(fn)
+    d = RopeDecision(attention_class=attn_name, call_name=call_name)
+    d.evidence.append(fwd.ev(call))
+    if len(fns) > 1:
+        d.reason = f"attention classes call different rotary functions: {sorted(found)}"
+        d.status = "unsupported"
+        return d, attention, rope_fn
+    # transformers 5 marks the function and the attention for hub kernels; kernelwright
+    # replaces the module global the forward resolves at call time
+    found_cls = S.class_node(fwd.owner)
+    if found_cls is not None:
+        d.evidence += S.decorator_evidence(found_cls[0].decorator_list, found_cls[1])
+    fdef = S.function(fn)
+    if fdef is None:
+        d.reason = f"no source for {call_name}"
+        d.status = "unsupported"
+        return d, attention, rope_fn
+    target = inspect.unwrap(fn)
+    d.function = f"{target.__module__}.{target.__qualname__}"
+    d.evidence.append(fdef.ev())
+    d.evidence += S.decorator_evidence(fdef.node.decorator_list, fdef.file)
+    if inspect.unwrap(fn) is not fn:
+        ctx.notes.append(f"{call_name} is wrapped by a decorator at import time")
+    sig = inspect.signature(fn)
+    if "unsqueeze_dim" in sig.parameters:
+        default = sig.parameters["unsqueeze_dim"].default
+        d.unsqueeze_dim = int(default) if isinstance(default, int) else 1
+    for kw in call.keywords:
+        if kw.arg == "unsqueeze_dim" and S.const_number(kw.value) is not None:
+            d.unsqueeze_dim = int(S.const_number(kw.value))
+    if len(call.args) > 4 and S.const_number(call.args[4]) is not None:
+        d.unsqueeze_dim = int(S.const_number(call.args[4]))
+    # multi-section (mrope) rotary: position ids per section, no kernel
+    rp = ctx.cfg("rope_parameters") or {}
+    if "mrope_section" in sig.parameters or (isinstance(rp, dict) and "mrope_section" in rp):
+        d.reason = "multi-section (mrope) rotary embedding: no kernel"
+        d.status = "unsupported"
+        return d, attention, rope_fn
+    relaid = _relays_tables(fdef)
+    if relaid is not None:
+        d.evidence.append(fdef.ev(relaid))
+        d.reason = (
+            f"{call_name} re-lays out cos/sin inside the function (GLM-style "
+            "repeat_interleave); the kernel takes the tables as the rotary embedding gives them"
+        )
+        d.status = "unsupported"
+        return d, attention, rope_fn
+    variant, lines = _rope_variant(fdef)
+    d.evidence += [fdef.ev(n) for n in lines]
+    if variant is None:
+        d.reason = f"{call_name}: neither rotate_half (half split) nor an interleaved rotation"
+        d.status = "unsupported"
+        return d, attention, rope_fn
+    d.variant = variant
+    factor, key = _partial_factor(ctx)
+    d.partial_rotary_factor = factor
+    if key:
+        d.evidence.append(S.config_evidence(ctx.text_prefix + key, factor))
+    slices = _slices_rot_dim(fdef)
+    if slices is not None:
+        d.evidence.append(fdef.ev(slices))  # the function passes dims past cos.shape[-1] through
+    elif factor < 1.0:
+        caller = _caller_slices(fwd, call)
+        if caller is not None:
+            rope_fn.caller_slices = True  # Phi/StableLM hand it q[..., :rotary_dims] only
+            d.evidence.append(fwd.ev(caller))
+        else:
+            d.reason = (
+                f"partial_rotary_factor {factor} but neither {call_name} nor its caller "
+                "slices the rotated dims"
+            )
+            d.status = "unsupported"
+    if isinstance(rp, dict) and rp.get("rope_type", "default") != "default":
+        key = ctx.text_prefix + "rope_parameters.rope_type"
+        d.evidence.append(S.config_evidence(key, rp["rope_type"]))
+    return d, attention, rope_fn
+
+
+def _caller_slices(fwd: S.Method, call: ast.Call) -> ast.stmt | None:
+    """The assignment that cuts the call's q argument to `q[..., :n]`, if the caller does."""
+    if not call.args or not isinstance(call.args[0], ast.Name):
+        return None
+    name = call.args[0].id
+    for stmt, _ in S.statements(fwd.node.body):
+        if not isinstance(stmt, ast.Assign) or stmt.lineno > call.lineno:
+            continue
+        stored = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if name not in stored:
+            continue
+        for sub in ast.walk(stmt.value):
+            if (
+                isinstance(sub, ast.Subscript)
+                and isinstance(sub.slice, ast.Tuple)
+                and isinstance(sub.slice.elts[0], ast.Constant)
+                and sub.slice.elts[0].value is Ellipsis
+                and isinstance(sub.slice.elts[-1], ast.Slice)
+                and sub.slice.elts[-1].upper is not None
+                and sub.slice.elts[-1].lower is None
+            ):
+                return stmt
+    return None
+
+
+def _relays_tables(fdef: S.Method) -> ast.stmt | None:
+    """The statement that rebuilds cos or sin (`cos = cos[..., :d // 2].repeat_interleave(2)`)."""
+    for stmt, _ in S.statements(fdef.node.body):
+        if not isinstance(stmt, ast.Assign):
+            continue
+        names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if names & {"cos", "sin"} and any(
+            isinstance(c.func, ast.Attribute) and c.func.attr in ("repeat_interleave", "repeat")
+            for c in S.calls(stmt.value)
+        ):
+            return stmt
+    return None
+
+
+def _rope_variant(fdef: S.Method) -> tuple[str | None, list[ast.AST]]:
+    for call in S.calls(fdef.node):
+        if isinstance(call.func, ast.Name) and "rotate" in call.func.id:
+            helper = _global_function(fdef, call.func.id)
+            if helper is not None and _is_rotate_half(helper):
+                return "half_split", [call, helper.node]
+            if helper is not None and _is_interleaved(helper):
+                return "interleaved", [call, helper.node]
+    if _is_interleaved(fdef):
+        return "interleaved", [fdef.node]
+    return None, []
+
+
+def _global_function(fdef: S.Method, name: str) -> S.Method | None:
+    for node in fdef.file.tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return S.Method(node, fdef.file, None)
+    return None
+
+
+def _is_rotate_half(m: S.Method) -> bool:
+    # x1 = x[..., : d // 2]; x2 = x[..., d // 2 :]; cat((-x2, x1), -1)
+    src = ast.unparse(m.node)
+    halves = "// 2" in src
+    cat = any(
+        S.dotted(c.func) in ("torch.cat", "torch.concat", "torch.concatenate")
+        and c.args
+        and isinstance(c.args[0], ast.Tuple | ast.List)
+        and len(c.args[0].elts) == 2
+        and isinstance(c.args[0].elts[0], ast.UnaryOp)
+        and isinstance(c.args[0].elts[0].op, ast.USub)
+        for c in S.calls(m.node)
+    )
+    return halves and cat
+
+
+def _is_interleaved(m: S.Method) -> bool:
+    # x[..., ::2] and x[..., 1::2] stacked back: pairs (x0, x1) rotate together
+    steps = [
+        n
+        for n in ast.walk(m.node)
+        if isinstance(n, ast.Slice) and n.step is not None and S.const_number(n.step) == 2.0
+    ]
+    return len(steps) >= 2
+
+
+def _slices_rot_dim(fdef: S.Method) -> ast.AST | None:
+    for n in ast.walk(fdef.node):
+        if isinstance(n, ast.Subscript) and ast.unparse(n) in ("cos.shape[-1]", "sin.shape[-1]"):
+            return n
+    return None
+
+
+def _partial_factor(ctx: Context) -> tuple[float, str | None]:
+    rp = ctx.cfg("rope_parameters")
+    if isinstance(rp, dict) and rp.get("partial_rotary_factor") is not None:
+        return float(rp["partial_rotary_factor"]), "rope_parameters.partial_rotary_factor"
+    v = ctx.cfg("partial_rotary_factor")
+    if v is not None:
+        return float(v), "partial_rotary_factor"
+    return 1.0, None
+
+
+def rotary_tables(ctx: Context, batch: int = 2, seq: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin from the model's own rotary-embedding module at random positions."""
+    rot = next(
+        (
+            m
+            for m in ctx.modules.values()
+            if any("inv_freq" in n for n, _ in m.named_buffers(recurse=False))
+        ),
+        None,
+    )
+    if rot is None:
+        raise ValueError("no rotary-embedding module (one holding an inv_freq buffer) found")
+    hidden = text_config(ctx.tiny.config).hidden_size
+    x = torch.zeros(batch, seq, hidden)
+    pos = torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(3))
+    kwargs = {}
+    if "layer_type" in inspect.signature(rot.forward).parameters:
+        kwargs["layer_type"] = sorted(getattr(rot, "layer_types", ["full_attention"]))[0]
+    with torch.no_grad():
+        cos, sin = rot(x, pos, **kwargs)
+    return cos, sin
