@@ -116,7 +116,12 @@ def test_profile_decisions(model_type):
     assert (p.rope.variant, p.rope.partial_rotary_factor) == exp.rope
     assert p.rope.call_name == "apply_rotary_pos_emb" and _checked(p.rope)
     assert (p.logits.softcap, p.logits.scale_op, p.logits.scale) == exp.logits
-    assert p.logits.status == ("absent" if exp.logits == NO_LOGITS else "patch")
+    # gemma3_text reads final_logit_softcapping behind `is not None` (None in its default
+    # config): recorded as a patch decision with the key, so a config that sets it gets it
+    keyed = p.logits.softcap_config_key is not None
+    assert p.logits.status == ("absent" if exp.logits == NO_LOGITS and not keyed else "patch")
+    if model_type == "gemma3_text":
+        assert keyed and p.logits.softcap is None
     assert p.lm_head.tied is exp.tied and p.lm_head.bias is False
     assert p.output.base_model_attribute == "model" and p.output.lm_head_attribute == "lm_head"
     assert p.output.output_class.endswith("CausalLMOutputWithPast")

@@ -108,21 +108,23 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
             and any(isinstance(t, ast.Name) and t.id == var for t in stmt.targets)
         ):
             continue
+        # `if config.<key> is not None:` with the key None in this config: the transform is
+        # inactive here, but the key is still recorded (the patched forward reads its value at
+        # every call, as the original does, so a config that sets it gets it)
         guard = _inactive_guard(ctx, fwd, stmt, init)
         if guard is not None:
             d.evidence.append(fwd.ev(guard))
-            continue
         v = stmt.value
         if isinstance(v, ast.BinOp) and isinstance(v.left, ast.Name) and v.left.id == var:
             op = {ast.Div: "divide", ast.Mult: "multiply"}.get(type(v.op))
             key = S.config_key(v.right, init)
             const = S.const_number(v.right)
             value = getattr(ctx.text_config, key, None) if key else const
-            if op is None or value is None:
+            if op is None or (value is None and (guard is None or key is None)):
                 d.reason = f"unrecognised logits transform: {ast.unparse(stmt)}"
                 d.status = "unsupported"
                 return d
-            ops.append((op, key, float(value), stmt))
+            ops.append((op, key, None if value is None else float(value), stmt))
         elif isinstance(v, ast.Call) and S.dotted(v.func) in ("torch.tanh", f"{var}.tanh"):
             ops.append(("tanh", None, None, stmt))
         elif (
@@ -162,7 +164,7 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
         d.scale_op, d.scale_config_key, d.scale = ops[0][0], ops[0][1], ops[0][2]
         if ops[0][1]:
             d.evidence.append(ctx.cfg_ev(ops[0][1]))
-    if d.softcap is not None or d.scale_op is not None:
+    if d.softcap is not None or d.softcap_config_key or d.scale_op is not None:
         d.status = "patch"
     return d
 

@@ -1,0 +1,665 @@
+"""Convergence: a patched model trains like the unpatched one (autopatch's Verify stage).
+
+`run_convergence` builds one small model and trains three copies side by side with AdamW on
+identical token batches (labels with ignored positions):
+
+- the reference, unpatched;
+- the patched copy (`kernelwright.patch`, or any `patch_fn`);
+- a control: unpatched, its embedding outputs moved by one rounding step at random on every
+  forward. It differs from the reference only by rounding and by the chaos training makes of
+  it (a bf16 router flipping a token's expert, Adam normalising a gradient that is pure
+  rounding noise): the noise floor of this model, dtype and run length, measured, not guessed.
+
+It compares with the reference the loss of every step, the gradients of the first step (same
+weights, so a gradient difference is the patch's alone), the log-probabilities of the
+reference's top-k tokens on a held-out batch in eval mode (the logits path, no labels) and all
+parameters after training. A quantity passes when it is within max(table tolerance,
+CONTROL_FACTOR x the control's divergence): the table bounds the dense, short runs where the
+floor is tiny; the control stretches the bound where the model itself is chaotic (MoE routing,
+long bf16 runs). A wrong patch diverges from the first step, where the control has not yet.
+
+`tiny_config` gives small configs of the supported architectures with the knobs that change
+the math kept (soft-capping, multipliers, partial rotary, experts, no-rope and sliding layers):
+"tiny" for the CPU suite through Triton's interpreter, "gpu" for realistic widths on a GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelwright.runtime.device import default_device
+
+
+@dataclass(frozen=True)
+class ConvergenceTolerance:
+    loss: float  # |loss_patched - loss_ref| at any step, in nats
+    grads: float  # step 0: ||g_patched - g_ref|| / ||g_ref||, all parameters together
+    logprobs: float  # max |log p_patched - log p_ref| at the reference's top-k tokens (eval)
+    params: float  # after training: ||p_patched - p_ref|| / ||p_ref - p_init||, all together
+
+
+# Table tolerances: the floor under every bound. How they were chosen: all 14 architectures at
+# both sizes (tiny: CPU interpreter, RUNS["tiny"]; gpu: H200, RUNS["gpu"]), measuring against
+# the reference (a) the control and (b) the unpatched model with every norm's output re-rounded
+# by one ulp on each forward (a second, equivalent norm implementation). Largest divergence
+# among the dense models, either size (the MoE ones are chaotic and left to the control):
+#   fp32: loss 1.3e-5, grads 2.2e-6, logprobs 1.4e-3 (olmo2, gpu), params 5.4e-4 (olmo2, gpu).
+#         Real patches measured the same (loss <= 1e-5, grads <= 1.8e-6, logprobs <= 1.3e-3).
+#         MoE, gpu: loss ~1e-3, logprobs ~0.2, params ~1e-2, in the control too.
+#   bf16: loss 5.9e-3, grads 3.8e-2, logprobs 0.21 (gemma3_text, gpu: one bf16 ulp of a logit
+#         near 16 is 0.125), params 9e-2 (tiny, 4 steps). MoE: loss ~2e-2, grads ~0.15,
+#         logprobs ~0.8, params ~0.3 (routing flips), in the control too.
+# The bounds sit 2.5-4x above those floors. Wrong patches measured (llama, tiny): a norm offset
+# of 1 instead of 0 gives a step-0 loss error of 1.5e-3, gradient error 1.7, log-probs 0.8 (in
+# bf16 too); interleaved instead of half-split RoPE gives in fp32 a step-0 loss error of 2e-4
+# and gradient error 1e-2 (1000x the bound), but in bf16 only 1.4e-2, under the floor: bf16 is
+# the weaker check by nature, fp32 is where an equivalence is proven.
+TOLERANCES: dict[torch.dtype, ConvergenceTolerance] = {
+    torch.float32: ConvergenceTolerance(loss=5e-5, grads=1e-5, logprobs=5e-3, params=2e-3),
+    torch.bfloat16: ConvergenceTolerance(loss=2e-2, grads=1e-1, logprobs=5e-1, params=2.5e-1),
+}
+# The control's divergence is one sample of the noise: the bound allows a few times it.
+CONTROL_FACTOR = 4.0
+
+# Run settings of the two suites (and of the emitted per-model tests): "tiny" through the
+# interpreter on the CPU, where every kernel launch costs milliseconds, "gpu" on a CUDA device.
+RUNS: dict[str, dict[str, Any]] = {
+    "tiny": dict(steps=4, batch=2, seq=16, lr=1e-3),
+    "gpu": dict(steps=32, batch=4, seq=256, lr=3e-4),
+}
+
+ARCHITECTURES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo2",
+    "granite",
+    "nemotron",
+    "mixtral",
+    "smollm3",
+)
+
+# Widths per size. head_dim is explicit because several configs derive it from hidden/heads.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=256,
+        max_position_embeddings=256,
+    ),
+    "gpu": dict(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+}
+
+# Knobs that only some architectures have, per size: experts and windows scale with the size.
+_SIZED_KNOBS: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
+        "window": dict(sliding_window=8),  # shorter than the suites' sequences: it masks
+    },
+    "gpu": {
+        "moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704),
+        "window": dict(sliding_window=128),
+    },
+}
+
+# Per-architecture knobs that change the math the patch must reproduce. Values follow released
+# checkpoints where the default config would hide the feature (default 1.0 multipliers, a no-rope
+# interval longer than two layers, a sliding pattern that leaves no full layer in two).
+ARCH_KNOBS: dict[str, dict[str, Any]] = {
+    "mistral": {"window": True},
+    "qwen3_moe": {"moe": True, "norm_topk_prob": True},
+    "mixtral": {"moe": True, "router_jitter_noise": 0.0},
+    "gemma2": {"window": True, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+    "gemma3_text": {"window": True, "sliding_window_pattern": 2},  # sliding, full
+    "phi3": {"partial_rotary_factor": 0.75},  # Phi-4-mini rotates 3/4 of each head
+    "granite": {
+        # Granite-3 style: logits divided by 8, embeddings x12, damped residuals
+        "embedding_multiplier": 12.0,
+        "logits_scaling": 8.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.0625,
+    },
+    "nemotron": {"partial_rotary_factor": 0.5},
+    "smollm3": {"no_rope_layer_interval": 2},  # layer 0 rotates, layer 1 has no rope
+}
+
+# Shared by every config: no cache while training, token ids inside any vocab, one attention.
+_COMMON = dict(use_cache=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
+ATTN_IMPLEMENTATION = "eager"  # the same attention on CPU and GPU, softcapping included
+
+
+def tiny_config(model_type: str, *, size: str = "tiny", **overrides):
+    """A small `transformers` config of `model_type` ("tiny" for the CPU, "gpu" for a GPU).
+
+    Dropout is zero, the attention is eager and `overrides` win over everything else.
+    """
+    from transformers import AutoConfig
+
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    kwargs: dict[str, Any] = {**_COMMON, **SIZES[size]}
+    for key, value in ARCH_KNOBS.get(model_type, {}).items():
+        if key in _SIZED_KNOBS[size]:
+            kwargs.update(_SIZED_KNOBS[size][key])
+        else:
+            kwargs[key] = value
+    kwargs.update(overrides)
+    try:
+        config = AutoConfig.for_model(model_type, **kwargs)
+    except ValueError as e:
+        raise ValueError(
+            f"transformers cannot build a config for model_type {model_type!r}: {e}. "
+            f"Known to this harness: {', '.join(ARCHITECTURES)}"
+        ) from e
+    return _training_ready(config, overrides)
+
+
+def config_for_profile(profile, *, size: str = "tiny", **overrides):
+    """A small config of the architecture a ModelProfile describes, from its `config_source`.
+
+    A config.json source is shrunk to the size's widths, layer count, experts and window,
+    keeping its other keys (per-layer lists are cut to the kept layers). Any other source
+    ("model_type:<type>", or a config or instance that was analysed) gives
+    `tiny_config(profile.model_type)`: the profile keeps no config values beyond its decisions.
+    """
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = Path(profile.config_source)
+    if path.suffix == ".json" and path.is_file():
+        return _shrink_config_json(path, size, overrides)
+    if profile.model_type in CONFIG_MAPPING:
+        return tiny_config(profile.model_type, size=size, **overrides)
+    raise ValueError(
+        f"cannot build a config for {profile.architecture}: model_type "
+        f"{profile.model_type!r} is not registered with transformers and config_source "
+        f"{profile.config_source!r} is not a config.json; build the config yourself and pass it "
+        "to run_convergence"
+    )
+
+
+def _shrink_config_json(path: Path, size: str, overrides: Mapping[str, Any]):
+    from transformers import AutoConfig
+
+    data = json.loads(path.read_text())
+    model_type = data.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"{path} has no 'model_type'; cannot tell which config class to build")
+    layers = data.get("num_hidden_layers")
+    new_layers = overrides.get("num_hidden_layers", SIZES[size]["num_hidden_layers"])
+    for key, value in list(data.items()):
+        # layer_types, no_rope_layers, ...: one entry per layer, cut to the kept layers
+        if isinstance(value, list) and layers is not None and len(value) == layers:
+            data[key] = value[:new_layers]
+    for key in (
+        "architectures",
+        "transformers_version",
+        "auto_map",
+        "_name_or_path",
+        "quantization_config",
+    ):
+        data.pop(key, None)
+    # experts and windows shrink with the size, under whichever key this config uses
+    sized = {**_SIZED_KNOBS[size]["moe"], **_SIZED_KNOBS[size]["window"]}
+    sized["num_local_experts"] = sized["num_experts"]
+    for key, value in sized.items():
+        if data.get(key) is not None:
+            data[key] = value
+    kwargs = {**data, **_COMMON, **SIZES[size], **overrides}
+    config = AutoConfig.for_model(model_type, **kwargs)
+    return _training_ready(config, overrides)
+
+
+def _training_ready(config, overrides: Mapping[str, Any]):
+    # Dropout would draw different masks in the two models; every *dropout / *pdrop float → 0.
+    for key, value in config.to_dict().items():
+        if (
+            ("dropout" in key or "pdrop" in key)
+            and isinstance(value, float)
+            and key not in overrides
+        ):
+            setattr(config, key, 0.0)
+    config._attn_implementation = overrides.get("attn_implementation", ATTN_IMPLEMENTATION)
+    return config
+
+
+def make_batches(
+    vocab_size: int, *, count: int, batch: int, seq: int, seed: int, ignored: float = 0.15
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`count` (input_ids, labels) pairs on the CPU, from one seeded bigram language.
+
+    Tokens come from the first eighth of the vocabulary; each has four likely successors (90%
+    of the time), so the loss falls steadily and generalises to a held-out batch instead of a
+    few batches being memorised (a memorising model is chaotic: tiny differences decide which
+    sample it fits first). A fraction `ignored` of the labels is -100.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    alphabet = min(vocab_size, max(8, vocab_size // 8))
+    successors = torch.randint(0, alphabet, (alphabet, 4), generator=gen)
+    out = []
+    for _ in range(count):
+        ids = torch.empty(batch, seq, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, alphabet, (batch,), generator=gen)
+        for t in range(1, seq):
+            pick = successors[ids[:, t - 1], torch.randint(0, 4, (batch,), generator=gen)]
+            noise = torch.randint(0, alphabet, (batch,), generator=gen)
+            ids[:, t] = torch.where(torch.rand(batch, generator=gen) < 0.9, pick, noise)
+        labels = ids.clone()
+        labels[torch.rand(batch, seq, generator=gen) < ignored] = -100
+        out.append((ids, labels))
+    return out
+
+
+@dataclass
+class Divergence:
+    """How far one run ended from the reference run."""
+
+    losses: list[float]  # this run's loss at every step
+    loss_diffs: list[float]  # |loss - loss_ref| per step
+    grad_error: float  # step 0, relative error of all gradients together
+    grad_errors: dict[str, float]  # the same per parameter
+    logprob_diff: float  # max |Δ log p| at the reference's top-k tokens, held-out batch
+    logprob_where: str  # "batch 1, position 7, token 42" of that maximum
+    param_error: float  # after training, ||Δp|| / ||p_ref - p_init||, all parameters together
+    param_errors: dict[str, float]  # the same per parameter
+    param_max_abs: dict[str, float]  # max |Δp| per parameter
+
+
+@dataclass
+class ConvergenceResult:
+    """The three runs' numbers; `check` lists what is out of bounds, `assert_close` raises.
+
+    Gradients and parameters are checked over the whole model at once: one tensor's error can be
+    noise made large (a key-projection bias has no true gradient; Adam turns its rounding noise
+    into whole steps), a wrong patch moves them all. Messages name the worst tensor.
+    """
+
+    model_type: str
+    dtype: torch.dtype
+    device: str
+    steps: int
+    lr: float
+    losses_ref: list[float]
+    heldout_loss_ref: tuple[float, float]  # the reference's held-out loss before and after
+    patched: Divergence
+    control: Divergence | None  # None when run without the control
+    profile: Any = None  # what the patch function returned (a ModelProfile)
+
+    @property
+    def losses_patched(self) -> list[float]:
+        return self.patched.losses
+
+    def control_divergence(self, what: str, step: int = 0) -> float | None:
+        """The control's divergence in `what` ("loss", "grads", "logprobs", "params")."""
+        c = self.control
+        if c is None:
+            return None
+        if what == "loss":
+            # Step 0 runs identical weights: only rounding separates the runs there. Later steps
+            # carry the chaos of training, which sets in at no fixed step (a router flips a
+            # token when it flips), so they get the control's largest divergence of the run.
+            return c.loss_diffs[0] if step == 0 else max(c.loss_diffs)
+        return {"grads": c.grad_error, "logprobs": c.logprob_diff, "params": c.param_error}[what]
+
+    def bound(self, what: str, tolerance: ConvergenceTolerance, step: int = 0) -> float:
+        """max(table tolerance, CONTROL_FACTOR x the control's divergence)."""
+        control = self.control_divergence(what, step)
+        table = getattr(tolerance, what)
+        return table if control is None else max(table, CONTROL_FACTOR * control)
+
+    def _why(self, what: str, tolerance: ConvergenceTolerance, step: int = 0) -> str:
+        control = self.control_divergence(what, step)
+        table = getattr(tolerance, what)
+        if control is None or CONTROL_FACTOR * control <= table:
+            return f"tol {table:g}"
+        return f"{CONTROL_FACTOR:g} x control {control:.3g}"
+
+    def check(self, tolerance: ConvergenceTolerance | None = None) -> list[str]:
+        """One readable line per quantity out of bounds; empty when the runs agree."""
+        tol = tolerance or _tolerance_for(self.dtype)
+        p = self.patched
+        label = f"{self.model_type} {_dtype_name(self.dtype)} on {self.device}"
+        if not all(math.isfinite(v) for v in self.losses_ref + p.losses):
+            return [f"{label}: non-finite loss (ref {self.losses_ref}, patched {p.losses})"]
+        out = []
+        for step, d in enumerate(p.loss_diffs):
+            if d > self.bound("loss", tol, step):
+                out.append(
+                    f"{label}: loss differs at step {step}: patched {p.losses[step]:.6f} vs ref "
+                    f"{self.losses_ref[step]:.6f} (|diff| {d:.3g} > {self._why('loss', tol, step)})"
+                )
+                break  # the first diverging step says the most; later ones follow from it
+        if not p.grad_error <= self.bound("grads", tol):
+            name, err = _worst(p.grad_errors)
+            out.append(
+                f"{label}: step-0 gradients differ: relative error {p.grad_error:.3g} > "
+                f"{self._why('grads', tol)} (worst tensor {name}: {err:.3g})"
+            )
+        if not p.logprob_diff <= self.bound("logprobs", tol):
+            out.append(
+                f"{label}: eval log-probs differ at {p.logprob_where}: |diff| "
+                f"{p.logprob_diff:.3g} > {self._why('logprobs', tol)}"
+            )
+        if not p.param_error <= self.bound("params", tol):
+            name, err = _worst(p.param_errors)
+            out.append(
+                f"{label}: parameters after {self.steps} steps differ: ||diff|| / ||update|| "
+                f"{p.param_error:.3g} > {self._why('params', tol)} (worst tensor {name}: "
+                f"{err:.3g}, max |diff| {p.param_max_abs[name]:.3g})"
+            )
+        before, after = self.heldout_loss_ref
+        if not after < before:
+            out.append(
+                f"{label}: the reference's held-out loss did not fall over {self.steps} steps "
+                f"({before:.4f} -> {after:.4f}), so agreement says nothing about training; "
+                "raise steps or lr"
+            )
+        return out
+
+    def assert_close(self, tolerance: ConvergenceTolerance | None = None) -> None:
+        """Raise AssertionError listing every quantity out of bounds, with the summary."""
+        problems = self.check(tolerance)
+        if problems:
+            raise AssertionError(
+                "the patched model does not train like the unpatched one:\n  "
+                + "\n  ".join(problems)
+                + "\n"
+                + self.summary()
+            )
+
+    def summary(self) -> str:
+        p, c = self.patched, self.control
+        lines = [
+            f"{self.model_type} {_dtype_name(self.dtype)} on {self.device}, {self.steps} steps, "
+            f"lr {self.lr:g}; reference held-out loss {self.heldout_loss_ref[0]:.4f} -> "
+            f"{self.heldout_loss_ref[1]:.4f}",
+            "  step  loss_ref    loss_patched  |diff|     control |diff|",
+        ]
+        for i, (r, d) in enumerate(zip(self.losses_ref, p.loss_diffs, strict=True)):
+            ctrl = "" if c is None else f"{c.loss_diffs[i]:.3g}"
+            lines.append(f"  {i:4d}  {r:10.6f}  {p.losses[i]:12.6f}  {d:<9.3g}  {ctrl}")
+
+        def row(label: str, value: float, what: str, detail: str) -> str:
+            control = self.control_divergence(what)
+            ctrl = "" if control is None else f" (control {control:.3g})"
+            return f"  {label}: {value:.3g}{ctrl}; {detail}"
+
+        g_name, g_err = _worst(p.grad_errors)
+        p_name, p_err = _worst(p.param_errors)
+        lines += [
+            row(
+                "step-0 gradient error",
+                p.grad_error,
+                "grads",
+                f"worst {g_name} {g_err:.3g}",
+            ),
+            row(
+                "eval top-k log-prob max |diff|",
+                p.logprob_diff,
+                "logprobs",
+                p.logprob_where,
+            ),
+            row("parameter error", p.param_error, "params", f"worst {p_name} {p_err:.3g}"),
+        ]
+        return "\n".join(lines)
+
+
+def _worst(errors: Mapping[str, float]) -> tuple[str, float]:
+    name = max(errors, key=lambda k: math.inf if math.isnan(errors[k]) else errors[k])
+    return name, errors[name]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _tolerance_for(dtype: torch.dtype) -> ConvergenceTolerance:
+    if dtype not in TOLERANCES:
+        raise ValueError(
+            f"no convergence tolerance for {dtype}; known: {[_dtype_name(d) for d in TOLERANCES]}."
+            " Pass a ConvergenceTolerance to check()/assert_close()"
+        )
+    return TOLERANCES[dtype]
+
+
+def _default_patch(model, *, profile=None, **kwargs):
+    try:
+        from kernelwright.integrations.transformers.patch import patch
+    except ImportError as e:
+        raise ImportError(
+            f"kernelwright.integrations.transformers.patch is not importable ({e}); "
+            "pass patch_fn= to run_convergence"
+        ) from e
+    return patch(model, profile=profile, **kwargs)
+
+
+def run_convergence(
+    model_type_or_config,
+    *,
+    steps: int = RUNS["tiny"]["steps"],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    batch: int = RUNS["tiny"]["batch"],
+    seq: int = RUNS["tiny"]["seq"],
+    lr: float = RUNS["tiny"]["lr"],
+    size: str = "tiny",
+    patch_kwargs: Mapping[str, Any] | None = None,
+    profile=None,
+    patch_fn: Callable[..., Any] | None = None,
+    control: bool = True,
+    topk: int = 5,
+) -> ConvergenceResult:
+    """Train a reference, a patched copy and a control side by side; see the module doc.
+
+    `model_type_or_config` is a model_type (built with `tiny_config(size=size)`) or a config.
+    `patch_fn(model, profile=profile, **patch_kwargs)` patches a copy in place and returns the
+    profile it applied; it defaults to `kernelwright.patch`. Parameters train in `dtype`
+    (initialised in fp32, then cast: the bf16 and fp32 runs start from the same weights).
+    `control=False` skips the control run; the table tolerances alone then bound the check.
+    """
+    from transformers import AutoModelForCausalLM, PretrainedConfig
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    config = (
+        model_type_or_config
+        if isinstance(model_type_or_config, PretrainedConfig)
+        else tiny_config(model_type_or_config, size=size)
+    )
+    device = torch.device(device) if device is not None else default_device()
+    torch.manual_seed(seed)
+    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _spread_vectors(ref, seed)
+    ref = ref.to(device=device, dtype=dtype).train()
+    init = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    # deep copies are bit-identical and keep tied weights tied
+    patched = copy.deepcopy(ref)
+    applied = (patch_fn or _default_patch)(patched, profile=profile, **dict(patch_kwargs or {}))
+    patched.train()
+    runs = {"ref": ref, "patched": patched}
+    if control:
+        runs["control"] = copy.deepcopy(ref)
+        _jitter_embeddings(runs["control"], seed)
+
+    vocab = config.get_text_config().vocab_size
+    *data, (heldout, _) = make_batches(vocab, count=steps + 1, batch=batch, seq=seq, seed=seed + 1)
+    heldout = heldout.to(device)
+    heldout_before = _heldout_loss(ref, heldout)
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=lr) for k, m in runs.items()}
+    losses: dict[str, list[float]] = {k: [] for k in runs}
+    grads: dict[str, tuple[float, dict[str, float]]] = {}
+    for step in range(steps):
+        ids, labels = (t.to(device) for t in data[step])
+        for k, model in runs.items():
+            opts[k].zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            losses[k].append(float(loss.detach().float()))
+        if step == 0:
+            grads = {k: _grad_errors(ref, runs[k]) for k in runs if k != "ref"}
+        for opt in opts.values():
+            opt.step()
+
+    heldout_after = _heldout_loss(ref, heldout)
+    lp_ref, top = _eval_logprobs(ref, heldout, topk)
+    result = {}
+    for k in grads:
+        diff, where = _logprob_diff(_eval_logprobs(runs[k], heldout, topk)[0], lp_ref, top)
+        param_error, param_errors, param_max_abs = _param_errors(ref, runs[k], init)
+        result[k] = Divergence(
+            losses=losses[k],
+            loss_diffs=[abs(a - b) for a, b in zip(losses[k], losses["ref"], strict=True)],
+            grad_error=grads[k][0],
+            grad_errors=grads[k][1],
+            logprob_diff=diff,
+            logprob_where=where,
+            param_error=param_error,
+            param_errors=param_errors,
+            param_max_abs=param_max_abs,
+        )
+    return ConvergenceResult(
+        model_type=config.model_type,
+        dtype=dtype,
+        device=str(device),
+        steps=steps,
+        lr=lr,
+        losses_ref=losses["ref"],
+        heldout_loss_ref=(heldout_before, heldout_after),
+        patched=result["patched"],
+        control=result.get("control"),
+        profile=applied,
+    )
+
+
+def _spread_vectors(model: torch.nn.Module, seed: int) -> None:
+    # Norm weights start as all ones (or zeros under a 1 + w scale) and biases as zeros: a patch
+    # that drops the weight or mis-casts the multiply would match at step 0. Spread every 1-D
+    # parameter around its init (the same in every copy, so the comparison stays exact).
+    gen = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+
+
+def _jitter_embeddings(model: torch.nn.Module, seed: int) -> None:
+    # The control computes the same math rounded differently: every embedding output is moved by
+    # one rounding step (x * (1 + eps) or x * (1 - eps), or kept, at random) on each forward.
+    # The weights are untouched, so the parameter comparison sees only what training did.
+    gen = torch.Generator().manual_seed(seed + 3)
+
+    def hook(module, args, out):
+        step = torch.randint(-1, 2, out.shape, generator=gen).to(out.device, out.dtype)
+        return out * (1 + step * torch.finfo(out.dtype).eps)
+
+    model.get_input_embeddings().register_forward_hook(hook)
+
+
+def _pairs(ref: torch.nn.Module, other: torch.nn.Module):
+    theirs = dict(other.named_parameters())
+    for name, p in ref.named_parameters():
+        if name not in theirs:
+            raise AssertionError(
+                f"the patched model has no parameter {name!r}: the patch must keep parameters "
+                "(names, storage) as they are"
+            )
+        yield name, p, theirs[name]
+
+
+def _norm2(t: torch.Tensor) -> float:
+    return float(t.double().square().sum())
+
+
+def _ratio(num_sq: float, den_sq: float) -> float:
+    if not math.isfinite(num_sq):
+        return math.inf
+    return math.sqrt(num_sq / den_sq) if den_sq > 0 else math.sqrt(num_sq)
+
+
+def _grad_errors(ref, other) -> tuple[float, dict[str, float]]:
+    per, num, den = {}, 0.0, 0.0
+    for name, p_ref, p in _pairs(ref, other):
+        if p_ref.grad is None and p.grad is None:
+            continue
+        if p_ref.grad is None or p.grad is None:
+            which = "reference" if p_ref.grad is None else "other run"
+            raise AssertionError(f"{name} has a gradient in one model only (none in the {which})")
+        d, r = _norm2(p.grad.double() - p_ref.grad.double()), _norm2(p_ref.grad)
+        per[name] = _ratio(d, r)
+        num, den = num + d, den + r
+    return _ratio(num, den), per
+
+
+def _param_errors(ref, other, init) -> tuple[float, dict[str, float], dict[str, float]]:
+    # Relative to how far training moved the weights: a rounding-level difference is small next
+    # to the update, a wrong patch is of the update's size.
+    per, max_abs, num, den = {}, {}, 0.0, 0.0
+    with torch.no_grad():
+        for name, p_ref, p in _pairs(ref, other):
+            diff = p.double() - p_ref.double()
+            d, u = _norm2(diff), _norm2(p_ref.double() - init[name].double())
+            if u == 0.0:
+                # bf16 can swallow every update of a weight near 1 (its ulp there is 2^-7 > lr):
+                # for the per-tensor number, measure against one ulp of the weight instead
+                ulp = torch.finfo(p_ref.dtype).eps * p_ref.double().abs().clamp_min(1e-3)
+                per[name] = _ratio(d, _norm2(ulp))
+            else:
+                per[name] = _ratio(d, u)
+            max_abs[name] = float(diff.abs().max())
+            num, den = num + d, den + u
+    return _ratio(num, den), per, max_abs
+
+
+def _heldout_loss(model, ids: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        loss = model(input_ids=ids, labels=ids).loss
+    model.train()
+    return float(loss.float())
+
+
+def _eval_logprobs(model, ids: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-probs [B, T, V] in eval mode without labels, and their top-k indices."""
+    model.eval()
+    with torch.no_grad():
+        lp = model(input_ids=ids).logits.float().log_softmax(-1)
+    return lp, lp.topk(topk, dim=-1).indices
+
+
+def _logprob_diff(lp: torch.Tensor, lp_ref: torch.Tensor, top: torch.Tensor) -> tuple[float, str]:
+    if lp.shape != lp_ref.shape:
+        raise AssertionError(
+            f"logits have shape {tuple(lp.shape)}, reference {tuple(lp_ref.shape)}"
+        )
+    # compared at the reference's top-k: near-ties may swap order without any real difference
+    diff = (lp.gather(-1, top) - lp_ref.gather(-1, top)).abs()  # [B, T, k]
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff)
+    b, t, k = (int(i) for i in torch.unravel_index(diff.argmax().cpu(), diff.shape))
+    return float(diff.max()), f"batch {b}, position {t}, token {int(top[b, t, k])}"
