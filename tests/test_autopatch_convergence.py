@@ -57,6 +57,8 @@ def _expected_kinds(profile) -> set[str]:
         kinds.add("rope")
     if profile.output.patched:
         kinds.add("causal_lm")
+    if profile.moe.patched and profile.moe.expert_layout == "stacked":
+        kinds.add("moe_experts")  # silu experts (qwen3_moe, mixtral): kernelwright.moe_experts
     return kinds
 
 

@@ -14,6 +14,9 @@ attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one an
   norm instance (owner class + attribute name) is marked `in_place_safe` in the profile;
 - MLPs: `replacements.mlp_forward`, after checking that the instance's activation module
   computes the profile's `hidden_act` (a profile made from another config is refused);
+- MoE experts (stacked, SwiGLU, no bias): `ops.moe_experts.moe_experts`, which keeps one
+  [tokens*top_k, 2I] tensor for the backward instead of five, after checking the instance's
+  layout flags and that its act_fn computes silu;
 - RoPE: the attention class's own forward, re-created with a globals dict in which the name it
   calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
 - the causal LM: `forward.causal_lm_forward` (fused linear cross-entropy when training).
@@ -48,6 +51,7 @@ from kernelwright.integrations.transformers.forward import (
     causal_lm_forward,
     plan_causal_lm,
 )
+from kernelwright.ops import moe_experts as _moe
 from kernelwright.profiles.model import MLPDecision, ModelProfile, RopeDecision
 
 _RECORD = "_kernelwright_patch"  # instance attribute on the module `patch` was given
@@ -60,7 +64,7 @@ _ROPE_SIGNATURES = {
 
 @dataclasses.dataclass
 class PatchedModule:
-    kind: str  # "norm", "mlp", "rope", "causal_lm"
+    kind: str  # "norm", "mlp", "moe_experts", "rope", "causal_lm"
     name: str  # qualified name under the module `patch` was given ("" for itself)
     class_name: str
     module: torch.nn.Module
@@ -157,6 +161,50 @@ def _activation_matches(module: torch.nn.Module, hidden_act: str | None) -> str 
             return None
     names = ", ".join(type(a).__name__ for a in acts)
     return f"its activation ({names}) does not compute the profile's hidden_act={hidden_act!r}"
+
+
+def _experts_unsupported(module: torch.nn.Module) -> str | None:
+    """None when `moe_experts` computes exactly what this stacked-experts instance computes.
+
+    The flags are the ones `@use_experts_implementation` sets on the instance; a class with its
+    own `_apply_gate` (gpt-oss clamps and offsets it) or a non-silu act_fn is left alone.
+    """
+    from transformers.integrations.moe import _default_apply_gate
+
+    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True}
+    for flag, want in flags.items():
+        got = getattr(module, flag, None)
+        if got is not want:
+            return f"{flag}={got!r} (moe_experts needs {flag}={want})"
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is not _default_apply_gate:
+        return "its class defines its own _apply_gate (not HF's act_fn(gate) * up)"
+    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor):
+        return "it has no gate_up_proj/down_proj tensors"
+    if gu.dim() != 3 or down.dim() != 3 or gu.shape[1] != 2 * down.shape[2]:
+        return (
+            f"gate_up_proj {tuple(gu.shape)} / down_proj {tuple(down.shape)} are not "
+            "[E, 2I, H] / [E, H, I]"
+        )
+    names = tuple(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
+    if names != ("self", "hidden_states", "top_k_index", "top_k_weights"):
+        return f"its forward{names} is not HF's (hidden_states, top_k_index, top_k_weights)"
+    act = getattr(module, "act_fn", None)
+    if not callable(act):
+        return "it has no act_fn"
+    probe = torch.linspace(-6.0, 6.0, 97)
+    with torch.no_grad():
+        got = act(probe)
+    if not torch.allclose(got, torch.nn.functional.silu(probe), rtol=1e-5, atol=1e-6):
+        return f"its act_fn ({type(act).__name__}) does not compute silu"
+    return None
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    return _moe.moe_experts(
+        hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights
+    )
 
 
 def _rope_adapter(d: RopeDecision, original: Callable) -> Callable:
@@ -347,6 +395,29 @@ class _Patcher:
                 built[d.class_name] = replacements.mlp_forward(d)
             self.install("mlp", m, built[d.class_name], f"{d.activation}/{d.layout}")
 
+    def moe_experts(self) -> None:
+        d = self.profile.moe
+        if d.status == "absent":
+            return
+        if not d.patched:
+            self.skip("moe_experts", f"{d.status}: {d.reason}")
+            return
+        if d.expert_layout != "stacked" or not d.experts_class:
+            self.skip(
+                "moe_experts",
+                f"expert_layout={d.expert_layout!r}: only stacked experts ([E, 2I, H] weights) "
+                "are patched",
+            )
+            return
+        for m in self.root.modules():
+            if _class_name(m) != d.experts_class:
+                continue
+            why = _experts_unsupported(m)
+            if why is not None:
+                self.skip(f"moe_experts {self.names.get(id(m), '?')}", why, found=True)
+                continue
+            self.install("moe_experts", m, _experts_forward, "swiglu/stacked")
+
     def rope(self) -> None:
         d = self.profile.rope
         if not d.patched:
@@ -423,6 +494,7 @@ def patch(
     layer_norm: bool = True,
     rope: bool = True,
     mlp: bool = True,
+    moe_experts: bool = True,
     fused_linear_cross_entropy: bool = True,
 ) -> ModelProfile:
     """Patch `model` (a HF causal LM, bare or PEFT-wrapped) in place with kernelwright kernels.
@@ -432,6 +504,8 @@ def patch(
         profile: a ModelProfile, a path to its YAML, or None to run the analyser on `model`.
         rms_norm, layer_norm, rope, mlp: patch those parts (decisions marked "unsupported" or
             "absent" in the profile are never applied).
+        moe_experts: replace the forward of stacked SwiGLU experts (profile.moe "stacked") with
+            `kernelwright.ops.moe_experts`: the same math, ~1/4 of the activation memory.
         fused_linear_cross_entropy: compute the training loss without materialising logits;
             the output's `logits` is then None (labels given and grad enabled only).
 
@@ -464,6 +538,10 @@ def patch(
             p.mlps()
         else:
             p.skip("mlp", "mlp=False")
+        if moe_experts:
+            p.moe_experts()
+        elif profile.moe.status != "absent":
+            p.skip("moe_experts", "moe_experts=False")
         if rope:
             p.rope()
         else:

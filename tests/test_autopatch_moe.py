@@ -1,0 +1,163 @@
+"""kernelwright.patch on stacked MoE experts: the tiny qwen3_moe and mixtral, patched from the
+analyser's profile, against the unpatched model (loss and every gradient in fp32); unpatch; the
+flag; and the instances the patcher must leave alone (with a reason in the record)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import DEVICE
+
+transformers = pytest.importorskip("transformers")
+
+from kernelwright.integrations.transformers import (  # noqa: E402
+    patch,
+    patch_record,
+    unpatch,
+)
+from kernelwright.workflows.autopatch import analyze  # noqa: E402
+
+RTOL = 2e-5  # fp32, relative to the largest reference entry
+B, T, V = 2, 8, 128
+
+_CONFIGS = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {"moe_intermediate_size": 32, "num_experts": 6, "num_experts_per_tok": 2, "head_dim": 16},
+    ),
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def tiny_model(model_type: str, seed: int = 0, **overrides):
+    cls_name, extra = _CONFIGS[model_type]
+    kw = dict(
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=V,
+        pad_token_id=0,
+        attn_implementation="eager",
+        output_router_logits=True,
+        router_aux_loss_coef=0.1,
+    )
+    kw.update(extra)
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    config = getattr(transformers, cls_name)(**kw)
+    return transformers.AutoModelForCausalLM.from_config(config).to(DEVICE)
+
+
+def batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, V, (B, T), generator=g).to(DEVICE)
+    return ids, ids.clone()
+
+
+def loss_and_grads(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _experts_only(model):
+    """Patch only the experts (the other kernels are covered by test_autopatch_patch)."""
+    return patch(
+        model,
+        analyze(model),
+        rms_norm=False,
+        layer_norm=False,
+        rope=False,
+        mlp=False,
+        fused_linear_cross_entropy=False,
+    )
+
+
+@pytest.mark.parametrize("model_type", list(_CONFIGS))
+def test_patched_experts_match_hf(model_type):
+    ref = tiny_model(model_type)
+    model = tiny_model(model_type)
+    profile = _experts_only(model)
+    assert profile.moe.expert_layout == "stacked"
+    rec = patch_record(model)
+    assert rec.count("moe_experts") == 2
+    assert all(e.class_name == profile.moe.experts_class for e in rec.modules)
+    ids, labels = batch()
+    out, grads = loss_and_grads(model, ids, labels)
+    want, ref_grads = loss_and_grads(ref, ids, labels)
+    assert out.aux_loss is not None
+    torch.testing.assert_close(out.loss, want.loss, rtol=RTOL, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        err = (grads[name] - g).abs().max().item()
+        assert err <= RTOL * g.abs().max().item(), name
+
+    unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    again, _ = loss_and_grads(model, ids, labels)
+    assert torch.equal(again.loss, want.loss)
+
+
+def test_full_patch_includes_experts():
+    ref = tiny_model("qwen3_moe", num_hidden_layers=1)
+    model = tiny_model("qwen3_moe", num_hidden_layers=1)
+    patch(model)
+    rec = patch_record(model)
+    assert rec.count("moe_experts") == 1 and rec.count("norm") > 0
+    ids, labels = batch()
+    out, grads = loss_and_grads(model, ids, labels)
+    want, ref_grads = loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-4, atol=0)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
+
+
+def test_flag_off_leaves_experts():
+    model = tiny_model("mixtral", num_hidden_layers=1)
+    patch(model, moe_experts=False)
+    rec = patch_record(model)
+    assert rec.count("moe_experts") == 0
+    assert ("moe_experts", "moe_experts=False") in rec.skipped
+
+
+def test_module_list_layout_is_skipped():
+    model = tiny_model("mixtral", num_hidden_layers=1)
+    profile = analyze(model)
+    profile.moe = profile.moe.model_copy(update={"expert_layout": "module_list"})
+    patch(model, profile)
+    rec = patch_record(model)
+    assert rec.count("moe_experts") == 0
+    assert any(what == "moe_experts" and "stacked" in why for what, why in rec.skipped)
+
+
+@pytest.mark.parametrize(
+    "tamper, reason",
+    [
+        (lambda ex: setattr(ex, "is_transposed", True), "is_transposed"),
+        (lambda ex: setattr(ex, "has_bias", True), "has_bias"),
+        (lambda ex: setattr(ex, "act_fn", torch.nn.GELU()), "silu"),
+    ],
+)
+def test_unsupported_instance_is_left_alone(tamper, reason):
+    model = tiny_model("qwen3_moe", num_hidden_layers=2)
+    profile = analyze(model)
+    tamper(model.model.layers[1].mlp.experts)
+    with pytest.warns(UserWarning, match="unpatched"):
+        patch(model, profile)
+    rec = patch_record(model)
+    assert rec.count("moe_experts") == 1  # layer 0 only
+    (why,) = [w for what, w in rec.skipped if what == "moe_experts model.layers.1.mlp.experts"]
+    assert reason in why
+    assert "forward" not in model.model.layers[1].mlp.experts.__dict__
+
+
+def test_no_warning_for_plain_model():
+    model = tiny_model("qwen3_moe", num_hidden_layers=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        patch(model)
