@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +155,10 @@ def test_emitted_test_runs(tmp_path):
     assert source == render_convergence_test(profile)  # one profile, one file, byte for byte
     assert "model_type: llama" in source and "test_llama_tiny_fp32_converges" in source
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # the subprocess runs in tmp_path: relative PYTHONPATH entries (`src` on the GPU machine)
+    # must name the same directories from there
+    paths = env.get("PYTHONPATH", "").split(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
     if not ON_GPU:
         env["TRITON_INTERPRET"] = "1"
     run = subprocess.run(

@@ -21,6 +21,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import DEVICE  # noqa: E402
+
 import kernelwright  # noqa: E402
 from kernelwright.integrations.transformers import (  # noqa: E402
     KernelwrightCallback,
@@ -87,6 +89,7 @@ def tiny_config(model_type: str, **overrides):
 def tiny_model(model_type: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides))
+    model = model.to(DEVICE)
     # zero-initialised norm weights (gemma's 1 + w, LayerNorm1P) would hide a wrong offset
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -97,11 +100,19 @@ def tiny_model(model_type: str, seed: int = 0, **overrides):
 
 def batch(seed: int = 1):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, V, (B, T), generator=g)
+    ids = torch.randint(3, V, (B, T), generator=g, device="cpu").to(DEVICE)
     labels = ids.clone()
     labels[0, :3] = -100  # a prompt that is not trained on
     labels[1, -2:] = -100
     return ids, labels
+
+
+@pytest.fixture(autouse=True)
+def _on_device():
+    # Models and tensors the tests build land on the suite's device: CUDA on a GPU machine
+    # (where the kernels need CUDA tensors), the CPU under the interpreter.
+    with torch.device(DEVICE):
+        yield
 
 
 # --------------------------------------------------------------------------- hand-made profiles

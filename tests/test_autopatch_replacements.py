@@ -3,6 +3,7 @@ activation output is not among the tensors autograd keeps."""
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from kernelwright.integrations.transformers.replacements import mlp_forward
 from kernelwright.profiles.model import MLPDecision
@@ -37,6 +38,12 @@ def _saved_numels(fn):
     return out, sizes
 
 
+@pytest.fixture(autouse=True)
+def _on_device():
+    with torch.device(DEVICE):  # CUDA on a GPU machine, the CPU under the interpreter
+        yield
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("bias", [False, True])
 def test_recompute_matches_the_stored_path(layout, bias):
@@ -49,7 +56,8 @@ def test_recompute_matches_the_stored_path(layout, bias):
         m.zero_grad()
         x.grad = None
         y, saved = _saved_numels(lambda r=recompute: mlp_forward(d, recompute=r)(m, x))
-        y.backward(torch.randn_like(y, generator=torch.Generator().manual_seed(1)))
+        dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), device="cpu")
+        y.backward(dy.to(y.device))
         grads = [p.grad.clone() for p in m.parameters() if p.grad is not None]
         results[recompute] = (y.detach(), x.grad.clone(), grads, saved)
     (y0, dx0, g0, s0), (y1, dx1, g1, s1) = results[False], results[True]
