@@ -1,5 +1,6 @@
 """Pydantic schemas of the profiles the workflows write and review (YAML on disk)."""
 
+from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.profiles.model import ModelProfile
 
-__all__ = ["ModelProfile"]
+__all__ = ["KernelProfile", "ModelProfile"]

@@ -1,0 +1,133 @@
+"""KernelProfile: the create workflow's decisions for one new kernel, written before any code.
+
+`kernelwright create` (Understand) traces a PyTorch reference into aten-level forward and
+backward graphs and writes this profile; a person reviews the YAML; code generation (Act) is a
+deterministic function of it — the same profile gives byte-identical files. The graphs are kept
+in the profile as node lists, so an edit to the profile (a saved tensor made recomputed, a
+block size) is what the generator sees.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TensorSpec(_Strict):
+    """One input or output of the kernel."""
+
+    name: str
+    # input: an argument of the reference; parameter: a module parameter (gets a gradient,
+    # reduced over rows when per-feature); output: a result
+    role: Literal["input", "parameter", "output"]
+    example_shape: list[int]  # from the example inputs the reference was traced with
+    # which dims the tensor spans relative to the kernel's [rows, cols] view: "full" (same
+    # shape as the main input), "row" (one value per row, e.g. a norm statistic), "col" (per
+    # feature, e.g. a norm weight), "scalar"
+    broadcast: Literal["full", "row", "col", "scalar"] = "full"
+    requires_grad: bool = False
+    # dtype policy: "same" (the main input's dtype), "fp32" (kept in fp32), "int" (indices)
+    dtype: Literal["same", "fp32", "int"] = "same"
+
+
+class GraphNode(_Strict):
+    """One node of an aten-level graph, in order: name = target(args, kwargs)."""
+
+    name: str
+    op: Literal["placeholder", "call_function", "output"]
+    target: str  # "aten.mul.Tensor", or the placeholder's name
+    args: list[Any] = Field(default_factory=list)  # node names (str) or constants
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    shape: list[int] | None = None  # on the example inputs
+    dtype: str | None = None  # "torch.float32"
+
+
+class Graph(_Strict):
+    nodes: list[GraphNode] = Field(default_factory=list)
+    # the readable form a reviewer reads: one line per node, `name = op(args)`
+    readable: list[str] = Field(default_factory=list)
+
+
+class LaunchPlan(_Strict):
+    """How the grid and block sizes are chosen."""
+
+    grid: str  # "one program per ROWS rows" / "one program per BLOCK elements"
+    block_source: str  # "table: <op> launch table by column count", "pure function ..."
+    # candidate configs the Verify stage's repairs may move between, smallest last
+    configs: list[dict[str, int]] = Field(default_factory=list)
+
+
+class Repair(_Strict):
+    attempt: int
+    change: str
+    reason: str
+
+
+class KernelProfile(_Strict):
+    schema_version: int = SCHEMA_VERSION
+    name: str  # snake_case op name: "relu_squared"
+    function_name: str  # the generated public function
+    module_name: str  # the generated nn.Module class
+    source: str  # the reference: a file path or package.module:function
+    input_form: Literal["function", "module", "kernelbench"]
+    tier: Literal[1, 2, 3]
+    tier_reason: str
+    # tier 3 or no lowering: the node that stops generation and why
+    unsupported_node: str | None = None
+    unsupported_reason: str | None = None
+    inputs: list[TensorSpec] = Field(default_factory=list)
+    outputs: list[TensorSpec] = Field(default_factory=list)
+    reduction_dim: int | None = None  # tier 2: the reduced dim of the main input (-1 = last)
+    forward: Graph = Field(default_factory=Graph)
+    backward: Graph = Field(default_factory=Graph)
+    # readable gradient formulas, one per differentiable input: "dx = dy * 2 * relu(x)"
+    gradients: list[str] = Field(default_factory=list)
+    saved: list[str] = Field(default_factory=list)  # forward tensors kept for the backward
+    recomputed: list[str] = Field(default_factory=list)  # recomputed in the backward kernel
+    upcast_fp32: list[str] = Field(default_factory=list)  # precision-sensitive ops (why: below)
+    closest_kernel: str | None = None  # the library op used as the pattern ("relu_squared")
+    launch: LaunchPlan | None = None
+    benchmark_sweep: list[dict[str, int]] = Field(default_factory=list)
+    repairs: list[Repair] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _tier3_says_why(self):
+        if self.tier == 3 and not (self.unsupported_node and self.unsupported_reason):
+            raise ValueError("a tier-3 KernelProfile names the node that stops it and why")
+        return self
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> KernelProfile:
+        data = yaml.safe_load(text)
+        if not isinstance(data, dict):
+            raise ValueError("KernelProfile YAML must be a mapping at the top level")
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version != SCHEMA_VERSION:
+            raise ValueError(
+                f"KernelProfile schema_version {version} is not supported (expects "
+                f"{SCHEMA_VERSION}); re-run `kernelwright create` to regenerate it"
+            )
+        return cls.model_validate(data)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_yaml())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> KernelProfile:
+        return cls.from_yaml(Path(path).read_text())
