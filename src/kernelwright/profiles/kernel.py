@@ -107,7 +107,8 @@ class KernelProfile(_Strict):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
+        # python mode: json mode would write inf and nan constants of the graphs as null
+        return yaml.safe_dump(self.model_dump(), sort_keys=False, width=100)
 
     @classmethod
     def from_yaml(cls, text: str) -> KernelProfile:

@@ -1,0 +1,221 @@
+"""Trace a reference to aten-level forward and backward graphs (AOT Autograd).
+
+`aot_function` runs the reference once on fake fp32 tensors, builds the joint forward +
+backward graph, and the min-cut rematerialization partitioner splits it: it saves for the
+backward only what is costly to recompute and recomputes cheap element-wise intermediates —
+the same trade a hand-written kernel makes. The decompositions lower composite ops (gelu,
+softmax, layer_norm...) to primitive aten ops the code generator has lowerings for.
+
+Node names come from FX and are deterministic for a given reference and shapes; placeholders
+are renamed to the reference's argument names (`primals_1` -> `x`, `tangents_1` -> `dy`).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from functorch.compile import aot_function, make_boxed_func, min_cut_rematerialization_partition
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+from kernelwright.profiles.kernel import Graph, GraphNode
+from kernelwright.workflows.create.load import Reference
+
+aten = torch.ops.aten
+
+# Composite ops the core-aten set keeps whole but a kernel template cannot lower: decomposed
+# into exp/erf/amax/sum/... (their backward decompositions are already in the core set).
+_EXTRA_DECOMPS = [
+    aten.gelu,
+    aten.elu,
+    aten.leaky_relu,
+    aten.hardtanh,
+    aten._softmax,
+    aten._log_softmax,
+    aten.native_layer_norm,
+    aten.linalg_vector_norm,
+]
+
+
+def decompositions() -> dict:
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions(_EXTRA_DECOMPS))
+    return table
+
+
+class TraceError(RuntimeError):
+    """AOT tracing failed (data-dependent control flow, an op without a fake kernel...)."""
+
+
+@dataclass
+class Traced:
+    forward: Graph
+    backward: Graph  # empty when no output needs a gradient
+    output_names: list[str]  # the real outputs: y, or y0, y1...
+    output_shapes: list[list[int]]
+    # forward graph outputs beyond the real outputs: what the backward reads (renamed)
+    saved: list[str] = field(default_factory=list)
+    # backward nodes that recompute a forward node (same name in the joint graph)
+    recomputed: list[str] = field(default_factory=list)
+    # gradient node (renamed) per differentiable input name, in input order
+    grad_outputs: dict[str, str] = field(default_factory=dict)
+
+
+def target_name(target: Any) -> str:
+    """'aten.mul.Tensor' for an OpOverload, 'getitem' for operator.getitem."""
+    if target is operator.getitem:
+        return "getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def short_name(target: str) -> str:
+    """'mul' for 'aten.mul.Tensor'."""
+    return target.split(".")[1] if target.startswith("aten.") else target
+
+
+def _const(value: Any, rename: dict[str, str]) -> Any:
+    """An FX argument as YAML-safe data: node names, numbers, strings, lists."""
+    if isinstance(value, torch.fx.Node):
+        return rename.get(value.name, value.name)
+    if isinstance(value, (list, tuple)):
+        return [_const(v, rename) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _const(v, rename) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        # pydantic's JSON dump turns inf/nan into null: keep them as the strings "inf", "-inf",
+        # "nan" (float("inf") reads them back; no node is named so)
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    # dtypes, devices, layouts, memory formats: their repr ("torch.float32")
+    return str(value)
+
+
+def _meta(node: torch.fx.Node) -> tuple[list[int] | None, str | None]:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return [int(s) for s in val.shape], str(val.dtype)
+    return None, None
+
+
+def to_graph(gm: torch.fx.GraphModule, rename: dict[str, str]) -> Graph:
+    nodes, readable = [], []
+    for node in gm.graph.nodes:
+        name = rename.get(node.name, node.name)
+        shape, dtype = _meta(node)
+        if node.op == "placeholder":
+            nodes.append(
+                GraphNode(name=name, op="placeholder", target=name, shape=shape, dtype=dtype)
+            )
+            readable.append(f"{name}: input {shape}")
+            continue
+        args = _const(list(node.args), rename)
+        kwargs = _const(dict(node.kwargs), rename)
+        if node.op == "output":
+            # FX wraps the returned values in a 1-tuple
+            outs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+            nodes.append(GraphNode(name="output", op="output", target="output", args=outs))
+            readable.append(f"return {', '.join(str(o) for o in outs)}")
+            continue
+        if node.op != "call_function":
+            raise TraceError(f"unexpected FX node {node.format_node()} (op {node.op})")
+        target = target_name(node.target)
+        nodes.append(
+            GraphNode(
+                name=name, op="call_function", target=target, args=args, kwargs=kwargs,
+                shape=shape, dtype=dtype,
+            )
+        )  # fmt: skip
+        shown = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
+        readable.append(f"{name} = {short_name(target)}({', '.join(shown)})  # {shape}")
+    return Graph(nodes=nodes, readable=readable)
+
+
+def output_names(count: int) -> list[str]:
+    return ["y"] if count == 1 else [f"y{i}" for i in range(count)]
+
+
+def trace(ref: Reference) -> Traced:
+    """Forward and backward graphs of `ref` on its fp32 example inputs."""
+    tensors = [t.clone() for t in ref.example_inputs] + [p.clone() for p in ref.params]
+    names = ref.input_names + ref.param_names
+    for t in tensors:
+        t.requires_grad_(t.is_floating_point())
+
+    captured: dict[str, torch.fx.GraphModule] = {}
+
+    def capture(kind: str):
+        def compiler(gm: torch.fx.GraphModule, example_inputs):
+            captured[kind] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    compiled = aot_function(
+        ref.call,
+        fw_compiler=capture("fw"),
+        bw_compiler=capture("bw"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=decompositions(),
+    )
+    try:
+        out = compiled(*tensors)
+        flat = list(out) if isinstance(out, (tuple, list)) else [out]
+        diff = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
+        if diff:
+            torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+    except Exception as e:
+        raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0]}") from e
+    if not all(isinstance(o, torch.Tensor) for o in flat):
+        raise TraceError("the reference returns a non-tensor value; return tensors only")
+
+    outs = output_names(len(flat))
+    fw = captured["fw"]
+    fw_rename = {f"primals_{i + 1}": n for i, n in enumerate(names)}
+    fw_out = list(fw.graph.output_node().args[0])
+    for node, name in zip(fw_out[: len(flat)], outs, strict=True):
+        # the real outputs take the names y / y0, y1 unless they are an input passed through
+        if isinstance(node, torch.fx.Node) and node.op == "call_function":
+            fw_rename.setdefault(node.name, name)
+    saved_nodes = [n for n in fw_out[len(flat) :] if isinstance(n, torch.fx.Node)]
+    saved = [fw_rename.get(n.name, n.name) for n in saved_nodes]
+    forward = to_graph(fw, fw_rename)
+
+    backward, recomputed, grads = Graph(), [], {}
+    if "bw" in captured:
+        bw = captured["bw"]
+        fw_call = {n.name for n in fw.graph.nodes if n.op == "call_function"}
+        bw_rename = dict(fw_rename)
+        tangents = [
+            n for n in bw.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_")
+        ]
+        for node in tangents:
+            idx = int(node.name.split("_")[1]) - 1
+            bw_rename[node.name] = f"d{outs[idx]}" if idx < len(outs) else node.name
+        bw_out = list(bw.graph.output_node().args[0])
+        for node, name in zip(bw_out, names, strict=False):
+            if isinstance(node, torch.fx.Node) and node.op == "call_function":
+                bw_rename.setdefault(node.name, f"d{name}")
+        for node, name in zip(bw_out, names, strict=False):
+            if isinstance(node, torch.fx.Node):
+                grads[name] = bw_rename.get(node.name, node.name)
+        recomputed = [
+            bw_rename.get(n.name, n.name)
+            for n in bw.graph.nodes
+            if n.op == "call_function" and n.name in fw_call
+        ]
+        backward = to_graph(bw, bw_rename)
+    return Traced(
+        forward=forward,
+        backward=backward,
+        output_names=outs,
+        output_shapes=[list(o.shape) for o in flat],
+        saved=saved,
+        recomputed=recomputed,
+        grad_outputs=grads,
+    )

@@ -1,0 +1,472 @@
+"""Understand: a PyTorch reference → a `KernelProfile` a person reviews before any code exists.
+
+Tiers, decided from the traced aten graphs (forward and backward):
+- 1: element-wise only — any number of inputs, broadcast full / per-row / per-feature / scalar;
+- 2: element-wise plus reductions over ONE dim of the main input (the "reduction dim"), and
+  per-feature (or scalar) parameters whose gradients reduce over all rows — the pattern of
+  rms_norm's dW, which the kernel accumulates per program;
+- 3: anything else: matmul/conv, scans, gather/scatter/index, sort, reductions over several
+  dims in the forward, layout changes (permute), data-dependent control flow (tracing fails).
+  The profile names the node that stops it and why; no code is generated.
+
+The closest library kernel (the pattern the generator follows) is picked by a fixed rule:
+tier 2 — an integer input → cross_entropy; exp and log → log_softmax; exp → softmax; a mean
+subtracted before a square root (var_mean, or two sums) → layer_norm; otherwise rms_norm (one
+row statistic, per-feature weight grads). Tier 1 — two or more full-size float inputs: tanh or
+erf → geglu, else swiglu; one input → relu_squared.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kernelwright.bench.models import DEFAULT_TOKENS, REFERENCE, distinct, token_counts
+from kernelwright.profiles.kernel import Graph, GraphNode, KernelProfile, LaunchPlan, TensorSpec
+from kernelwright.workflows.create.load import Reference, load_reference
+from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
+
+# Ops with a lowering in the element-wise templates (by aten packet name).
+# fmt: off
+ELEMENTWISE = frozenset([
+    "add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log2", "log1p", "expm1", "tanh",
+    "sigmoid", "relu", "abs", "sign", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "erfc",
+    "sin", "cos", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "gt", "ge",
+    "lt", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "isnan", "isinf",
+    "floor", "ceil", "round", "trunc", "fmod", "remainder", "masked_fill", "fill",
+    "scalar_tensor", "full", "full_like", "zeros_like", "ones_like", "_to_copy",
+    "convert_element_type", "lift_fresh_copy", "copy", "sigmoid_backward", "tanh_backward",
+    "threshold_backward", "bitwise_not", "bitwise_and", "bitwise_or"
+])
+# fmt: on
+# Views that keep the [rows, cols] layout: broadcasts and unit-dim reshapes.
+# fmt: off
+VIEWS = frozenset([
+    "view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "alias", "clone",
+    "detach"
+])
+# fmt: on
+# Reductions: the dims are args[1] (absent or [] = every dim).
+REDUCTIONS = frozenset(["sum", "mean", "amax", "amin", "prod", "var", "var_mean"])
+# Layout changes: a different memory walk per element, not lowered by the row templates.
+LAYOUT = frozenset(["permute", "transpose", "t"])
+# Precision-sensitive: computed in fp32 whatever the input dtype (transcendentals lose digits
+# in bf16; reductions accumulate error with the row length).
+# fmt: off
+TRANSCENDENTAL = frozenset([
+    "exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "sigmoid", "erf", "erfc", "rsqrt",
+    "sqrt", "pow", "reciprocal", "sin", "cos"
+])
+# fmt: on
+
+# Candidate launch configs, default first and smallest last (Verify's repairs walk down it).
+# Tier 1 starts from relu_squared's table (an element-wise [ROWS, BLOCK_N] tile); tier 2 from
+# rms_norm's (ROWS whole rows per program, BLOCK_N = next_power_of_2(cols)).
+_TIER1_CONFIGS = [
+    {"block_n": 1024, "rows": 2, "num_warps": 4},
+    {"block_n": 512, "rows": 1, "num_warps": 4},
+    {"block_n": 256, "rows": 1, "num_warps": 2},
+]
+_TIER2_CONFIGS = [
+    {"rows": 4, "num_warps": 4},
+    {"rows": 2, "num_warps": 4},
+    {"rows": 1, "num_warps": 4},
+]
+
+
+class _Stop(Exception):
+    """Internal: a node that makes the reference tier 3 (caught in `understand`)."""
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(f"{node}: {reason}")
+        self.node, self.reason = node, reason
+
+
+def camel_case(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+
+
+def _op(node: GraphNode) -> str:
+    return short_name(node.target)
+
+
+def _calls(graph: Graph) -> list[GraphNode]:
+    return [n for n in graph.nodes if n.op == "call_function"]
+
+
+def _label(node: GraphNode) -> str:
+    return f"{node.name} ({node.target})"
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def _reduced_dims(node: GraphNode, shapes: dict[str, list[int]]) -> list[int]:
+    """The dims a reduction node reduces, non-negative, relative to its input's rank."""
+    src = node.args[0]
+    rank = len(shapes.get(src) or [])
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or dims == []:
+        return list(range(rank))
+    dims = [dims] if isinstance(dims, int) else dims
+    return sorted({d % rank for d in dims}) if rank else []
+
+
+def _check_ops(fwd: Graph, bwd: Graph) -> None:
+    """Stop at the first node without a lowering; layout changes only if nothing else stops."""
+    layout = None
+    for graph, where in ((fwd, "forward"), (bwd, "backward")):
+        for node in _calls(graph):
+            op = _op(node)
+            if op in ELEMENTWISE or op in VIEWS or op in REDUCTIONS or op == "getitem":
+                continue
+            if op in LAYOUT:
+                layout = layout or (node, where)
+                continue
+            raise _Stop(
+                _label(node),
+                f"{where} op {op} is not element-wise, a view or a one-dim reduction: no "
+                "template lowers it (matmul/conv/scan/gather/scatter/sort are tier 3)",
+            )
+    if layout:
+        node, where = layout
+        raise _Stop(
+            _label(node),
+            f"{where} layout change {_op(node)}: the row templates walk one layout only",
+        )
+
+
+def _reduction_dim(fwd: Graph, main_rank: int) -> int | None:
+    """The one dim every forward reduction reduces (negative index), or None without any."""
+    shapes = {n.name: n.shape for n in fwd.nodes}
+    found: set[int] = set()
+    for node in _calls(fwd):
+        if _op(node) not in REDUCTIONS:
+            continue
+        rank = len(shapes.get(node.args[0]) or [])
+        dims = _reduced_dims(node, shapes)
+        if len(dims) != 1 or rank < 1:
+            raise _Stop(
+                _label(node),
+                f"forward reduction over dims {dims} of a rank-{rank} tensor: tier 2 reduces "
+                "over one dim only",
+            )
+        found.add(dims[0] - rank)  # negative: counts from the last dim
+    if len(found) > 1:
+        raise _Stop(
+            _label(next(n for n in _calls(fwd) if _op(n) in REDUCTIONS)),
+            f"forward reductions over different dims {sorted(found)}: tier 2 has one",
+        )
+    dim = found.pop() if found else None
+    if dim is not None and -dim > main_rank:
+        raise _Stop("reduction", f"reduction over dim {dim}, which the main input lacks")
+    return dim
+
+
+def _check_bwd_reductions(bwd: Graph, feature: int) -> None:
+    """Backward reductions: one dim, or all rows down to a per-feature / scalar gradient."""
+    shapes = {n.name: n.shape for n in bwd.nodes}
+    for node in _calls(bwd):
+        if _op(node) not in REDUCTIONS:
+            continue
+        rank = len(shapes.get(node.args[0]) or [])
+        dims = _reduced_dims(node, shapes)
+        kept = [d for d in range(rank) if d not in dims]
+        # e.g. sum(dy * x_hat, [0, 1]) -> dW [N]: every dim but the feature dim
+        if len(dims) == 1 or not kept or kept == [feature % rank]:
+            continue
+        raise _Stop(
+            _label(node),
+            f"backward reduction over dims {dims} keeps dims {kept}: neither one dim nor all "
+            "rows down to a per-feature gradient",
+        )
+
+
+def _broadcast(shape: list[int], main: list[int], feature: int) -> str | None:
+    """How `shape` spans the main input's [rows, cols] view; None for other patterns."""
+    rank = len(main)
+    if shape == main:
+        return "full"
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 1:
+        return "scalar"
+    f = feature % rank
+    # one value per row with the reduced dim dropped (keepdim=False outputs)
+    if len(shape) == rank - 1 and shape == main[:f] + main[f + 1 :]:
+        return "row"
+    if len(shape) > rank:
+        return None
+    padded = [1] * (rank - len(shape)) + list(shape)
+    if all(p == (main[d] if d == f else 1) for d, p in enumerate(padded)):
+        return "col"
+    if padded[f] == 1 and all(p == main[d] for d, p in enumerate(padded) if d != f):
+        return "row"
+    return None
+
+
+# --------------------------------------------------------------------------- readable formulas
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+_CMP = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
+_TRANSPARENT = VIEWS | {"_to_copy", "convert_element_type"}
+_MAX_INLINE = 120  # longer sub-expressions stay as node names (see the graph's readable lines)
+
+
+def formula(graph: Graph, name: str) -> str:
+    """`name` as one expression over the graph's inputs, inlining what stays short."""
+    by_name = {n.name: n for n in graph.nodes if n.op == "call_function"}
+    memo: dict[str, str] = {}
+
+    def arg(a) -> str:
+        if isinstance(a, str) and a in by_name:
+            text = expr(a)
+            return text if len(text) <= _MAX_INLINE else a
+        if isinstance(a, list):
+            return "[" + ", ".join(arg(x) for x in a) + "]"
+        return str(a)
+
+    def expr(n: str) -> str:
+        if n in memo:
+            return memo[n]
+        node = by_name[n]
+        op, args = _op(node), node.args
+        if op in _TRANSPARENT:
+            text = arg(args[0])
+        elif op in _INFIX and len(args) == 2:
+            text = f"({arg(args[0])} {_INFIX[op]} {arg(args[1])})"
+        elif op in _CMP and len(args) == 2:
+            text = f"({arg(args[0])} {_CMP[op]} {arg(args[1])})"
+        elif op == "neg":
+            text = f"-{arg(args[0])}"
+        elif op == "scalar_tensor":
+            text = str(args[0])
+        else:
+            shown = [arg(a) for a in args] + [f"{k}={v}" for k, v in node.kwargs.items()]
+            text = f"{op}({', '.join(shown)})"
+        memo[n] = text
+        return text
+
+    if name not in by_name:
+        return name
+    text = expr(name)
+    return text[1:-1] if text.startswith("(") and text.endswith(")") and _balanced(text) else text
+
+
+def _balanced(text: str) -> bool:
+    """True when the outer parentheses of `text` enclose all of it."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += (c == "(") - (c == ")")
+        if depth == 0 and i < len(text) - 1:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- the profile
+
+
+def _closest(tier: int, ops: set[str], specs: list[TensorSpec], fwd: Graph) -> str | None:
+    if tier == 3:
+        return None
+    if tier == 2:
+        if any(s.dtype == "int" for s in specs):
+            return "cross_entropy"
+        if "exp" in ops and ({"log", "log1p"} & ops):
+            return "log_softmax"
+        if "exp" in ops:
+            return "softmax"
+        sums = sum(1 for n in _calls(fwd) if _op(n) in {"sum", "mean"})
+        if "var_mean" in ops or "var" in ops or sums >= 2:
+            return "layer_norm"
+        return "rms_norm"
+    full_float = [s for s in specs if s.broadcast == "full" and s.dtype != "int"]
+    if len(full_float) >= 2:
+        return "geglu" if {"tanh", "erf"} & ops else "swiglu"
+    return "relu_squared"
+
+
+def _sweep(tier: int) -> list[dict[str, int]]:
+    """[rows, cols] points from real model configs: token counts at the reference model's size,
+    then every model's size at the default token count. Element-wise kernels run on the MLP's
+    intermediate activations, row kernels on the hidden states."""
+    field = "intermediate" if tier == 1 else "hidden"
+    ref_cols = getattr(REFERENCE, field)
+    points = [{"rows": t, "cols": ref_cols} for t in token_counts()]
+    points += [{"rows": DEFAULT_TOKENS, "cols": c} for c in distinct(field)]
+    out: list[dict[str, int]] = []
+    for p in points:
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _launch(name: str, tier: int) -> LaunchPlan | None:
+    if tier == 1:
+        return LaunchPlan(
+            grid="one program per [ROWS, BLOCK_N] tile of the [rows, cols] view",
+            block_source=f"table: runtime/tables/{name}.py by column count, seeded from "
+            "relu_squared's table",
+            configs=[dict(c) for c in _TIER1_CONFIGS],
+        )
+    if tier == 2:
+        return LaunchPlan(
+            grid="one program per ROWS rows, each row whole in registers",
+            block_source="pure function: BLOCK_N = next_power_of_2(cols); ROWS and num_warps "
+            f"from runtime/tables/{name}.py by column count, seeded from rms_norm's table",
+            configs=[dict(c) for c in _TIER2_CONFIGS],
+        )
+    return None
+
+
+def _upcast(fwd: Graph, bwd: Graph) -> list[str]:
+    out: list[str] = []
+    for node in _calls(fwd) + _calls(bwd):
+        op = _op(node)
+        if op in TRANSCENDENTAL:
+            entry = f"{op}: transcendental"
+        elif op in REDUCTIONS and op not in {"amax", "amin"}:
+            entry = f"{op}: reduction, accumulated in fp32"
+        else:
+            continue
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def _specs(ref: Reference, traced: Traced | None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    grads = traced.grad_outputs if traced else {}
+    inputs = []
+    tensors = ref.example_inputs + ref.params
+    roles = ["input"] * len(ref.input_names) + ["parameter"] * len(ref.param_names)
+    for name, t, role in zip(ref.input_names + ref.param_names, tensors, roles, strict=True):
+        inputs.append(
+            TensorSpec(
+                name=name,
+                role=role,
+                example_shape=list(t.shape),
+                requires_grad=name in grads,
+                dtype="same" if t.is_floating_point() else "int",
+            )
+        )
+    outputs = []
+    if traced:
+        for name, shape in zip(traced.output_names, traced.output_shapes, strict=True):
+            outputs.append(TensorSpec(name=name, role="output", example_shape=shape))
+    return inputs, outputs
+
+
+def _main_index(inputs: list[TensorSpec]) -> int:
+    """The main input: the largest (first on ties) float input; it defines [rows, cols]."""
+    best = 0
+    for i, s in enumerate(inputs):
+        numel = 1
+        for d in s.example_shape:
+            numel *= d
+        cur = 1
+        for d in inputs[best].example_shape:
+            cur *= d
+        if numel > cur or (inputs[best].dtype == "int" and s.dtype != "int"):
+            best = i
+    return best
+
+
+def understand(source: str, *, name: str | None = None) -> KernelProfile:
+    """Load, trace and classify `source`; the profile of a tier-3 reference names the stop."""
+    ref = load_reference(source, name=name)
+    op_name = name or ref.name
+    base = dict(
+        name=op_name,
+        function_name=op_name,
+        module_name=camel_case(op_name),
+        source=source,
+        input_form=ref.input_form,
+    )
+    notes = []
+    if ref.constants:
+        notes.append(f"non-tensor arguments baked in as constants: {ref.constants}")
+    # A reference that fails in eager is the user's bug, not tier 3: let that error through.
+    ref.call(*ref.example_inputs, *ref.params)
+    try:
+        traced = trace(ref)
+    except TraceError as e:
+        inputs, _ = _specs(ref, None)
+        match = re.search(r"aten\.[\w.]+", str(e))
+        return KernelProfile(
+            **base,
+            tier=3,
+            tier_reason="tracing to aten graphs failed",
+            unsupported_node=match.group(0) if match else "trace",
+            unsupported_reason=f"{e} — data-dependent control flow or an op without a fake "
+            "kernel cannot be traced, so no kernel can be generated from it",
+            inputs=inputs,
+            notes=notes,
+        )
+
+    inputs, outputs = _specs(ref, traced)
+    main = inputs[_main_index(inputs)].example_shape
+    fwd, bwd = traced.forward, traced.backward
+    ops = {_op(n) for n in _calls(fwd) + _calls(bwd)}
+    common = dict(
+        **base,
+        forward=fwd,
+        backward=bwd,
+        gradients=[f"{g} = {formula(bwd, g)}" for g in traced.grad_outputs.values()],
+        saved=traced.saved,
+        recomputed=traced.recomputed,
+        upcast_fp32=_upcast(fwd, bwd),
+    )
+    for out in traced.output_names:
+        notes.append(f"forward: {out} = {formula(fwd, out)}")
+    try:
+        if not main:
+            raise _Stop("inputs", "the main input is a scalar: nothing to tile")
+        _check_ops(fwd, bwd)
+        reduction_dim = _reduction_dim(fwd, len(main))
+        feature = reduction_dim if reduction_dim is not None else -1
+        _check_bwd_reductions(bwd, feature % len(main))
+        for spec in inputs + outputs:
+            b = _broadcast(spec.example_shape, main, feature)
+            if b is None:
+                raise _Stop(
+                    spec.name,
+                    f"shape {spec.example_shape} against the main input's {main} is neither "
+                    "full, per-row, per-feature nor scalar",
+                )
+            spec.broadcast = b
+    except _Stop as stop:
+        return KernelProfile(
+            **common,
+            tier=3,
+            tier_reason=f"stops at {stop.node}",
+            unsupported_node=stop.node,
+            unsupported_reason=stop.reason,
+            inputs=inputs,
+            outputs=outputs,
+            notes=notes,
+        )
+
+    reductions = [n for n in _calls(fwd) + _calls(bwd) if _op(n) in REDUCTIONS]
+    per_feature = [s.name for s in inputs if s.requires_grad and s.broadcast in ("col", "scalar")]
+    if not reductions:
+        tier, reason = 1, "element-wise only (forward and backward)"
+    elif reduction_dim is not None:
+        tier, reason = 2, f"element-wise plus reductions over dim {reduction_dim}"
+    else:
+        tier = 2
+        grads = ", ".join(per_feature) or "broadcast inputs"
+        reason = f"element-wise forward; the gradients of {grads} reduce over rows"
+    if reduction_dim is not None and per_feature:
+        reason += f"; gradients of {', '.join(per_feature)} reduce over rows"
+    return KernelProfile(
+        **common,
+        tier=tier,
+        tier_reason=reason,
+        inputs=inputs,
+        outputs=outputs,
+        reduction_dim=reduction_dim,
+        closest_kernel=_closest(tier, ops, inputs, fwd),
+        launch=_launch(op_name, tier),
+        benchmark_sweep=_sweep(tier),
+        notes=notes,
+    )

@@ -1,0 +1,206 @@
+"""create · Understand: every corpus reference → a KernelProfile with the expected tier.
+
+CPU only, no Triton: tracing runs AOT Autograd on fake tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernelwright.profiles.kernel import KernelProfile
+from kernelwright.workflows.create import understand
+from kernelwright.workflows.create.load import ReferenceError, load_reference
+
+CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
+
+# file stem -> (tier, input form, closest library kernel)
+EXPECTED = {
+    "relu_squared": (1, "function", "relu_squared"),
+    "swiglu": (1, "function", "swiglu"),
+    "geglu_tanh": (1, "function", "geglu"),
+    "gelu_exact": (1, "module", "relu_squared"),
+    "silu": (1, "kernelbench", "relu_squared"),
+    "mish": (1, "function", "relu_squared"),
+    "softplus": (1, "kernelbench", "relu_squared"),
+    "hardswish": (1, "function", "relu_squared"),
+    "elu": (1, "module", "relu_squared"),
+    "leaky_relu": (1, "function", "relu_squared"),
+    "logit_softcap": (1, "function", "relu_squared"),
+    "dyt": (2, "module", "rms_norm"),
+    "rms_norm": (2, "kernelbench", "rms_norm"),
+    "layer_norm": (2, "module", "layer_norm"),
+    "l2_normalize": (2, "function", "rms_norm"),
+    "softmax": (2, "kernelbench", "softmax"),
+    "log_softmax": (2, "function", "log_softmax"),
+    "softmax_temperature": (2, "function", "softmax"),
+    "logsumexp": (2, "function", "log_softmax"),
+    "rowwise_mse": (2, "function", "rms_norm"),
+    "matmul_bias": (3, "kernelbench", None),
+    "cumsum": (3, "function", None),
+    "gather_rows": (3, "function", None),
+    "data_dependent": (3, "function", None),
+}
+# tier-3 references: the aten op the profile must name
+STOPS = {
+    "matmul_bias": "aten.addmm",
+    "cumsum": "aten.cumsum",
+    "gather_rows": "aten.gather",
+    "data_dependent": "aten._local_scalar_dense",
+}
+
+
+@functools.cache
+def profile_of(stem: str) -> KernelProfile:
+    return understand(str(CORPUS / f"{stem}.py"))
+
+
+def test_corpus_is_complete():
+    on_disk = {p.stem for p in CORPUS.glob("*.py")}
+    assert on_disk == set(EXPECTED)
+    assert sum(1 for t, _, _ in EXPECTED.values() if t in (1, 2)) >= 20
+    assert sum(1 for t, _, _ in EXPECTED.values() if t == 3) >= 2
+    assert {form for _, form, _ in EXPECTED.values()} == {"function", "module", "kernelbench"}
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_corpus_profile(stem):
+    tier, form, closest = EXPECTED[stem]
+    p = profile_of(stem)
+    assert (p.tier, p.input_form, p.closest_kernel) == (tier, form, closest), p.tier_reason
+    assert p.name == p.function_name == stem
+    assert KernelProfile.from_yaml(p.to_yaml()) == p
+    if tier == 3:
+        assert STOPS[stem] in p.unsupported_node and p.unsupported_reason
+        assert p.launch is None
+        return
+    assert p.unsupported_node is None and p.launch is not None and p.benchmark_sweep
+    assert p.forward.nodes and p.forward.readable and p.backward.nodes
+    # one gradient formula per differentiable input, named d<input>
+    diff = [s.name for s in p.inputs if s.requires_grad]
+    assert [g.split(" = ")[0] for g in p.gradients] == [f"d{n}" for n in diff]
+    assert p.outputs and all(s.role == "output" for s in p.outputs)
+    assert (p.reduction_dim is not None) == (tier == 2 and stem != "dyt")
+
+
+def test_relu_squared_profile_details():
+    p = profile_of("relu_squared")
+    assert [s.name for s in p.inputs] == ["x"] and p.inputs[0].requires_grad
+    assert p.saved == ["x"]  # relu is recomputed in the backward, not saved
+    assert "relu" in p.recomputed
+    assert p.notes[0] == "forward: y = relu(x) ** 2"
+    assert p.module_name == "ReluSquared"
+    assert p.launch.configs[-1]["block_n"] <= p.launch.configs[0]["block_n"]
+
+
+def test_parameters_and_broadcast():
+    p = profile_of("dyt")
+    specs = {s.name: (s.role, s.broadcast, s.requires_grad) for s in p.inputs}
+    assert specs == {
+        "x": ("input", "full", True),
+        "alpha": ("parameter", "scalar", True),
+        "gamma": ("parameter", "col", True),
+        "beta": ("parameter", "col", True),
+    }
+    rms = profile_of("rms_norm")
+    assert rms.reduction_dim == -1 and "rsqrt: transcendental" in rms.upcast_fp32
+    assert {s.name: s.broadcast for s in rms.inputs} == {"x": "full", "weight": "col"}
+    lse = profile_of("logsumexp")
+    assert lse.outputs[0].broadcast == "row" and lse.outputs[0].example_shape == [4, 8]
+
+
+def test_gelu_decomposes_to_primitives():
+    targets = {n.target for n in profile_of("geglu_tanh").forward.nodes}
+    assert "aten.tanh.default" in targets and not any("gelu" in t for t in targets)
+
+
+def test_deterministic():
+    for stem in ("rms_norm", "geglu_tanh", "cumsum"):
+        path = str(CORPUS / f"{stem}.py")
+        assert understand(path).to_yaml() == understand(path).to_yaml()
+
+
+def _write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_module_function_form(tmp_path, monkeypatch):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    _write(
+        pkg,
+        "acts.py",
+        """
+        import torch
+
+        def squareplus(x):
+            return 0.5 * (x + torch.sqrt(x * x + 4.0))
+
+        def other(x):
+            return x
+
+        def get_inputs():
+            return [torch.randn(3, 5, 33)]
+        """,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = understand("mypkg.acts:squareplus")
+    assert (p.name, p.tier, p.input_form) == ("squareplus", 1, "function")
+    assert p.source == "mypkg.acts:squareplus"
+    # a file with several functions: path.py:name picks one
+    p = understand(f"{pkg / 'acts.py'}:other", name="identity")
+    assert (p.name, p.module_name, p.tier) == ("identity", "Identity", 1)
+
+
+def test_constants_from_get_inputs(tmp_path):
+    path = _write(
+        tmp_path,
+        "scaled.py",
+        """
+        import torch
+
+        def scaled(x, scale):
+            return torch.exp(x * scale)
+
+        def get_inputs():
+            return [torch.randn(5, 7), 0.5]
+        """,
+    )
+    ref = load_reference(str(path))
+    assert ref.input_names == ["x"] and ref.constants == {1: 0.5}
+    p = understand(str(path))
+    assert p.tier == 1 and [s.name for s in p.inputs] == ["x"]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("import torch\nX = 1\n\ndef get_inputs():\n    return [torch.randn(3)]\n", "defines no"),
+        ("import torch\n\ndef f(x):\n    return x * 2\n", "get_inputs"),
+        (
+            "import torch\n\ndef f(x):\n    return x\n\ndef g(x):\n    return x\n\n"
+            "def get_inputs():\n    return [torch.randn(3)]\n",
+            "several candidates",
+        ),
+        ("import nonexistent_module_xyz\n", "importing"),
+    ],
+)
+def test_clear_errors(tmp_path, body, message):
+    path = _write(tmp_path, "bad.py", body)
+    with pytest.raises(ReferenceError, match=message):
+        load_reference(str(path))
+
+
+def test_missing_sources():
+    with pytest.raises(ReferenceError, match="does not exist"):
+        load_reference("no/such/file.py")
+    with pytest.raises(ReferenceError, match="neither"):
+        load_reference("just_a_name")
+    with pytest.raises(ReferenceError, match="cannot import"):
+        load_reference("no_such_pkg_xyz.mod:fn")
