@@ -30,9 +30,11 @@ endif
 	touch $(STAMP)
 
 # Verify every library kernel against its reference, then a benchmark table. On a GPU it runs
-# there; otherwise through Triton's interpreter on small shapes.
+# there; otherwise through Triton's interpreter on small shapes. Then the create workflow end
+# to end on one reference (ReLU²: profile, generated Triton package, its tests).
 demo: $(STAMP)
 	$(BIN)/kernelwright demo
+	$(BIN)/kernelwright create examples/create/relu_squared.py --yes
 
 # The CPU test suite, through Triton's interpreter (also on machines that have a GPU).
 test: $(STAMP)

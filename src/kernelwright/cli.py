@@ -295,6 +295,59 @@ def autopatch(
         console.print(f"Convergence test: {written or emit}")
 
 
+@app.command()
+def create(
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            help="A reference: a .py file (function, nn.Module or KernelBench) or "
+            "package.module:function."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The op name (default: from the source).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Run every stage without stopping.")] = False,
+    from_profile: Annotated[
+        Path | None, typer.Option(help="Resume from a reviewed (edited) profile YAML.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write a standalone package here.")] = None,
+    into_library: Annotated[
+        bool, typer.Option(help="Add the op to kernelwright itself (not implemented yet).")
+    ] = False,
+) -> None:
+    """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark."""
+    from kernelwright.workflows.create.run import create as run_create
+
+    console = make_console()
+    if into_library:
+        raise typer.BadParameter(
+            "--into-library is not implemented yet; use --out DIR for a standalone package",
+            param_hint="--into-library",
+        )
+    try:
+        result = run_create(source, name=name, yes=yes, from_profile=from_profile, out=out)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e), param_hint="SOURCE") from None
+    if result.stage == "review":
+        console.print(f"Profile: {result.message}  (review it, then resume with:)")
+        console.print(
+            f"  kernelwright create --from-profile {result.message}"
+            + (f" --out {out}" if out else "")
+        )
+        return
+    console.print(f"Report: {result.report}")
+    if result.stage == "stopped":
+        console.print(f"[yellow]stopped:[/] {result.message}")
+        raise typer.Exit(2)
+    for f in result.files:
+        console.print(f"  {f}")
+    if not result.passed:
+        console.print("[red]verify failed[/]: see the report and logs")
+        raise typer.Exit(1)
+    console.print("[green]verified[/]: the generated tests pass")
+
+
 def main() -> None:
     app()
 

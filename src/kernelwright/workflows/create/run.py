@@ -1,0 +1,103 @@
+"""The create workflow's stages: Understand → (review) → Act → Verify → report."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelwright.profiles.kernel import KernelProfile
+from kernelwright.workflows.create.codegen import UnsupportedNode, render
+
+RUNS = Path("kernelwright-runs/create")
+
+
+@dataclass
+class CreateResult:
+    profile: KernelProfile
+    workdir: Path
+    stage: str  # "review" (stopped for the person), "stopped" (tier 3 / no lowering), "verified"
+    passed: bool = False
+    report: Path | None = None
+    files: list[Path] = field(default_factory=list)
+    message: str = ""
+
+
+def understand_source(source: str, name: str | None = None) -> KernelProfile:
+    from kernelwright.workflows.create.understand import understand  # the Understand stage
+
+    profile = understand(source)
+    if name:
+        profile.name = name
+    return profile
+
+
+def create(
+    source: str | None,
+    *,
+    name: str | None = None,
+    yes: bool = False,
+    from_profile: str | Path | None = None,
+    out: str | Path | None = None,
+    runs: str | Path = RUNS,
+) -> CreateResult:
+    if from_profile is not None:
+        profile = KernelProfile.load(from_profile)
+        if name:
+            profile.name = name
+    elif source is None:
+        raise ValueError("create: give a SOURCE file or --from-profile FILE")
+    else:
+        profile = understand_source(source, name)
+    workdir = Path(runs) / profile.name
+    workdir.mkdir(parents=True, exist_ok=True)
+    profile_path = workdir / "profile.yaml"
+    if Path(from_profile or "").resolve() != profile_path.resolve():
+        profile.save(profile_path)
+    if not yes and from_profile is None:
+        return CreateResult(profile, workdir, "review", message=str(profile_path))
+
+    try:
+        render(profile)
+    except UnsupportedNode as e:
+        profile.unsupported_node = profile.unsupported_node or e.node
+        profile.unsupported_reason = profile.unsupported_reason or e.reason
+        profile.save(profile_path)
+        report = _report(profile, workdir, None, f"stopped: {e}")
+        return CreateResult(profile, workdir, "stopped", report=report, message=str(e))
+
+    from kernelwright.workflows.create.verify import verify
+
+    result = verify(profile, workdir)
+    profile.save(profile_path)  # with the repairs the Verify stage logged
+    files = result.files
+    if out is not None:
+        dest = Path(out) / profile.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(workdir / "pkg" / profile.name, dest)
+        files = sorted(dest.iterdir())
+    status = "passed" if result.passed else "FAILED"
+    report = _report(profile, workdir, result, f"verify {status} ({result.gate} gate)")
+    return CreateResult(profile, workdir, "verified", result.passed, report, files, status)
+
+
+def _report(profile: KernelProfile, workdir: Path, result, headline: str) -> Path:
+    lines = [f"# create {profile.name}", "", f"source: {profile.source}", "",
+             f"tier {profile.tier}: {profile.tier_reason}", "", f"**{headline}**", ""]  # fmt: skip
+    if profile.unsupported_node:
+        lines += [
+            f"unsupported node `{profile.unsupported_node}`: {profile.unsupported_reason}",
+            "",
+        ]
+    if result is not None:
+        lines += ["| attempt | config | gate | reason | log |", "|---|---|---|---|---|"]
+        for a in result.attempts:
+            lines.append(f"| {a.attempt} | {a.config} | {a.gate} | {a.reason} | {a.log.name} |")
+        lines += ["", result.benchmark, "", "files:"]
+        lines += [f"- {f}" for f in result.files]
+    for r in profile.repairs:
+        lines.append(f"- repair {r.attempt}: {r.change} ({r.reason})")
+    path = workdir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

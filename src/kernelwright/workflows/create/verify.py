@@ -1,0 +1,103 @@
+"""Verify: run the generated tests in a subprocess, classify failures, repair up to 3 times.
+
+Hard gates (an import or compile error, wrong numbers) block; a soft gate (a tolerance missed
+by a small margin) is reported. A repair regenerates with the next, smaller launch config
+from the profile and logs why in `profile.repairs`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kernelwright.profiles.kernel import KernelProfile, Repair
+from kernelwright.workflows.create.codegen import DEFAULT_CONFIGS, write
+
+MAX_REPAIRS = 3
+_HARD_ERRORS = ("ImportError", "SyntaxError", "CompilationError", "NameError", "TypeError",
+                "error during collection", "AttributeError")  # fmt: skip
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    config: dict
+    gate: str  # "pass", "soft", "hard"
+    reason: str
+    log: Path
+
+
+@dataclass
+class VerifyResult:
+    passed: bool
+    gate: str
+    attempts: list[Attempt] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    benchmark: str = ""
+
+
+def classify(returncode: int, output: str) -> tuple[str, str]:
+    """(gate, reason) from a pytest run."""
+    if returncode == 0:
+        return "pass", "all generated tests pass"
+    lines = [ln for ln in output.splitlines() if ln.startswith("E ")]
+    first = lines[0][1:].strip() if lines else output.strip().splitlines()[-1:][0:1]
+    first = first if isinstance(first, str) else " ".join(first)
+    if any(e in output for e in _HARD_ERRORS) and "Mismatched elements" not in output:
+        return "hard", f"import/compile error: {first}"
+    rel = [float(m) for m in re.findall(r"Greatest relative difference: ([0-9.e+-]+)", output)]
+    if rel and max(rel) < 0.05:
+        return "soft", f"tolerance at the edge (max relative difference {max(rel):.3g})"
+    return "hard", f"wrong numbers: {first}"
+
+
+def run_tests(pkg_root: Path, name: str, log: Path) -> tuple[int, str]:
+    (pkg_root / "pytest.ini").write_text("[pytest]\n")  # isolate from any enclosing config
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           f"{name}/test_{name}.py"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=pkg_root, env=env, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    log.write_text(out)
+    return proc.returncode, out
+
+
+def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
+    """Generate under workdir/pkg, test, repair with smaller configs; profile.repairs grows."""
+    workdir = Path(workdir)
+    pkg_root = workdir / "pkg"
+    configs = (profile.launch.configs if profile.launch else None) or DEFAULT_CONFIGS
+    result = VerifyResult(passed=False, gate="hard")
+    while True:
+        k = len(profile.repairs)
+        files = write(profile, pkg_root)
+        log = workdir / f"test_attempt{k}.log"
+        rc, out = run_tests(pkg_root, profile.name, log)
+        gate, reason = classify(rc, out)
+        cfg = dict(configs[min(k, len(configs) - 1)])
+        result.attempts.append(Attempt(k, cfg, gate, reason, log))
+        result.files, result.gate = files, gate
+        # a smaller launch config cannot fix code that does not import or compile
+        if gate in ("pass", "soft") or k >= MAX_REPAIRS or reason.startswith("import/"):
+            result.passed = gate != "hard"
+            break
+        nxt = configs[min(k + 1, len(configs) - 1)]
+        profile.repairs.append(
+            Repair(attempt=k + 1, change=f"launch config {cfg} -> {nxt}", reason=reason)
+        )
+    result.benchmark = benchmark_note()
+    return result
+
+
+def benchmark_note() -> str:
+    if not torch.cuda.is_available():
+        return "benchmark: GPU only (no CUDA device here); run bench_<name>.py on a GPU"
+    return "benchmark: run `python -m <name>.bench_<name>` (eager and torch.compile baselines)"
