@@ -9,20 +9,16 @@ block size) is what the generator sees.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from kernelwright.profiles.base import Strict, YamlProfile
 
 SCHEMA_VERSION = 1
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TensorSpec(_Strict):
+class TensorSpec(Strict):
     """One input or output of the kernel."""
 
     name: str
@@ -39,7 +35,7 @@ class TensorSpec(_Strict):
     dtype: Literal["same", "fp32", "int"] = "same"
 
 
-class GraphNode(_Strict):
+class GraphNode(Strict):
     """One node of an aten-level graph, in order: name = target(args, kwargs)."""
 
     name: str
@@ -51,13 +47,13 @@ class GraphNode(_Strict):
     dtype: str | None = None  # "torch.float32"
 
 
-class Graph(_Strict):
+class Graph(Strict):
     nodes: list[GraphNode] = Field(default_factory=list)
     # the readable form a reviewer reads: one line per node, `name = op(args)`
     readable: list[str] = Field(default_factory=list)
 
 
-class LaunchPlan(_Strict):
+class LaunchPlan(Strict):
     """How the grid and block sizes are chosen."""
 
     grid: str  # "one program per ROWS rows" / "one program per BLOCK elements"
@@ -66,13 +62,15 @@ class LaunchPlan(_Strict):
     configs: list[dict[str, int]] = Field(default_factory=list)
 
 
-class Repair(_Strict):
+class Repair(Strict):
     attempt: int
     change: str
     reason: str
 
 
-class KernelProfile(_Strict):
+class KernelProfile(YamlProfile):
+    REGENERATE: ClassVar[str] = "kernelwright create"
+
     schema_version: int = SCHEMA_VERSION
     name: str  # snake_case op name: "relu_squared"
     function_name: str  # the generated public function
@@ -105,30 +103,3 @@ class KernelProfile(_Strict):
         if self.tier == 3 and not (self.unsupported_node and self.unsupported_reason):
             raise ValueError("a tier-3 KernelProfile names the node that stops it and why")
         return self
-
-    def to_yaml(self) -> str:
-        # python mode: json mode would write inf and nan constants of the graphs as null
-        return yaml.safe_dump(self.model_dump(), sort_keys=False, width=100)
-
-    @classmethod
-    def from_yaml(cls, text: str) -> KernelProfile:
-        data = yaml.safe_load(text)
-        if not isinstance(data, dict):
-            raise ValueError("KernelProfile YAML must be a mapping at the top level")
-        version = data.get("schema_version", SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"KernelProfile schema_version {version} is not supported (expects "
-                f"{SCHEMA_VERSION}); re-run `kernelwright create` to regenerate it"
-            )
-        return cls.model_validate(data)
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_yaml())
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> KernelProfile:
-        return cls.from_yaml(Path(path).read_text())

@@ -13,11 +13,11 @@ the bare model, a PEFT/LoRA-wrapped one and any number of layers.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from kernelwright.profiles.base import Strict, YamlProfile
 
 SCHEMA_VERSION = 1
 
@@ -27,18 +27,14 @@ SCHEMA_VERSION = 1
 Status = Literal["patch", "unsupported", "absent"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Evidence(_Strict):
+class Evidence(Strict):
     """Where a decision came from."""
 
     source: str  # "transformers/models/llama/modeling_llama.py:64", "config:hidden_act", "check"
     detail: str  # the source line, the config value, or what a numerical check measured
 
 
-class Decision(_Strict):
+class Decision(Strict):
     status: Status = "patch"
     reason: str = ""  # why; required when unsupported
     evidence: list[Evidence] = Field(default_factory=list)
@@ -66,7 +62,7 @@ NormRole = Literal[
 ]
 
 
-class NormUse(_Strict):
+class NormUse(Strict):
     """One norm attribute as a module uses it."""
 
     attribute: str  # attribute name on its owner ("input_layernorm", "q_norm", "norm")
@@ -182,8 +178,10 @@ class LMHeadDecision(Decision):
     bias: bool = False
 
 
-class ModelProfile(_Strict):
+class ModelProfile(YamlProfile):
     """The reviewed decisions for one architecture; YAML on disk."""
+
+    REGENERATE: ClassVar[str] = "kernelwright autopatch"
 
     schema_version: int = SCHEMA_VERSION
     model_type: str
@@ -219,29 +217,3 @@ class ModelProfile(_Strict):
         items += [("rope", self.rope), ("output", self.output), ("logits", self.logits)]
         items.append(("lm_head", self.lm_head))
         return items
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
-
-    @classmethod
-    def from_yaml(cls, text: str) -> ModelProfile:
-        data = yaml.safe_load(text)
-        if not isinstance(data, dict):
-            raise ValueError("ModelProfile YAML must be a mapping at the top level")
-        version = data.get("schema_version", SCHEMA_VERSION)
-        if version != SCHEMA_VERSION:
-            raise ValueError(
-                f"ModelProfile schema_version {version} is not supported by this kernelwright "
-                f"(expects {SCHEMA_VERSION}); re-run `kernelwright autopatch` to regenerate it"
-            )
-        return cls.model_validate(data)
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_yaml())
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> ModelProfile:
-        return cls.from_yaml(Path(path).read_text())
