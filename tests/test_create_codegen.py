@@ -63,7 +63,8 @@ def capture(name: str, fn, *shapes, params=()) -> KernelProfile:
         decompositions=core_aten_decompositions(),
     )
     xs = [torch.randn(s, requires_grad=True) for s in shapes]
-    f(*xs).sum().backward()
+    y = f(*xs)
+    y.sum().backward()
     full = list(shapes[0])
     specs = []
     for i, s in enumerate(shapes):
@@ -87,10 +88,16 @@ def capture(name: str, fn, *shapes, params=()) -> KernelProfile:
         tier=1,
         tier_reason="element-wise",
         inputs=specs,
-        outputs=[TensorSpec(name="y", role="output", example_shape=full)],
+        outputs=[TensorSpec(name="y", role="output", example_shape=list(y.shape))],
         forward=Graph(nodes=[_node(n) for n in graphs["f"].graph.nodes]),
         backward=Graph(nodes=[_node(n) for n in graphs["b"].graph.nodes]),
     )
+
+
+def _softmax(x):
+    # spelled out: the core decompositions keep aten._softmax whole (Understand splits it)
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
 
 
 CASES = {
@@ -99,6 +106,15 @@ CASES = {
     "swiglu_gen": (lambda g, u: torch.nn.functional.silu(g) * u, [(4, 8), (4, 8)], ()),
     "softcap_gen": (lambda x: 30.0 * torch.tanh(x / 30.0), [(4, 8)], ()),
     "dyt_gen": (lambda x, a, w, b: w * torch.tanh(a * x) + b, [(4, 8), (), (8,), (8,)], (1, 2, 3)),
+    # tier 2, row kernels: a last-dim reduction with a per-feature parameter (its gradient a
+    # sum over rows), softmax (max + sum), and one value per row as the output
+    "rmsnorm_gen": (
+        lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+        [(4, 8), (8,)],
+        (1,),
+    ),
+    "softmax_gen": (lambda x: _softmax(x), [(4, 8)], ()),
+    "lse_gen": (lambda x: torch.logsumexp(x, dim=-1), [(4, 8)], ()),
 }
 
 
@@ -113,12 +129,13 @@ def test_generated_kernel_passes_its_tests(case, tmp_path):
     assert not profile.repairs
 
 
-def test_generation_is_deterministic():
-    fn, shapes, params = CASES["dyt_gen"]
-    a = render(capture("dyt_gen", fn, *shapes, params=params))
-    b = render(capture("dyt_gen", fn, *shapes, params=params))
+@pytest.mark.parametrize("case", ["dyt_gen", "lse_gen"])
+def test_generation_is_deterministic(case):
+    fn, shapes, params = CASES[case]
+    a = render(capture(case, fn, *shapes, params=params))
+    b = render(capture(case, fn, *shapes, params=params))
     assert a == b
-    p = capture("dyt_gen", fn, *shapes, params=params)
+    p = capture(case, fn, *shapes, params=params)
     assert render(KernelProfile.from_yaml(p.to_yaml())) == a  # through the reviewed YAML too
 
 
@@ -126,6 +143,31 @@ def test_unsupported_node_stops_with_its_name():
     profile = capture("atan_gen", torch.atan, (4, 8))
     with pytest.raises(UnsupportedNode, match=r"atan.*no Triton lowering"):
         render(profile)
+
+
+@pytest.mark.parametrize(
+    "fn, shapes, match",
+    [
+        (lambda x: x.sum(0, keepdim=True) * x, [(4, 8)], r"only the last dim|reduces the last"),
+        (lambda x, r: _softmax(x * r), [(4, 8), (4, 1)], r"per-row input"),
+    ],
+    ids=["reduce_rows", "row_input_grad"],
+)
+def test_row_kernel_stops_on_what_it_cannot_lower(fn, shapes, match):
+    with pytest.raises(UnsupportedNode, match=match):
+        render(capture("row_stop", fn, *shapes))
+
+
+def test_row_kernel_reference_runs_at_any_row_length():
+    # the traced graphs bake in the row length (mean's backward divides by 96): the kernel
+    # takes the runtime N and the reference the runtime shape instead
+    files = render(capture("rmsnorm_gen", CASES["rmsnorm_gen"][0], [3, 2, 96], [96], params=(1,)))
+    op = files["rmsnorm_gen/rmsnorm_gen.py"]
+    assert " / N" in op and "96" not in op.split("def rmsnorm_gen_ref")[1]
+    assert (
+        "tl.sum(tl.where(cmask" in op
+        and "(3, 5, 96), (2, 100)" in files["rmsnorm_gen/test_rmsnorm_gen.py"]
+    )
 
 
 def test_unsupported_node_stops_the_workflow(tmp_path):
@@ -172,9 +214,9 @@ def test_cli_create_stops_for_review(tmp_path):
 # ---------------------------------------------------------------- the corpus through Understand
 
 CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
-# what the generator does with each corpus reference today: "kernel" (tier 1, and DyT whose only
-# reductions are its parameter gradients), "row" (tier-2 row reductions: not generated yet, a
-# clear stop), "tier3" (never generated)
+# what the generator does with each corpus reference today: tier 1 and DyT (whose only
+# reductions are its parameter gradients) → element-wise kernels; ROW_KERNELS (tier-2 last-dim
+# reductions) → row kernels; TIER3 → never generated
 ROW_KERNELS = {
     "rms_norm", "layer_norm", "l2_normalize", "softmax", "log_softmax",
     "softmax_temperature", "logsumexp", "rowwise_mse",
@@ -185,20 +227,19 @@ TIER3 = {"matmul_bias", "cumsum", "gather_rows", "data_dependent"}
 @pytest.mark.parametrize("path", sorted(CORPUS.glob("*.py")), ids=lambda p: p.stem)
 def test_corpus_reference_renders_or_stops_cleanly(path):
     # Render only (fast); end-to-end verification of the generated tests is covered above and
-    # by `kernelwright create <file> --yes` (all 12 generated references verified on CPU).
+    # by `kernelwright create <file> --yes` (all 20 generated references verified on CPU).
     from kernelwright.workflows.create import understand
 
     profile = understand(str(path))
     if path.stem in TIER3:
         assert profile.tier == 3 and profile.unsupported_node
         return
-    if path.stem in ROW_KERNELS:
-        with pytest.raises(UnsupportedNode, match="no Triton lowering|row kernels"):
-            render(profile)
-        return
     files = render(profile)
     assert sorted(files) == sorted(
         f"{profile.name}/{f}" for f in ("__init__.py", f"{profile.name}.py",
                                          f"test_{profile.name}.py", f"bench_{profile.name}.py")
     )  # fmt: skip
-    assert "@triton.jit" in files[f"{profile.name}/{profile.name}.py"]
+    op = files[f"{profile.name}/{profile.name}.py"]
+    assert "@triton.jit" in op
+    # a row kernel iff the reference reduces over the last dim
+    assert ("cmask = cols < N" in op) == (path.stem in ROW_KERNELS)

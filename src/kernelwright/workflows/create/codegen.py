@@ -1,4 +1,4 @@
-"""Act: a reviewed KernelProfile → Triton source, tests and a benchmark stub (tier 1).
+"""Act: a reviewed KernelProfile → Triton source, tests and a benchmark stub (tiers 1 and 2).
 
 Tier 1 (element-wise, inputs broadcast as full/row/col/scalar) is lowered node by node: every
 aten node of the profile's forward and backward graphs becomes one `tl` expression on a
@@ -7,6 +7,14 @@ dtype: bf16 arithmetic is silently wrong under the interpreter and less accurate
 The backward kernel recomputes forward intermediates from the saved inputs (cheap for
 element-wise work) and writes each input gradient at full size; a broadcast input's gradient
 is written in fp32 and summed to the input's shape by the launcher.
+
+Tier 2 (reductions over the last dim: norms, softmax, logsumexp, row losses) takes the same
+path with one program per ROWS rows holding each row whole (BLOCK_N = next_power_of_2(N)):
+sum/mean/amax/amin/var_mean over the last dim become `tl.sum/max/min(..., axis=1)[:, None]` on
+the padded tile, the padding replaced by the reduction's neutral element first. Per-row values
+stay [ROWS, 1] tiles and broadcast against the row; per-row outputs store one value per row. A
+per-feature parameter's gradient (a sum over rows) is written per element in fp32 and summed by
+the launcher in PyTorch (`sum_to_size`), exactly like a broadcast input of tier 1.
 
 Generation is a pure function of the profile: same profile, byte-identical files. A node
 without a lowering raises `UnsupportedNode` naming it — never a kernel we cannot verify.
@@ -32,6 +40,15 @@ _IDENTITY = {
     "aten.lift_fresh_copy.default", "aten.detach.default",
 }  # fmt: skip
 _SUM = {"aten.sum.dim_IntList", "aten.sum.default"}
+# reductions a row kernel lowers when they run over the last dim only
+_REDUCE = _SUM | {"aten.mean.dim", "aten.amax.default", "aten.amin.default",
+                  "aten.var_mean.correction"}  # fmt: skip
+# padding of a row tile is replaced by the reduction's neutral element before reducing
+_NEUTRAL = {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")'}
+# the widest row a row kernel holds in registers (the library norms' one-program limit);
+# wider rows need a looped kernel, which is not generated
+MAX_ROW = 32768
+_CONSTS = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
 _FLOAT_DTYPES = ("float", "half", "bfloat16", "float16", "float32", "float64", "double")
 # the default launch configs, largest tile first; a repair moves one step down the list
 DEFAULT_CONFIGS = [
@@ -76,7 +93,7 @@ def _pow(a: str, e, node: str) -> str:
     return f"(1.0 / ({body}))" if e < 0 else f"({body})"
 
 
-def _lower(n: GraphNode, a: list[str], raw: list, kw: dict) -> str:
+def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -> str:
     """One aten node → a `tl` expression over already-named fp32 tiles (`a`: args as code)."""
     t = n.target
     base = t.rsplit(".", 1)[0] if t.count(".") >= 2 else t
@@ -127,6 +144,10 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict) -> str:
         return out
     if base in ("aten.full", "aten.scalar_tensor"):
         value = raw[1] if base == "aten.full" else raw[0]
+        if row and base == "aten.scalar_tensor":
+            # a 0-d constant: [ROWS, 1] broadcasts against a row tile and keeps per-row values
+            # per-row (a full tile would turn a per-row output into a row)
+            return f"tl.full([ROWS, 1], {_lit(value)}, tl.float32)"
         return f"tl.full([ROWS, BLOCK_N], {_lit(value)}, tl.float32)"
     if base in ("aten.convert_element_type", "aten._to_copy"):
         dtype = str(raw[1] if len(raw) > 1 else kw.get("dtype", "float32"))
@@ -197,12 +218,43 @@ class _Emitter:
                 f"the forward graph has {len(self.f_ph)} placeholders for "
                 f"{len(profile.inputs)} profile inputs; re-run Understand",
             )
+        main = next((i for i in profile.inputs if i.broadcast == "full"), profile.inputs[0])
+        self.full = list(main.example_shape)  # the traced [..., N] shape of the main input
+        self.rank = len(self.full)
+        # a row kernel iff some reduction runs over the last dim (parameter-gradient sums over
+        # the rows alone stay trailing sums of an element-wise kernel, as for DyT)
+        self.row = any(self.reduce_kind(n) == "row" for n in self.fwd + self.bwd)
 
-    @staticmethod
-    def _arg(x, prefix: str, names: set[str], alias: dict[str, str]) -> str:
+    def reduce_kind(self, n: GraphNode) -> str | None:
+        """'row' (over the last dim only), 'rows' (other dims: a trailing sum), None."""
+        if n.op != "call_function" or n.target not in _REDUCE:
+            return None
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        if n.target == "aten.sum.default" or not dims:
+            return "rows"  # every dim: summed to the input's shape by the launcher
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        norm = sorted({d % self.rank if self.rank else 0 for d in dims})
+        return "row" if self.rank and norm == [self.rank - 1] else "rows"
+
+    def _arg(self, x, prefix: str, names: set[str], alias: dict[str, str]) -> str:
         if isinstance(x, str) and x in names:
             return alias.get(x, prefix + x)
+        if isinstance(x, str) and x in _CONSTS:  # inf/nan constants kept as text in YAML
+            return _lit(_CONSTS[x])
         return _lit(x) if isinstance(x, (int, float)) else repr(x)
+
+    def _is_n(self, n: GraphNode, x) -> bool:
+        # AOT Autograd bakes the traced row length into mean's backward and the norms'
+        # gradients (`div(expand, 96)`): in a row kernel an int equal to it is the runtime N
+        base = n.target.rsplit(".", 1)[0]
+        return (
+            self.row
+            and base in ("aten.mul", "aten.div")
+            and isinstance(x, int)
+            and not isinstance(x, bool)
+            and self.rank > 0
+            and x == self.full[-1]
+        )
 
     def fwd_needed(self, roots: list[str]) -> list[GraphNode]:
         need: set[str] = set()
@@ -217,26 +269,66 @@ class _Emitter:
             stack.extend(_refs(n.args, names) + _refs(list(n.kwargs.values()), names))
         return [n for n in self.fwd if n.name in need and n.op != "output"]
 
+    def _reduce(self, n: GraphNode, a: str, prefix: str) -> list[str]:
+        """A last-dim reduction of the [ROWS, BLOCK_N] tile `a` → [ROWS, 1] line(s)."""
+        out = prefix + n.name
+        base = n.target.rsplit(".", 1)[0]
+
+        def red(op: str, v: str) -> str:
+            return f"tl.{op}(tl.where(cmask, {v}, {_NEUTRAL[op]}), axis=1)[:, None]"
+
+        if base == "aten.sum":
+            return [f"{out} = {red('sum', a)}"]
+        if base == "aten.mean":
+            return [f"{out} = {red('sum', a)} / N"]
+        if base in ("aten.amax", "aten.amin"):
+            return [f"{out} = {red(base[-3:], a)}"]
+        # var_mean: (var, mean), two-pass over the row in registers (no cancellation)
+        corr = n.kwargs.get("correction", 1)
+        corr = 1 if corr is None else corr
+        return [
+            f"{out}_1 = {red('sum', a)} / N",
+            f"{out}_c = {a} - {out}_1",
+            f"{out}_0 = {red('sum', f'{out}_c * {out}_c')} / (N - {_lit(corr)})",
+        ]
+
     def emit(self, nodes: list[GraphNode], prefix: str, alias: dict[str, str]) -> list[str]:
         names = {n.name for n in nodes} | set(alias)
+        by = {n.name: n for n in nodes}
         lines = []
         for n in nodes:
             if n.op != "call_function":
                 continue
-            code = [self._arg(x, prefix, names, alias) for x in n.args]
+            code = ["N" if self._is_n(n, x) else self._arg(x, prefix, names, alias) for x in n.args]
+            kind = self.reduce_kind(n)
+            if kind == "row":
+                lines.extend(self._reduce(n, code[0], prefix))
+                continue
+            if n.target == "getitem":  # an element of var_mean's (var, mean)
+                src = by.get(n.args[0])
+                if src is None or src.target != "aten.var_mean.correction" or not self.row:
+                    raise UnsupportedNode(n.name, "getitem of anything but a last-dim var_mean")
+                lines.append(f"{prefix}{n.name} = {code[0]}_{int(n.args[1])}")
+                continue
+            if kind == "rows" and n.target not in _SUM:
+                raise UnsupportedNode(
+                    n.name, f"{n.target} over dims {n.args[1:2]}: only the last dim is reduced"
+                )
             if n.target in _IDENTITY or n.target in _SUM:
                 expr = code[0]
             else:
-                expr = _lower(n, code, list(n.args), dict(n.kwargs))
+                expr = _lower(n, code, list(n.args), dict(n.kwargs), self.row)
             lines.append(f"{prefix}{n.name} = {expr}")
         return lines
 
     def forward_body(self) -> tuple[list[str], list[str]]:
         outs = _output_args(self.fwd)[: len(self.p.outputs)]
         for n in self.fwd:
-            if n.target in _SUM:
+            if self.reduce_kind(n) == "rows":
                 raise UnsupportedNode(
-                    n.name, "a reduction in the forward: tier-2 row kernels are not generated yet"
+                    n.name,
+                    f"a reduction over dims {n.args[1:2] or 'all'} in the forward: a row kernel "
+                    "reduces the last dim only",
                 )
         body = self.emit(self.fwd_needed(outs), "f_", {})
         return body, ["f_" + o for o in outs]
@@ -265,35 +357,65 @@ class _Emitter:
         users = _users(self.bwd)
         values: list[str | None] = []
         summed: list[bool] = []
-        for g in grads[: len(self.p.inputs)]:
+
+        def trailing(name) -> bool:
+            node = self.bwd_by.get(name)
+            return node is not None and (
+                node.target in _IDENTITY
+                or (node.target in _SUM and self.reduce_kind(node) != "row")
+            )
+
+        for i, g in enumerate(grads[: len(self.p.inputs)]):
             if g is None:
                 values.append(None)
                 summed.append(False)
                 continue
+            if self.row and self.p.inputs[i].broadcast == "row":
+                # its gradient is one value per row; the full-size write + sum_to_size path
+                # would count it N times
+                raise UnsupportedNode(g, "the gradient of a per-row input in a row kernel")
             # walk back through shape ops and one trailing sum to the full-size value
             was_summed, cur = False, g
-            while cur in self.bwd_by and (
-                self.bwd_by[cur].target in _IDENTITY or self.bwd_by[cur].target in _SUM
-            ):
+            while isinstance(cur, str) and trailing(cur):
                 was_summed |= self.bwd_by[cur].target in _SUM
                 cur = self.bwd_by[cur].args[0]
-            # a sum feeding anything else than shape ops would need a real reduction
             values.append(alias.get(cur, "b_" + cur) if isinstance(cur, str) else None)
             summed.append(was_summed)
         for n in self.bwd:
-            if n.target in _SUM:
+            if n.target in _REDUCE and self.reduce_kind(n) == "rows":
+                # a sum over rows feeding anything else than shape ops would need a cross-row
+                # reduction inside the kernel
                 bad = [u.name for u in users.get(n.name, [])
                        if u.op != "output" and u.target not in _IDENTITY]  # fmt: skip
-                if bad:
-                    raise UnsupportedNode(n.name, f"a reduction feeding {bad}: tier 2")
+                if bad or n.target not in _SUM:
+                    raise UnsupportedNode(
+                        n.name,
+                        f"{n.target} over rows feeding {bad or 'a gradient'}: a cross-row "
+                        "reduction inside the kernel (tier 3)",
+                    )
         body = fwd_lines + self.emit(self.bwd, "b_", alias)
         text = "\n".join(body + [v or "" for v in values])
         needed = {i for i, ph in enumerate(self.f_ph) if f"f_{ph}" in text}
         return body, values, summed, needed
 
 
-def _config(profile: KernelProfile) -> dict[str, int]:
-    configs = (profile.launch.configs if profile.launch else None) or DEFAULT_CONFIGS
+# row kernels: BLOCK_N is the whole row (next power of two of N), only ROWS and warps vary
+ROW_CONFIGS = [
+    {"rows": 4, "num_warps": 4},
+    {"rows": 2, "num_warps": 4},
+    {"rows": 1, "num_warps": 4},
+]
+
+
+def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
+    configs = (profile.launch.configs if profile.launch else None) or []
+    if row:
+        if not configs or not all("rows" in c and "num_warps" in c for c in configs):
+            configs = ROW_CONFIGS
+        cfg = dict(configs[min(len(profile.repairs), len(configs) - 1)])
+        # BLOCK_N is the widest row the kernel accepts; each launch takes next_power_of_2(N)
+        return {"block_n": MAX_ROW, "rows": cfg["rows"], "num_warps": cfg["num_warps"]}
+    configs = configs or DEFAULT_CONFIGS
     # the element-wise template tiles [rows, block_n]: a profile whose launch plan is for row
     # kernels (tier 2 whose only reductions are parameter gradients, e.g. DyT) takes the
     # element-wise defaults instead of failing on a missing key
@@ -302,20 +424,39 @@ def _config(profile: KernelProfile) -> dict[str, int]:
     return dict(configs[min(len(profile.repairs), len(configs) - 1)])
 
 
+def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
+    """Per output: 'full' ([..., N]), 'row' ([...], one per row) or 'row1' ([..., 1])."""
+    kinds = []
+    for o in profile.outputs:
+        shape = list(o.example_shape)
+        if not em.row or shape == em.full:
+            kinds.append("full")
+        elif shape == em.full[:-1]:
+            kinds.append("row")
+        elif shape == em.full[:-1] + [1]:
+            kinds.append("row1")
+        else:
+            raise UnsupportedNode(
+                o.name, f"output shape {shape} is neither {em.full} nor one value per row"
+            )
+    return kinds
+
+
 def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
 
 
 def render(profile: KernelProfile) -> dict[str, str]:
     """The generated files, {relative path: text}; raises UnsupportedNode for what can't be."""
-    # tier 2 goes through too: its per-feature parameter gradients are trailing sums, which
-    # _Emitter handles; a reduction inside the computation raises UnsupportedNode there
+    # tier 2 goes through too: last-dim reductions make a row kernel, per-feature parameter
+    # gradients are trailing sums; any other reduction raises UnsupportedNode in _Emitter
     if profile.tier == 3:
         node = profile.unsupported_node or "reduction"
         raise UnsupportedNode(
             node, profile.unsupported_reason or f"tier {profile.tier} is not generated yet"
         )
     em = _Emitter(profile)
+    out_kinds = _out_kinds(profile, em)
     fwd_body, fwd_outs = em.forward_body()
     has_bwd = any(n.op == "call_function" for n in profile.backward.nodes)
     if has_bwd:
@@ -339,7 +480,9 @@ def render(profile: KernelProfile) -> dict[str, str]:
         "summed": summed,
         "bwd_used": sorted(needed),
         "grad_idx": [i for i, g in enumerate(grads) if g is not None],
-        "cfg": _config(profile),
+        "cfg": _config(profile, em.row),
+        "row": em.row,
+        "out_kinds": out_kinds,
         "ref_lines": _ref_lines(profile, em),
         "params": [i for i in profile.inputs if i.role == "parameter"],
         "args": [i for i in profile.inputs if i.role != "parameter"],
@@ -360,11 +503,40 @@ def render(profile: KernelProfile) -> dict[str, str]:
     }
 
 
+_SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",
+              "aten._unsafe_view.default"}  # fmt: skip
+_DIM_OPS = {"aten.squeeze.dim", "aten.squeeze.dims"}
+
+
 def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
-    """The traced forward as eager aten calls in fp32: the reference the tests compare to."""
+    """The traced forward as eager aten calls in fp32: the reference the tests compare to.
+
+    A row kernel's reference must run at any [..., N]: the traced shapes, the last dim's index
+    and the row length baked in as a constant are rewritten in terms of the runtime `_shape`.
+    """
     names = {n.name for n in em.fwd}
     lines = []
-    for n in em.fwd:
+    if em.row:
+        lines.append(f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.f_ph)})")
+
+    def shape_expr(v, node: str) -> str:
+        v = list(v)
+        if v == em.full:
+            return "list(_shape)"
+        if v == em.full[:-1]:
+            return "list(_shape[:-1])"
+        if v == em.full[:-1] + [1]:
+            return "[*_shape[:-1], 1]"
+        raise UnsupportedNode(node, f"shape {v} is not the input's, its rows' or rows x 1")
+
+    def last(d):
+        # the traced last dim's index → -1, so the reference runs at any rank
+        if isinstance(d, (list, tuple)):
+            return "[" + ", ".join(last(x) for x in d) + "]"
+        return "-1" if isinstance(d, int) and d == em.rank - 1 else repr(d)
+
+    outs = _output_args(em.fwd)[: len(profile.outputs)]
+    for n in em.fwd_needed(outs):  # what only the backward saves is not part of the reference
         if n.op != "call_function":
             continue
 
@@ -373,11 +545,26 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
                 return v
             if isinstance(v, (list, tuple)):
                 return "[" + ", ".join(conv(x) for x in v) + "]"
-            if isinstance(v, str):
-                return repr(v)
+            if isinstance(v, str) and v in _CONSTS:
+                return _lit(_CONSTS[v])
+            if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+                return _lit(v)  # repr() gives a bare `inf`
             return repr(v)
 
-        args = ", ".join(conv(v) for v in n.args)
+        if n.target == "getitem":
+            lines.append(f"{n.name} = {n.args[0]}[{int(n.args[1])}]")
+            continue
+        conv_args = []
+        for i, v in enumerate(n.args):
+            if em.row and i == 1 and n.target in _SHAPE_OPS:
+                conv_args.append(shape_expr(v, n.name))
+            elif em.row and i == 1 and (n.target in _REDUCE or n.target in _DIM_OPS):
+                conv_args.append(last(v))
+            elif em._is_n(n, v):
+                conv_args.append("_shape[-1]")
+            else:
+                conv_args.append(conv(v))
+        args = ", ".join(conv_args)
         kws = []
         for k, v in n.kwargs.items():
             if k in ("layout", "device", "pin_memory", "memory_format"):
@@ -385,6 +572,9 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
             if k == "dtype":
                 s = str(v).rsplit(".", 1)[-1]
                 kws.append(f"dtype=torch.{'bool' if s == 'bool' else 'float32'}")
+                continue
+            if em.row and k == "dim" and n.target in _REDUCE:
+                kws.append(f"dim={last(v)}")
                 continue
             kws.append(f"{k}={conv(v)}")
         if n.target in ("aten.full.default", "aten.scalar_tensor.default"):
@@ -401,8 +591,9 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
             continue
         call = ", ".join([a for a in (args, ", ".join(kws)) if a])
         lines.append(f"{n.name} = torch.ops.{n.target}({call})")
-    outs = _output_args(em.fwd)[: len(profile.outputs)]
-    lines.append("return " + ", ".join(outs) + ("," if len(outs) == 1 and False else ""))
+    lines.append("return " + ", ".join(outs))
+    if em.row and not any("_shape" in ln for ln in lines[1:]):
+        lines.pop(0)  # no shape rewritten: keep the reference free of an unused name
     return lines
 
 
