@@ -44,7 +44,6 @@ import importlib
 import importlib.metadata
 import math
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -59,6 +58,8 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .` (the GPU machine)
     sys.path.insert(0, str(ROOT / "src"))
     import kernelwright  # noqa: F401
+
+from kernelwright.bench.models import BY_NAME, ModelConfig  # noqa: E402
 
 MIB = 2**20
 
@@ -80,16 +81,23 @@ class Shape:
     extra: dict = field(default_factory=dict)  # any other config keys, as transformers names them
 
 
-# Real models' dims (from their config.json) cut to a few decoder layers, and tiny ones for
+def _cut(model_type: str, m: ModelConfig, layers: int, rope_theta: float, extra: dict) -> Shape:
+    """A model of the shared registry (kernelwright.bench.models) cut to `layers` layers."""
+    dims = (m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim, m.vocab)
+    return Shape(model_type, *dims, layers, rope_theta, extra)
+
+
+# Real models' dims (the dense ones from the shared registry of config.json values; Qwen3-MoE,
+# which the op sweeps do not use, here) cut to a few decoder layers, and tiny ones for
 # the CPU smoke test (the interpreter runs our kernels there: hidden <= 64, vocab <= 256).
 _GEMMA2_CAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # fmt: off
 MODELS: dict[str, Shape] = {
     #                     type         hidden inter  heads kv  hd   vocab   L  rope_theta
-    "llama3-8b-4l":  Shape("llama",     4096, 14336, 32,   8,  128, 128256, 4, 500000.0,
-                           {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192}),
-    "gemma2-9b-4l":  Shape("gemma2",    3584, 14336, 16,   8,  256, 256000, 4, 10000.0,
-                           {**_GEMMA2_CAPS, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
+    "llama3-8b-4l":  _cut("llama", BY_NAME["Llama-3-8B"], 4, 500000.0,
+                          {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192}),
+    "gemma2-9b-4l":  _cut("gemma2", BY_NAME["Gemma-2-9B"], 4, 10000.0,
+                          {**_GEMMA2_CAPS, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
     "qwen3moe-30b-a3b-4l": Shape("qwen3_moe", 2048, 6144, 32, 4, 128, 151936, 4, 1000000.0,
                            {"moe_intermediate_size": 768, "num_experts": 128,
                             "num_experts_per_tok": 8, "norm_topk_prob": True}),
@@ -405,16 +413,9 @@ def environment(device: torch.device) -> dict:
     import transformers
     import triton
 
+    from kernelwright.bench.harness import git_commit  # $KERNELWRIGHT_COMMIT wins, as in bench
+
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    commit = os.environ.get("KERNELWRIGHT_COMMIT", "")
-    if not commit:
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            commit = subprocess.run(
-                ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
     return {
         "gpu": gpu,
         "device": device.type,
@@ -422,7 +423,7 @@ def environment(device: torch.device) -> dict:
         "triton": triton.__version__,
         "transformers": transformers.__version__,
         "liger": _version("liger-kernel"),
-        "kernelwright_commit": commit,
+        "kernelwright_commit": git_commit(ROOT),
     }
 
 
