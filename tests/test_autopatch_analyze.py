@@ -357,6 +357,14 @@ def test_check_exception_is_recorded(tiny_llama):
     assert d.status == "unsupported" and "raised" in d.reason and "nope" in d.reason
 
 
+def test_caller_default_device_does_not_leak():
+    # Found on the GPU: under a caller's `with torch.device("cuda")` the checks' CPU-seeded
+    # inputs failed and every decision went unsupported. The meta device shows the same here.
+    with torch.device("meta"):
+        profile = analyze("llama")
+    assert not profile.unsupported() and profile.norms[0].status == "patch"
+
+
 # ----------------------------------------------------------------------------- PEFT and CLI
 
 

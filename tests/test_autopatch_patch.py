@@ -620,12 +620,13 @@ def test_trainer_callback(tmp_path, monkeypatch):
     model = tiny_model("llama", num_hidden_layers=1)
     ids, labels = batch()
     first_loss = copy.deepcopy(model)(input_ids=ids, labels=labels).loss.item()
-    data = [{"input_ids": ids[i], "labels": labels[i]} for i in range(B)]
+    # the dataset holds CPU tensors, as a real one does (the Trainer pins and moves them)
+    data = [{"input_ids": ids[i].cpu(), "labels": labels[i].cpu()} for i in range(B)]
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path),
         max_steps=2,
         per_device_train_batch_size=B,
-        use_cpu=True,
+        use_cpu=DEVICE == "cpu",
         report_to=[],
         save_strategy="no",
         logging_steps=1,

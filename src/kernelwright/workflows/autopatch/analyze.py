@@ -18,6 +18,7 @@ import ast
 import re
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from kernelwright.profiles.model import (
@@ -55,6 +56,13 @@ def analyze(source, *, check: bool = True) -> ModelProfile:
     check: run the numerical checks (default). Without them every decision rests on source and
     config evidence alone; do not patch from an unchecked profile without reviewing it.
     """
+    # The tiny instance and the check inputs are built on the CPU and moved explicitly; a
+    # caller's default-device context (`with torch.device("cuda")`) must not leak into them.
+    with torch.device("cpu"):
+        return _analyze(source, check=check)
+
+
+def _analyze(source, *, check: bool) -> ModelProfile:
     import transformers
 
     target = resolve(source)
