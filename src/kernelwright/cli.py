@@ -315,6 +315,13 @@ def create(
     into_library: Annotated[
         bool, typer.Option(help="Add the op to kernelwright itself (not implemented yet).")
     ] = False,
+    bench: Annotated[
+        str,
+        typer.Option(
+            help="On a GPU, after the tests pass: 'quick' (two token counts), 'full' (the "
+            "profile's sweep) or 'none'. Against the reference, eager and torch.compile."
+        ),
+    ] = "quick",
 ) -> None:
     """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark."""
     from kernelwright.workflows.create.run import create as run_create
@@ -325,8 +332,12 @@ def create(
             "--into-library is not implemented yet; use --out DIR for a standalone package",
             param_hint="--into-library",
         )
+    if bench not in ("quick", "full", "none"):
+        raise typer.BadParameter("one of quick, full, none", param_hint="--bench")
     try:
-        result = run_create(source, name=name, yes=yes, from_profile=from_profile, out=out)
+        result = run_create(
+            source, name=name, yes=yes, from_profile=from_profile, out=out, bench=bench
+        )
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
     if result.stage == "review":
@@ -346,6 +357,15 @@ def create(
         console.print("[red]verify failed[/]: see the report and logs")
         raise typer.Exit(1)
     console.print("[green]verified[/]: the generated tests pass")
+    if result.bench is not None:
+        console.print(result.bench.note)
+        for c in result.bench.comparisons:
+            console.print(
+                f"  {c.shape} {c.mode:8s} {c.kernel_ms:.4f} ms: {c.vs_eager:.2f}x eager, "
+                f"{c.vs_compile:.2f}x torch.compile"
+            )
+        for f in result.bench.findings:
+            console.print(f"  [yellow]soft:[/] {f}")
 
 
 def main() -> None:

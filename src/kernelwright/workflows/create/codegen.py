@@ -494,6 +494,7 @@ def render(profile: KernelProfile) -> dict[str, str]:
         lstrip_blocks=True,
         undefined=jinja2.StrictUndefined,
     )
+    env.filters["tuple_repr"] = lambda v: repr(tuple(v))
     name = profile.name
     return {
         f"{name}/__init__.py": env.get_template("init.py.j2").render(**ctx),

@@ -21,6 +21,7 @@ class CreateResult:
     report: Path | None = None
     files: list[Path] = field(default_factory=list)
     message: str = ""
+    bench: object | None = None  # verify.BenchResult, when the kernel passed its tests
 
 
 def understand_source(source: str, name: str | None = None) -> KernelProfile:
@@ -40,6 +41,7 @@ def create(
     from_profile: str | Path | None = None,
     out: str | Path | None = None,
     runs: str | Path = RUNS,
+    bench: str = "quick",
 ) -> CreateResult:
     if from_profile is not None:
         profile = KernelProfile.load(from_profile)
@@ -66,10 +68,12 @@ def create(
         report = _report(profile, workdir, None, f"stopped: {e}")
         return CreateResult(profile, workdir, "stopped", report=report, message=str(e))
 
-    from kernelwright.workflows.create.verify import verify
+    from kernelwright.workflows.create.verify import benchmark, verify
 
     result = verify(profile, workdir)
     profile.save(profile_path)  # with the repairs the Verify stage logged
+    # a kernel that failed its tests is not worth timing
+    timing = benchmark(profile, workdir, bench) if result.passed else None
     files = result.files
     if out is not None:
         dest = Path(out) / profile.name
@@ -78,11 +82,12 @@ def create(
         shutil.copytree(workdir / "pkg" / profile.name, dest)
         files = sorted(dest.iterdir())
     status = "passed" if result.passed else "FAILED"
-    report = _report(profile, workdir, result, f"verify {status} ({result.gate} gate)")
-    return CreateResult(profile, workdir, "verified", result.passed, report, files, status)
+    headline = f"verify {status} ({result.gate} gate)"
+    report = _report(profile, workdir, result, headline, timing)
+    return CreateResult(profile, workdir, "verified", result.passed, report, files, status, timing)
 
 
-def _report(profile: KernelProfile, workdir: Path, result, headline: str) -> Path:
+def _report(profile: KernelProfile, workdir: Path, result, headline: str, timing=None) -> Path:
     lines = [f"# create {profile.name}", "", f"source: {profile.source}", "",
              f"tier {profile.tier}: {profile.tier_reason}", "", f"**{headline}**", ""]  # fmt: skip
     if profile.unsupported_node:
@@ -94,7 +99,14 @@ def _report(profile: KernelProfile, workdir: Path, result, headline: str) -> Pat
         lines += ["| attempt | config | gate | reason | log |", "|---|---|---|---|---|"]
         for a in result.attempts:
             lines.append(f"| {a.attempt} | {a.config} | {a.gate} | {a.reason} | {a.log.name} |")
-        lines += ["", result.benchmark, "", "files:"]
+        if timing is not None:
+            from kernelwright.workflows.create.bench import markdown
+
+            lines += ["", timing.note]
+            if timing.comparisons:
+                lines += ["", markdown(timing.comparisons)]
+            lines += [f"- soft: {f}" for f in timing.findings]
+        lines += ["", "files:"]
         lines += [f"- {f}" for f in result.files]
     for r in profile.repairs:
         lines.append(f"- repair {r.attempt}: {r.change} ({r.reason})")

@@ -20,6 +20,7 @@ from kernelwright.profiles.kernel import KernelProfile, Repair
 from kernelwright.workflows.create.codegen import DEFAULT_CONFIGS, write
 
 MAX_REPAIRS = 3
+BENCH_MODES = ("quick", "full", "none")
 _HARD_ERRORS = ("ImportError", "SyntaxError", "CompilationError", "NameError", "TypeError",
                 "error during collection", "AttributeError")  # fmt: skip
 
@@ -39,7 +40,14 @@ class VerifyResult:
     gate: str
     attempts: list[Attempt] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
-    benchmark: str = ""
+
+
+@dataclass
+class BenchResult:
+    note: str  # one line for the report
+    comparisons: list = field(default_factory=list)  # bench.Comparison per shape and mode
+    findings: list[str] = field(default_factory=list)  # soft gates and provider errors
+    csv: Path | None = None
 
 
 def classify(returncode: int, output: str) -> tuple[str, str]:
@@ -93,11 +101,53 @@ def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
         profile.repairs.append(
             Repair(attempt=k + 1, change=f"launch config {cfg} -> {nxt}", reason=reason)
         )
-    result.benchmark = benchmark_note()
     return result
 
 
-def benchmark_note() -> str:
+def _reference_path(source: str) -> str:
+    """The reference as the benchmark subprocess (another cwd) can load it."""
+    file_part, sep, target = source.partition(":")
+    if file_part.endswith(".py") and Path(file_part).is_file():
+        return str(Path(file_part).resolve()) + sep + target
+    return source  # package.module:function, importable from the original cwd (on the path)
+
+
+def benchmark(profile: KernelProfile, workdir: str | Path, mode: str = "quick") -> BenchResult:
+    """Time the generated kernel against the reference, eager and compiled (GPU only).
+
+    mode: "quick" (two token counts at the profile's main column count), "full" (the
+    profile's sweep) or "none". Runs `bench_<name>` in a subprocess, as a user would; its
+    CSV, log and plots land in the workspace. Slower than eager, or more than 10% slower than
+    torch.compile, or more memory than eager: soft findings, reported, never a pass/fail.
+    """
+    from kernelwright.bench.report import read_csv, write_plots
+    from kernelwright.workflows.create.bench import compare, soft_findings
+
+    if mode not in BENCH_MODES:
+        raise ValueError(f"benchmark mode must be one of {BENCH_MODES}, got {mode!r}")
+    if mode == "none":
+        return BenchResult("benchmark: skipped (--bench none)")
     if not torch.cuda.is_available():
-        return "benchmark: GPU only (no CUDA device here); run bench_<name>.py on a GPU"
-    return "benchmark: run `python -m <name>.bench_<name>` (eager and torch.compile baselines)"
+        return BenchResult("benchmark: GPU only (no CUDA device here); run bench_<name>.py there")
+    workdir = Path(workdir)
+    pkg_root, name = workdir / "pkg", profile.name
+    csv, log = (workdir / "bench.csv").resolve(), workdir / "bench.log"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(pkg_root.resolve()), os.getcwd(),
+                                         env.get("PYTHONPATH", "")])  # fmt: skip
+    cmd = [sys.executable, "-m", f"{name}.bench_{name}", "--csv", str(csv),
+           "--source", _reference_path(profile.source)]  # fmt: skip
+    cmd += ["--full"] if mode == "full" else []
+    proc = subprocess.run(cmd, cwd=pkg_root, env=env, capture_output=True, text=True)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not csv.is_file():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:]
+        return BenchResult(f"benchmark: FAILED ({' '.join(tail)}); see {log}")
+    rows = read_csv(csv)
+    comparisons = compare(rows)
+    findings = soft_findings(comparisons)
+    errors = sorted({f"{r.provider}: {r.error}" for r in rows if r.error})
+    plots = write_plots(rows, workdir)
+    gpu = rows[0].gpu if rows else "?"
+    text = f"benchmark ({mode}, {gpu}, bf16): {csv.name}, " + ", ".join(p.name for p in plots)
+    return BenchResult(text, comparisons, findings + errors, csv)

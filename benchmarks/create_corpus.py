@@ -1,0 +1,120 @@
+"""The create workflow over the whole corpus (examples/create/) on a GPU: generate, test, time.
+
+    python benchmarks/create_corpus.py [--jobs 8] [--only relu_squared,dyt] [--full]
+
+Phase 1 runs `kernelwright create <ref> --yes --bench none` for every reference, `--jobs` at a
+time (each generated test suite runs in its own process; correctness does not care what else
+the GPU runs). Phase 2 times every verified kernel against its reference, eager and under
+torch.compile, one after the other in this process (timings do care). Writes to $OUT (or
+--out): create_corpus.csv (the harness's rows), corpus_summary.csv (one line per reference and
+mode: speed-ups at the largest shape, memory), summary.md with the geometric means, and each
+reference's workspace under runs/. Tier-3 references must stop cleanly: they are listed too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "examples" / "create"
+
+
+def phase1(src: Path, runs: Path) -> tuple[str, int, str, float]:
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "kernelwright.cli", "create", str(src), "--yes", "--bench",
+           "none"]  # fmt: skip
+    # run from `runs`: the workspace lands in runs/kernelwright-runs/create/<name>
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(cmd, cwd=runs, env=env, capture_output=True, text=True)
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    return src.stem, proc.returncode, out[-1] if out else "", time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--full", action="store_true", help="each profile's whole sweep")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "create-corpus")))
+    args = ap.parse_args()
+
+    import torch
+
+    from kernelwright.bench.report import write_csv
+    from kernelwright.workflows.create.bench import compare, geomean
+
+    if not torch.cuda.is_available():
+        sys.exit("create_corpus: the timings need a CUDA GPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = (args.out / "runs").resolve()
+    runs.mkdir(exist_ok=True)
+    only = {s for s in args.only.split(",") if s}
+    refs = sorted(p for p in CORPUS.glob("*.py") if not only or p.stem in only)
+
+    print(f"phase 1: create --yes --bench none for {len(refs)} references", flush=True)
+    status: dict[str, tuple[int, str, float]] = {}
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, rc, last, secs in pool.map(lambda p: phase1(p, runs), refs):
+            status[name] = (rc, last, secs)
+            verdict = {0: "verified", 2: "stopped (tier 3)"}.get(rc, f"FAILED rc={rc}")
+            print(f"  {name:22s} {verdict:18s} {secs:5.1f}s  {last}", flush=True)
+
+    print("phase 2: benchmarks (kernelwright vs eager vs torch.compile)", flush=True)
+    rows, summary = [], []
+    for ref in refs:
+        name = ref.stem
+        if status[name][0] != 0:
+            continue
+        pkg = runs / "kernelwright-runs" / "create" / name / "pkg"
+        sys.path.insert(0, str(pkg))
+        try:
+            bench = importlib.import_module(f"{name}.bench_{name}")
+            got = bench.run(quick=not args.full, source=str(ref))
+        finally:
+            sys.path.remove(str(pkg))
+        rows += got
+        for c in compare(got):
+            summary.append({"op": name, **c.__dict__})
+            mem = f"{c.kernel_mb:.0f}/{c.eager_mb:.0f}/{c.compile_mb:.0f} MB"
+            print(f"  {name:22s} {c.shape:12s} {c.mode:8s} kernel {c.kernel_ms:.4f} ms  "
+                  f"{c.vs_eager:5.2f}x eager  {c.vs_compile:5.2f}x compile  mem {mem}",
+                  flush=True)  # fmt: skip
+
+    write_csv(rows, args.out / "create_corpus.csv")
+    with open(args.out / "corpus_summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["op"])
+        w.writeheader()
+        w.writerows(summary)
+    lines = [f"# create corpus on {rows[0].gpu if rows else '?'}", "",
+             f"torch {torch.__version__}, commit {rows[0].commit if rows else '?'}", "",
+             "| mode | geomean vs eager | geomean vs compile | min vs compile (op, shape) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for mode in ("forward", "backward", "full"):
+        sel = [s for s in summary if s["mode"] == mode]
+        if not sel:
+            continue
+        worst = min(sel, key=lambda s: s["vs_compile"] if math.isfinite(s["vs_compile"]) else 9)
+        lines.append(
+            f"| {mode} | {geomean([s['vs_eager'] for s in sel]):.2f}x | "
+            f"{geomean([s['vs_compile'] for s in sel]):.2f}x | {worst['vs_compile']:.2f}x "
+            f"({worst['op']}, {worst['shape']}) |"
+        )
+    lines += ["", "| reference | phase 1 | seconds |", "|---|---|---|"]
+    lines += [f"| {n} | {'rc=' + str(rc)} {last} | {s:.0f} |" for n, (rc, last, s) in
+              status.items()]  # fmt: skip
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
