@@ -68,6 +68,11 @@ def main() -> None:
             status[name] = (rc, last, secs)
             verdict = {0: "verified", 2: "stopped (tier 3)"}.get(rc, f"FAILED rc={rc}")
             print(f"  {name:22s} {verdict:18s} {secs:5.1f}s  {last}", flush=True)
+            if rc == 1:  # the last test log's failures, so a remote run shows why
+                logs = sorted((runs / "kernelwright-runs/create" / name).glob("test_attempt*.log"))
+                text = logs[-1].read_text().splitlines() if logs else []
+                for ln in [x for x in text if x.startswith(("E ", "FAILED"))][:12]:
+                    print(f"      {ln[:200]}", flush=True)
 
     print("phase 2: benchmarks (kernelwright vs eager vs torch.compile)", flush=True)
     rows, summary = [], []
