@@ -463,6 +463,8 @@ def render(profile: KernelProfile) -> dict[str, str]:
         bwd_body, grads, summed, needed = em.backward_body()
     else:
         bwd_body, grads, summed, needed = [], [None] * len(profile.inputs), [], set()
+    red = [g is not None and spec.broadcast in ("col", "scalar")
+           for g, spec in zip(grads, profile.inputs, strict=True)]  # fmt: skip
     used_fwd = {i for i, ph in enumerate(em.f_ph) if f"f_{ph}" in "\n".join(fwd_body + fwd_outs)}
     ctx = {
         "p": profile,
@@ -480,6 +482,12 @@ def render(profile: KernelProfile) -> dict[str, str]:
         "summed": summed,
         "bwd_used": sorted(needed),
         "grad_idx": [i for i, g in enumerate(grads) if g is not None],
+        # gradients reduced over rows inside the backward kernel: per-feature and scalar inputs
+        "red": red,
+        "has_red": any(red),
+        "red_idx": [i for i, r in enumerate(red) if r],
+        "grad_reduced": [red[i] for i, g in enumerate(grads) if g is not None],
+        "red_kinds": [(i, profile.inputs[i].broadcast) for i, r in enumerate(red) if r],
         "cfg": _config(profile, em.row),
         "row": em.row,
         "out_kinds": out_kinds,

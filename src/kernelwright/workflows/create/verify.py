@@ -149,5 +149,6 @@ def benchmark(profile: KernelProfile, workdir: str | Path, mode: str = "quick") 
     errors = sorted({f"{r.provider}: {r.error}" for r in rows if r.error})
     plots = write_plots(rows, workdir)
     gpu = rows[0].gpu if rows else "?"
-    text = f"benchmark ({mode}, {gpu}, bf16): {csv.name}, " + ", ".join(p.name for p in plots)
+    text = (f"benchmark ({mode}, {gpu}, bf16, GPU time alone; host time in host_ms): "
+            f"{csv.name}, " + ", ".join(p.name for p in plots))  # fmt: skip
     return BenchResult(text, comparisons, findings + errors, csv)
