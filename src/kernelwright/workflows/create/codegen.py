@@ -492,6 +492,7 @@ def render(profile: KernelProfile) -> dict[str, str]:
         "row": em.row,
         "out_kinds": out_kinds,
         "ref_lines": _ref_lines(profile, em),
+        "ref_grad_lines": _ref_grad_lines(profile, em) if has_bwd else [],
         "params": [i for i in profile.inputs if i.role == "parameter"],
         "args": [i for i in profile.inputs if i.role != "parameter"],
     }
@@ -523,52 +524,95 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     A row kernel's reference must run at any [..., N]: the traced shapes, the last dim's index
     and the row length baked in as a constant are rewritten in terms of the runtime `_shape`.
     """
-    names = {n.name for n in em.fwd}
     lines = []
     if em.row:
         lines.append(f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.f_ph)})")
+    outs = _output_args(em.fwd)[: len(profile.outputs)]
+    # what only the backward saves is not part of the reference
+    lines += _eager_lines(profile, em, em.fwd_needed(outs), set(em.fwd_by), em.row)
+    lines.append("return " + ", ".join(outs))
+    if em.row and not any("_shape" in ln for ln in lines[1:]):
+        lines.pop(0)  # no shape rewritten: keep the reference free of an unused name
+    return lines
+
+
+def _ref_grad_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
+    """The traced backward graph as eager aten calls in fp32, after the forward values it reads:
+    the gradient reference. At non-differentiable points it has PyTorch's decomposition
+    conventions (HardSwish at x = -3 gives 0, where eager autograd gives -dy/2), which is what
+    the kernel implements, so the tests compare like with like there."""
+    b_ph = [n.name for n in em.bwd if n.op == "placeholder"]
+    saved = [ph for ph in b_ph if ph not in em.f_ph and ph in em.fwd_by]
+    tangents = [ph for ph in b_ph if ph not in em.f_ph and ph not in em.fwd_by]
+    lines = [
+        f"{', '.join(em.f_ph)}{',' if len(em.f_ph) == 1 else ''} = [t.float() for t in inputs]",
+        f"_device = {em.f_ph[0]}.device",
+        f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.f_ph)})",
+    ]
+    lines += _eager_lines(profile, em, em.fwd_needed(saved), set(em.fwd_by), True)
+    lines += [f"{t} = dys[{k}].float()" for k, t in enumerate(tangents)]
+    lines += _eager_lines(profile, em, em.bwd, set(em.bwd_by), True)
+    grads = _output_args(em.bwd)[: len(profile.inputs)]
+    lines.append("return " + ", ".join(str(g) if g is not None else "None" for g in grads)
+                 + ("," if len(grads) == 1 else ""))  # fmt: skip
+    return lines
+
+
+def _eager_lines(
+    profile: KernelProfile, em: _Emitter, nodes: list[GraphNode], names: set[str], rewrite: bool
+) -> list[str]:
+    """One eager `torch.ops.aten` call per graph node, in fp32. With `rewrite`, the traced
+    shapes, reduced dims and row length are expressed through the runtime `_shape`."""
+    inputs = dict(zip(em.f_ph, profile.inputs, strict=True))
 
     def shape_expr(v, node: str) -> str:
         v = list(v)
         if v == em.full:
             return "list(_shape)"
+        for ph, spec in inputs.items():  # a parameter's gradient viewed back to its shape
+            if v == list(spec.example_shape) and spec.broadcast != "full":
+                return f"list({ph}.shape)"
         if v == em.full[:-1]:
             return "list(_shape[:-1])"
         if v == em.full[:-1] + [1]:
             return "[*_shape[:-1], 1]"
+        if em.rank and v == [1] * (em.rank - 1) + em.full[-1:]:
+            return "[*([1] * (len(_shape) - 1)), _shape[-1]]"
         raise UnsupportedNode(node, f"shape {v} is not the input's, its rows' or rows x 1")
 
-    def last(d):
-        # the traced last dim's index → -1, so the reference runs at any rank
+    def dims_expr(d) -> str:
+        # the traced last dim's index → -1, every leading dim → all but the last at any rank
         if isinstance(d, (list, tuple)):
-            return "[" + ", ".join(last(x) for x in d) + "]"
-        return "-1" if isinstance(d, int) and d == em.rank - 1 else repr(d)
+            norm = sorted({x % em.rank for x in d}) if em.rank else []
+            if em.rank > 1 and norm == list(range(em.rank - 1)):
+                return "list(range(len(_shape) - 1))"
+            return "[" + ", ".join(dims_expr(x) for x in d) + "]"
+        return "-1" if isinstance(d, int) and d in (em.rank - 1, -1) else repr(d)
 
-    outs = _output_args(em.fwd)[: len(profile.outputs)]
-    for n in em.fwd_needed(outs):  # what only the backward saves is not part of the reference
+    def conv(v):
+        if isinstance(v, str) and v in names:
+            return v
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(conv(x) for x in v) + "]"
+        if isinstance(v, str) and v in _CONSTS:
+            return _lit(_CONSTS[v])
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return _lit(v)  # repr() gives a bare `inf`
+        return repr(v)
+
+    lines = []
+    for n in nodes:
         if n.op != "call_function":
             continue
-
-        def conv(v):
-            if isinstance(v, str) and v in names:
-                return v
-            if isinstance(v, (list, tuple)):
-                return "[" + ", ".join(conv(x) for x in v) + "]"
-            if isinstance(v, str) and v in _CONSTS:
-                return _lit(_CONSTS[v])
-            if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
-                return _lit(v)  # repr() gives a bare `inf`
-            return repr(v)
-
         if n.target == "getitem":
             lines.append(f"{n.name} = {n.args[0]}[{int(n.args[1])}]")
             continue
         conv_args = []
         for i, v in enumerate(n.args):
-            if em.row and i == 1 and n.target in _SHAPE_OPS:
+            if rewrite and i == 1 and n.target in _SHAPE_OPS:
                 conv_args.append(shape_expr(v, n.name))
-            elif em.row and i == 1 and (n.target in _REDUCE or n.target in _DIM_OPS):
-                conv_args.append(last(v))
+            elif rewrite and i == 1 and (n.target in _REDUCE or n.target in _DIM_OPS):
+                conv_args.append(dims_expr(v))
             elif em._is_n(n, v):
                 conv_args.append("_shape[-1]")
             else:
@@ -582,8 +626,8 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
                 s = str(v).rsplit(".", 1)[-1]
                 kws.append(f"dtype=torch.{'bool' if s == 'bool' else 'float32'}")
                 continue
-            if em.row and k == "dim" and n.target in _REDUCE:
-                kws.append(f"dim={last(v)}")
+            if rewrite and k == "dim" and n.target in _REDUCE:
+                kws.append(f"dim={dims_expr(v)}")
                 continue
             kws.append(f"{k}={conv(v)}")
         if n.target in ("aten.full.default", "aten.scalar_tensor.default"):
@@ -600,9 +644,6 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
             continue
         call = ", ".join([a for a in (args, ", ".join(kws)) if a])
         lines.append(f"{n.name} = torch.ops.{n.target}({call})")
-    lines.append("return " + ", ".join(outs))
-    if em.row and not any("_shape" in ln for ln in lines[1:]):
-        lines.pop(0)  # no shape rewritten: keep the reference free of an unused name
     return lines
 
 
