@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--only", default="")
     ap.add_argument("--full", action="store_true", help="each profile's whole sweep")
+    ap.add_argument("--no-bench", action="store_true", help="phase 1 only: generate and test")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "create-corpus")))
     args = ap.parse_args()
 
@@ -74,6 +75,12 @@ def main() -> None:
                 for ln in [x for x in text if x.startswith(("E ", "FAILED"))][:12]:
                     print(f"      {ln[:200]}", flush=True)
 
+    failed = sorted(n for n, (rc, _, _) in status.items() if rc not in (0, 2))
+    print(f"phase 1: {sum(rc == 0 for rc, _, _ in status.values())} verified, "
+          f"{sum(rc == 2 for rc, _, _ in status.values())} stopped (tier 3), "
+          f"failed: {', '.join(failed) or 'none'}", flush=True)  # fmt: skip
+    if args.no_bench:
+        return
     print("phase 2: benchmarks (kernelwright vs eager vs torch.compile)", flush=True)
     rows, summary = [], []
     for ref in refs:
