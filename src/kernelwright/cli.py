@@ -368,6 +368,105 @@ def create(
             console.print(f"  [yellow]soft:[/] {f}")
 
 
+@app.command()
+def optimize(
+    op: Annotated[str, typer.Argument(help="The op to tune, e.g. rms_norm.")],
+    goal: Annotated[str, typer.Option(help="speed | memory | balanced")] = "speed",
+    scope: Annotated[str, typer.Option(help="forward | backward | all")] = "all",
+    gpu: Annotated[
+        str,
+        typer.Option(help="The table key to tune: auto (this GPU) | ampere | hopper | blackwell"),
+    ] = "auto",
+    max_variants: Annotated[int, typer.Option(help="Variant budget (v1 is the sweep).")] = 8,
+    target: Annotated[
+        str | None, typer.Option(help='Stop when met, e.g. "full < 0.3 ms at 8192x4096".')
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Run every stage without stopping.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="No GPU needed: interpreter correctness, placeholder timings, no library writes.",
+        ),
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the reviewed profile.yaml.")
+    ] = False,
+    quick: Annotated[
+        bool, typer.Option(help="The bench spec's quick sweep (fewer shapes).")
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Workspace (default kernelwright-runs/optimize/OP).")
+    ] = None,
+    plant_regression: Annotated[
+        bool,
+        typer.Option(
+            "--plant-regression",
+            help="De-tune the tuned arch's table entry in-process first (a recovery test); "
+            "the library is never written.",
+        ),
+    ] = False,
+) -> None:
+    """Make OP faster on this GPU: profile → versioned variants with notebooks → the winner."""
+    from rich.markup import escape
+
+    from kernelwright.runtime import device_info
+    from kernelwright.workflows import optimize as wf
+
+    console = make_console()
+    opts = wf.OptimizeOptions(
+        op,
+        goal=goal,
+        scope=scope,
+        gpu=gpu,
+        max_variants=max_variants,
+        target=target,
+        yes=yes,
+        dry_run=dry_run,
+        resume=resume,
+        quick=quick,
+        workspace=out,
+        write_library=not plant_regression,
+        planted_regression=plant_regression,
+    )
+    try:
+        if plant_regression and not resume:
+            arch = device_info().arch if gpu == "auto" else gpu
+            wf.plant_regression(op, arch)
+            console.print(f"[yellow]planted regression:[/] {op}'s '{arch}' entry de-tuned")
+        result = wf.optimize(opts, progress=lambda line: console.print(escape(line)))
+    except wf.PreflightError as e:
+        console.print(f"[red]optimize {op}: stopped before measuring anything.[/] {escape(str(e))}")
+        raise typer.Exit(2) from None
+    if result.stage == "review":
+        console.print(f"Profile: {result.profile_path}  (and profile.md beside it; review it)")
+        flags = " --dry-run" if dry_run else ""
+        flags += f" --out {out}" if out else ""
+        console.print(f"Resume with:\n  kernelwright optimize {op} --resume --yes{flags}")
+        return
+    table = Table(title=f"optimize {op}: variants (stopped: {result.stop_reason})")
+    for col in ("v", "strategy", "verdict", "gain", "vs v0", "reason"):
+        table.add_column(col, overflow="fold")
+    colour = {"accepted": "green", "rejected": "yellow", "discarded": "red"}
+    for r in result.records:
+        table.add_row(
+            str(r.version),
+            r.strategy,
+            f"[{colour[r.verdict]}]{r.verdict}[/]",
+            f"{r.gain_pct:+.2f}%",
+            f"{r.vs_baseline_pct:+.2f}%",
+            escape(r.reason),
+        )
+    console.print(table)
+    if result.profile.placeholder:
+        console.print("[yellow]placeholder timings (dry run): not speeds.[/]")
+    final = result.final
+    console.print(f"Applied: {escape(final.applied)}")
+    console.print(f"Report: {final.report}")
+    if final.gate is not None and not final.gate.passed:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -451,10 +451,11 @@ def measure(
     finally:
         inputs = leaves = fwd = fn = outs = dys = restore = setup = graph = None  # noqa: F841
         _free(device, collect=bool(row.error))
-    return _with_bandwidth(row)
+    return with_bandwidth(row)
 
 
-def _with_bandwidth(row: BenchRow) -> BenchRow:
+def with_bandwidth(row: BenchRow) -> BenchRow:
+    """Fill in GB/s, % of copy bandwidth and TFLOP/s from p50 (a row timed elsewhere too)."""
     if math.isfinite(row.ms_p50) and row.ms_p50 > 0:
         row.gbps = row.bytes / (row.ms_p50 * 1e-3) / 1e9
         if math.isfinite(row.copy_gbps) and row.copy_gbps > 0:

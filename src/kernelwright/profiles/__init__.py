@@ -2,5 +2,6 @@
 
 from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.profiles.model import ModelProfile
+from kernelwright.profiles.optimization import OptimizationProfile
 
-__all__ = ["KernelProfile", "ModelProfile"]
+__all__ = ["KernelProfile", "ModelProfile", "OptimizationProfile"]

@@ -1,0 +1,70 @@
+"""Launch configs for rms_norm. Rewritten by the optimize workflow; kernels read, never choose.
+
+"fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers);
+otherwise the looped kernels walk the row in `block_n` chunks. `rows` is the number of rows a
+program handles per step (short rows: more rows, fewer programs). The backward is persistent:
+`programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW.
+"""
+
+from kernelwright.runtime.launch import LaunchConfig as C
+
+# "default" rows: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22; results in
+# benchmarks/results/tune_rms_norm*_h200.csv, notes in benchmarks/NOTES.md). Other
+# architectures use them until tuned.
+TABLE = {
+    "fwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4)),
+            (1024, C(block_n=1024, rows=4, num_warps=4)),
+            (2048, C(block_n=2048, rows=1, num_warps=4)),
+            (4096, C(block_n=4096, rows=1, num_warps=8)),
+            (8192, C(block_n=8192, rows=2, num_warps=4)),
+            (16384, C(block_n=16384, rows=1, num_warps=8)),
+            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+        ],
+        # Under the interpreter every program instance costs milliseconds: few, wide programs.
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16)),
+            (2**31 - 1, C(block_n=512, rows=1)),
+        ],
+        # kernelwright optimize: v1 (launch_sweep) on NVIDIA H200, 2026-11-22
+        "hopper": [
+            (256, C(block_n=128, num_warps=1)),
+            (1024, C(block_n=1024, rows=4, num_warps=8)),
+            (2048, C(block_n=128, num_warps=1)),
+            (4096, C(block_n=4096, rows=2, num_warps=2)),
+            (8192, C(block_n=8192, rows=2, num_warps=4)),
+            (16384, C(block_n=16384, num_warps=16)),
+            (32768, C(block_n=128, num_warps=1)),
+            (2**31 - 1, C(block_n=128, num_warps=1)),
+        ],
+    },
+    "bwd": {
+        "default": [
+            (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
+            (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
+            (2048, C(block_n=2048, rows=4, num_warps=8, programs_per_sm=2)),
+            (4096, C(block_n=4096, rows=2, num_warps=8, programs_per_sm=2)),
+            (8192, C(block_n=8192, rows=2, num_warps=16, programs_per_sm=1)),
+            (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
+            (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
+            (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, programs_per_sm=1)),
+        ],
+        "interpreter": [
+            (1024, C(block_n=1024, rows=16, programs_per_sm=1)),
+            (2**31 - 1, C(block_n=512, rows=1, programs_per_sm=1)),
+        ],
+        # kernelwright optimize: v1 (launch_sweep) on NVIDIA H200, 2026-11-22
+        "hopper": [
+            (256, C(block_n=128, num_warps=1)),
+            (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
+            (2048, C(block_n=128, num_warps=1)),
+            (4096, C(block_n=4096, rows=4, num_warps=16)),
+            (8192, C(block_n=8192, rows=2, num_warps=32)),
+            (16384, C(block_n=16384, num_warps=16)),
+            (32768, C(block_n=128, num_warps=1)),
+            (2**31 - 1, C(block_n=128, num_warps=1)),
+        ],
+    },
+}
