@@ -313,7 +313,11 @@ def create(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Also write a standalone package here.")] = None,
     into_library: Annotated[
-        bool, typer.Option(help="Add the op to kernelwright itself (not implemented yet).")
+        bool,
+        typer.Option(
+            help="Also add the verified op to kernelwright itself (a source checkout): "
+            "kernelwright.ops.generated, tests/generated, benchmarks/generated."
+        ),
     ] = False,
     bench: Annotated[
         str,
@@ -327,16 +331,17 @@ def create(
     from kernelwright.workflows.create.run import create as run_create
 
     console = make_console()
-    if into_library:
-        raise typer.BadParameter(
-            "--into-library is not implemented yet; use --out DIR for a standalone package",
-            param_hint="--into-library",
-        )
     if bench not in ("quick", "full", "none"):
         raise typer.BadParameter("one of quick, full, none", param_hint="--bench")
     try:
         result = run_create(
-            source, name=name, yes=yes, from_profile=from_profile, out=out, bench=bench
+            source,
+            name=name,
+            yes=yes,
+            from_profile=from_profile,
+            out=out,
+            bench=bench,
+            into_library=into_library,
         )
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
@@ -345,6 +350,7 @@ def create(
         console.print(
             f"  kernelwright create --from-profile {result.message}"
             + (f" --out {out}" if out else "")
+            + (" --into-library" if into_library else "")
         )
         return
     console.print(f"Report: {result.report}")

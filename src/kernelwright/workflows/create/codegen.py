@@ -446,8 +446,18 @@ def _camel(name: str) -> str:
     return "".join(p[:1].upper() + p[1:] for p in name.split("_"))
 
 
-def render(profile: KernelProfile) -> dict[str, str]:
-    """The generated files, {relative path: text}; raises UnsupportedNode for what can't be."""
+# where the generated op lives: a standalone package (`--out`, the workspace) or kernelwright's
+# own `kernelwright.ops.generated` (`--into-library`)
+LIBRARY_PACKAGE = "kernelwright.ops.generated"
+
+
+def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
+    """The generated files, {relative path: text}; raises UnsupportedNode for what can't be.
+
+    Standalone: `<name>/{__init__,<name>,test_<name>,bench_<name>}.py`, relative imports.
+    library: `ops/generated/<name>.py`, `tests/generated/test_generated_<name>.py` and
+    `benchmarks/generated/bench_<name>.py`, importing `kernelwright.ops.generated.<name>`.
+    """
     # tier 2 goes through too: last-dim reductions make a row kernel, per-feature parameter
     # gradients are trailing sums; any other reduction raises UnsupportedNode in _Emitter
     if profile.tier == 3:
@@ -505,6 +515,16 @@ def render(profile: KernelProfile) -> dict[str, str]:
     )
     env.filters["tuple_repr"] = lambda v: repr(tuple(v))
     name = profile.name
+    if library:
+        ctx.update(module=f"{LIBRARY_PACKAGE}.{name}", namespace="kernelwright_generated")
+        return {
+            f"ops/generated/{name}.py": env.get_template("op.py.j2").render(**ctx),
+            f"tests/generated/test_generated_{name}.py": env.get_template("test.py.j2").render(
+                **ctx
+            ),
+            f"benchmarks/generated/bench_{name}.py": env.get_template("bench.py.j2").render(**ctx),
+        }
+    ctx.update(module=f".{name}", namespace="kernelwright_create")
     return {
         f"{name}/__init__.py": env.get_template("init.py.j2").render(**ctx),
         f"{name}/{name}.py": env.get_template("op.py.j2").render(**ctx),

@@ -42,6 +42,7 @@ def create(
     out: str | Path | None = None,
     runs: str | Path = RUNS,
     bench: str = "quick",
+    into_library: bool = False,
 ) -> CreateResult:
     if from_profile is not None:
         profile = KernelProfile.load(from_profile)
@@ -74,6 +75,11 @@ def create(
     profile.save(profile_path)  # with the repairs the Verify stage logged
     # a kernel that failed its tests is not worth timing
     timing = benchmark(profile, workdir, bench) if result.passed else None
+    library = None
+    if into_library and result.passed:
+        from kernelwright.workflows.create.library import into_library as add_to_library
+
+        library = add_to_library(profile, workdir / "library_tests.log")
     files = result.files
     if out is not None:
         dest = Path(out) / profile.name
@@ -83,8 +89,16 @@ def create(
         files = sorted(dest.iterdir())
     status = "passed" if result.passed else "FAILED"
     headline = f"verify {status} ({result.gate} gate)"
+    if library is not None:
+        headline += (
+            "; added to the library"
+            if library.passed
+            else "; NOT added to the library: its tests failed there (library_tests.log)"
+        )
     report = _report(profile, workdir, result, headline, timing)
-    return CreateResult(profile, workdir, "verified", result.passed, report, files, status, timing)
+    passed = result.passed and (library is None or library.passed)
+    files = files + (library.files if library is not None else [])
+    return CreateResult(profile, workdir, "verified", passed, report, files, status, timing)
 
 
 def _report(profile: KernelProfile, workdir: Path, result, headline: str, timing=None) -> Path:
