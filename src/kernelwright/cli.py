@@ -360,7 +360,13 @@ def create(
     for f in result.files:
         console.print(f"  {f}")
     if not result.passed:
-        console.print("[red]verify failed[/]: see the report and logs")
+        if result.message == "passed":  # verified, but its tests failed inside the library
+            console.print(
+                "[red]not added to the library[/]: the op's tests failed there (every file "
+                f"written was removed); see {result.workdir / 'library_tests.log'}"
+            )
+        else:
+            console.print("[red]verify failed[/]: see the report and logs")
         raise typer.Exit(1)
     console.print("[green]verified[/]: the generated tests pass")
     if result.bench is not None:
