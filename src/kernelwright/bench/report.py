@@ -172,10 +172,18 @@ class SummaryRow:
     tflops: float = math.nan  # ours, for specs with a FLOP model
 
 
-def _ratio(num: float, den: float) -> float:
+def ratio(num: float, den: float) -> float:
+    """num / den, NaN where either is missing (an error row) or den is not positive."""
     if not (math.isfinite(num) and math.isfinite(den)) or den <= 0:
         return math.nan
     return num / den
+
+
+def geomean(values: Sequence[float]) -> float:
+    """The geometric mean; NaN when there is no value or one is not a finite positive number."""
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        return math.nan
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def summarize(
@@ -203,9 +211,9 @@ def summarize(
                 ms=ms,
                 mem_mb=mem,
                 host_bound=host,
-                speedup=_ratio(peer_ms[best_peer], our_ms) if best_peer else math.nan,
+                speedup=ratio(peer_ms[best_peer], our_ms) if best_peer else math.nan,
                 best_peer=best_peer,
-                mem_ratio=_ratio(min(peer_mem), our_mem) if peer_mem else math.nan,
+                mem_ratio=ratio(min(peer_mem), our_mem) if peer_mem else math.nan,
                 pct_copy_bw=our.pct_copy_bw if our else math.nan,
                 tflops=our.tflops if our else math.nan,
             )

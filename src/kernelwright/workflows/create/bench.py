@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 
 from kernelwright.bench.harness import BenchRow, make_context, run_spec
+from kernelwright.bench.report import geomean as report_geomean
+from kernelwright.bench.report import ratio, summarize
 from kernelwright.bench.specs import BenchSpec, Provider, Sweep, compiled
 
 # quick runs (the create workflow's default on a GPU): the reference sweep's default token
@@ -237,34 +239,31 @@ class Comparison:
 
 
 def compare(rows: Sequence[BenchRow]) -> list[Comparison]:
-    """One `Comparison` per (shape, mode) of a run, in the order the rows came."""
-    by: dict[tuple[str, str], dict[str, BenchRow]] = {}
-    for r in rows:
-        by.setdefault((r.shape, r.mode), {})[r.provider] = r
+    """One `Comparison` per (shape, mode) of a run, in the order the rows came (the harness
+    summary's grouping, read for the create workflow's two baselines)."""
     nan = float("nan")
     out = []
-    for (shape, mode), p in by.items():
-        k, e, c = (p.get(n) for n in ("kernelwright", "torch", "torch_compile"))
-        km, em, cm = (x.ms_p50 if x is not None else nan for x in (k, e, c))
+    for s in summarize(rows, peers=("torch", "torch_compile")):
+        km, em, cm = (s.ms.get(p, nan) for p in ("kernelwright", "torch", "torch_compile"))
         out.append(
             Comparison(
-                shape,
-                mode,
+                s.shape,
+                s.mode,
                 km,
                 em,
                 cm,
-                em / km,
-                cm / km,
-                *(x.peak_mem_mb if x is not None else nan for x in (k, e, c)),
-                k.pct_copy_bw if k is not None else nan,
+                ratio(em, km),
+                ratio(cm, km),
+                *(s.mem_mb.get(p, nan) for p in ("kernelwright", "torch", "torch_compile")),
+                s.pct_copy_bw,
             )  # fmt: skip
         )
     return out
 
 
 def geomean(values: Sequence[float]) -> float:
-    vals = [v for v in values if math.isfinite(v) and v > 0]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else float("nan")
+    """The geometric mean of the valid values (error rows give NaN ratios: left out)."""
+    return report_geomean([v for v in values if math.isfinite(v) and v > 0])
 
 
 def markdown(comparisons: Sequence[Comparison]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from kernelwright.bench.report import geomean
 from kernelwright.profiles.optimization import GuardrailCheck, Timing, VariantRecord
 from kernelwright.workflows.optimize.target import Target
 
@@ -51,10 +52,7 @@ def _metric(t: Timing, goal: str) -> float:
 
 def objective(timings: Iterable[Timing], goal: str) -> float:
     """Geometric mean of the goal's metric over every (shape, mode); NaN if one is missing."""
-    values = [_metric(t, goal) for t in by_key(timings).values()]
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        return math.nan
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+    return geomean([_metric(t, goal) for t in by_key(timings).values()])
 
 
 def gain(parent: float, child: float) -> float:

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelwright.bench.report import write_csv
+from kernelwright.bench.report import geomean, write_csv
 from kernelwright.profiles.optimization import OptimizationProfile, Timing, VariantRecord
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.workflows.optimize import notebook
@@ -171,10 +171,6 @@ def candidates(cur: LaunchConfig, max_n: int, n_max: int, varied: set[str]) -> l
     return out
 
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResult:
     rows = {k: list(v) for k, v in rows.items()}
     hit = regimes_hit(setup, rows)
@@ -229,7 +225,7 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
             rows[kernel][idx] = (max_n, best)
             ranked = sorted(
                 ((c, t[0]) for c, t in timed.items() if isinstance(t, tuple)),
-                key=lambda ct: _geomean(ct[1]),
+                key=lambda ct: geomean(ct[1]),
             )
             failed = [(c, t) for c, t in timed.items() if isinstance(t, str)]
             lines += [f"**{label}** ({', '.join(p.label for p in pts)}, {mode}):"]
@@ -272,10 +268,10 @@ def _short(c: LaunchConfig) -> str:
 
 def _score(ms: list[float], mem: list[float], goal: str) -> float:
     if goal == "speed":
-        return _geomean(ms)
+        return geomean(ms)
     if goal == "memory":
-        return _geomean(mem)
-    return _geomean([math.sqrt(t * m) for t, m in zip(ms, mem, strict=True)])
+        return geomean(mem)
+    return geomean([math.sqrt(t * m) for t, m in zip(ms, mem, strict=True)])
 
 
 def _top(cur: LaunchConfig, timed: dict, goal: str, k: int) -> list[LaunchConfig]:
