@@ -262,7 +262,11 @@ def rope_cases():
     except ImportError:
         liger_rotary_pos_emb = None
     heads = [(32, 8, 128), (28, 4, 128), (16, 8, 256), (32, 8, 64), (128, 8, 128)]
-    shapes = [(8192, *h) for h in heads] + [(16384, 32, 8, 128), (2048, 32, 8, 128)]
+    shapes = [(8192, *h) for h in heads] + [
+        (16384, 32, 8, 128),
+        (2048, 32, 8, 128),
+        (1024, 32, 8, 128),
+    ]
     for s, hq, hk, d in shapes:
         q = torch.randn(1, s, hq, d, device="cuda", dtype=DT).transpose(1, 2)
         k = torch.randn(1, s, hk, d, device="cuda", dtype=DT).transpose(1, 2)
@@ -273,7 +277,9 @@ def rope_cases():
         if liger_rotary_pos_emb is not None:
             liger = partial(liger_rotary_pos_emb, q, k, cos, sin)
             yield "fwd", shape, C(block_n=0), liger, nbytes
-        for block, rows, nw in itertools.product((1024, 2048, 4096, 8192), (1, 2, 4), (2, 4, 8)):
+        for block, rows, nw in itertools.product(
+            (1024, 2048, 4096, 8192, 16384), (1, 2), (2, 4, 8)
+        ):
             if nw * 32 * 8 > block:
                 continue
             cfg = C(block_n=block, rows=rows, num_warps=nw)

@@ -1,0 +1,88 @@
+"""Rope forward probe (prints only; the benchmark of record is `kernelwright bench rope`).
+
+Times the library kernel at explicit launch configs against Liger's forward, at Llama-3-8B heads
+(32 q + 8 kv, head_dim 128), bf16, HF's transposed q/k views. GPU time alone. (The committed
+results/h200-issue3-rope/rope_probe.csv came from a version that also timed a `halves_equal`
+kernel flag, reading one half of cos/sin as Liger does: ~1% faster, not kept.)
+
+    python benchmarks/rope_probe.py [--tokens 1024,8192] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from kernelwright.bench.harness import cuda_timer
+from kernelwright.ops.rope import _launch, rope_tables
+from kernelwright.runtime.launch import LaunchConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="1024,4096,8192,32768")
+    ap.add_argument("--heads", default="32,8,128")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = ap.parse_args()
+    hq, hk, d = (int(v) for v in args.heads.split(","))
+    timer = cuda_timer(hide_host=True)
+    rows = []
+    try:
+        from liger_kernel.ops.rope import rope_forward
+    except ImportError:
+        rope_forward = None
+    for s in (int(v) for v in args.tokens.split(",")):
+        q = torch.randn(1, s, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(1, s, hk, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        cos, sin = rope_tables(s, d, base=500000.0, dtype=torch.bfloat16, device="cuda")
+        qo, ko = torch.empty_like(q), torch.empty_like(k)
+        gb = (2 * (hq + hk) * d * s * 2) / 1e9
+        ref = None
+        for halves in (False,):
+            for bn in (1024, 4096, 8192):
+                for w in (2, 4, 8):
+                    for r in (1,):
+                        cfg = LaunchConfig(block_n=bn, rows=r, num_warps=w)
+
+                        fn = functools.partial(
+                            _launch, "fwd", q, k, cos, sin, qo, ko, 1, False, cfg
+                        )
+
+                        fn()
+                        if ref is None:
+                            ref = (qo.clone(), ko.clone())
+                        assert torch.equal(qo, ref[0]) and torch.equal(ko, ref[1]), cfg
+                        p20, p50, p80 = timer(fn, lambda: None)
+                        rows.append(dict(tokens=s, provider=f"kw{'_halves' if halves else ''}",
+                                         block_n=bn, warps=w, rows=r, ms=p50,
+                                         gbps=gb / (p50 / 1e3)))  # fmt: skip
+        if rope_forward is not None:
+            liger = functools.partial(rope_forward, q.clone(), k.clone(), cos, sin)
+            p20, p50, p80 = timer(liger, lambda: None)
+            rows.append(dict(tokens=s, provider="liger", block_n=0, warps=0, rows=0, ms=p50,
+                             gbps=gb / (p50 / 1e3)))  # fmt: skip
+        best = {}
+        for row in rows:
+            if row["tokens"] != s:
+                continue
+            key = row["provider"]
+            if key not in best or row["ms"] < best[key]["ms"]:
+                best[key] = row
+        for key, row in best.items():
+            print(f"{s:6d} {key:10s} best {row['ms'] * 1e3:7.1f} us {row['gbps']:6.0f} GB/s "
+                  f"bn={row['block_n']} w={row['warps']} r={row['rows']}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "rope_probe.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(torch.cuda.get_device_name(), torch.__version__)
+
+
+if __name__ == "__main__":
+    main()
