@@ -241,5 +241,8 @@ def test_corpus_reference_renders_or_stops_cleanly(path):
     )  # fmt: skip
     op = files[f"{profile.name}/{profile.name}.py"]
     assert "@triton.jit" in op
+    # the default save policy stores nothing: no stored-intermediate code, inputs saved as before
+    assert profile.save_policy == "recompute" and not profile.stored
+    assert "st0_ptr" not in op and "STORED_KINDS" not in op and " s_" not in op
     # a row kernel iff the reference reduces over the last dim
     assert ("cmask = cols < N" in op) == (path.stem in ROW_KERNELS)

@@ -90,6 +90,7 @@ def test_relu_squared_profile_details():
     p = profile_of("relu_squared")
     assert [s.name for s in p.inputs] == ["x"] and p.inputs[0].requires_grad
     assert p.saved == ["x"]  # relu is recomputed in the backward, not saved
+    assert p.save_policy == "recompute" and p.stored == []  # the default: nothing stored
     assert "relu" in p.recomputed
     assert p.notes[0] == "forward: y = relu(x) ** 2"
     assert p.module_name == "ReluSquared"

@@ -326,6 +326,14 @@ def create(
             "profile's sweep) or 'none'. Against the reference, eager and torch.compile."
         ),
     ] = "quick",
+    save: Annotated[
+        str | None,
+        typer.Option(
+            help="Intermediates the backward loads instead of recomputing (profile.stored): "
+            "'recompute' (none, the default) or 'min-bytes' (store one when the backward then "
+            "reads fewer bytes). With --from-profile it replaces the reviewed choice."
+        ),
+    ] = None,
 ) -> None:
     """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark."""
     from kernelwright.workflows.create.run import create as run_create
@@ -333,6 +341,8 @@ def create(
     console = make_console()
     if bench not in ("quick", "full", "none"):
         raise typer.BadParameter("one of quick, full, none", param_hint="--bench")
+    if save not in (None, "recompute", "min-bytes"):
+        raise typer.BadParameter("one of recompute, min-bytes", param_hint="--save")
     try:
         result = run_create(
             source,
@@ -342,6 +352,7 @@ def create(
             out=out,
             bench=bench,
             into_library=into_library,
+            save_policy=save,
         )
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None

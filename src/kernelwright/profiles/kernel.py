@@ -3,8 +3,14 @@
 `kernelwright create` (Understand) traces a PyTorch reference into aten-level forward and
 backward graphs and writes this profile; a person reviews the YAML; code generation (Act) is a
 deterministic function of it — the same profile gives byte-identical files. The graphs are kept
-in the profile as node lists, so an edit to the profile (a saved tensor made recomputed, a
-block size) is what the generator sees.
+in the profile as node lists, so an edit to the profile (an intermediate stored for the backward
+or recomputed, a block size) is what the generator sees.
+
+Saved vs recomputed: `stored` is the decision the generator follows — the forward intermediates
+the forward kernel writes as extra outputs for the backward kernel to load; everything else the
+backward recomputes from the inputs it reads (and only the inputs it reads are kept for it).
+`saved`/`recomputed` are the trace's record of what torch.compile's min-cut partitioner chose,
+for the reviewer to compare with; the generator does not read them.
 """
 
 from __future__ import annotations
@@ -62,10 +68,23 @@ class LaunchPlan(Strict):
     configs: list[dict[str, int]] = Field(default_factory=list)
 
 
+class StoredTensor(Strict):
+    """A forward intermediate the forward kernel stores and the backward kernel loads."""
+
+    name: str  # a call_function node of the forward graph
+    # the stored dtype: "bool" (comparisons and masks, 1 byte), "fp32" (precision-sensitive:
+    # transcendentals, reductions, row statistics), "same" (the outputs' dtype: the first input's)
+    dtype: Literal["bool", "fp32", "same"] = "same"
+    reason: str = ""  # why it is stored: the bytes the backward reads with and without it
+
+
 class Repair(Strict):
     attempt: int
     change: str
     reason: str
+    # what the repair changed: the launch config (a smaller tile) or `stored` (a dtype widened
+    # to fp32, or the intermediates recomputed instead); launch configs advance per "launch"
+    kind: Literal["launch", "stored"] = "launch"
 
 
 class KernelProfile(YamlProfile):
@@ -89,8 +108,18 @@ class KernelProfile(YamlProfile):
     backward: Graph = Field(default_factory=Graph)
     # readable gradient formulas, one per differentiable input: "dx = dy * 2 * relu(x)"
     gradients: list[str] = Field(default_factory=list)
-    saved: list[str] = Field(default_factory=list)  # forward tensors kept for the backward
-    recomputed: list[str] = Field(default_factory=list)  # recomputed in the backward kernel
+    # torch.compile's choice, a record from the trace (the generator reads `stored` instead):
+    # the forward tensors its min-cut partitioner saves for the backward, and the forward nodes
+    # its backward recomputes
+    saved: list[str] = Field(default_factory=list)
+    recomputed: list[str] = Field(default_factory=list)
+    # how Understand chose `stored`: "recompute" (nothing stored: the backward recomputes every
+    # intermediate from the inputs — the fastest forward and least memory), "min-bytes" (store
+    # an intermediate when the backward then reads fewer bytes: it drops inputs larger than it)
+    save_policy: Literal["recompute", "min-bytes"] = "recompute"
+    # the decision: forward intermediates stored for the backward (see StoredTensor); a
+    # reviewer may add, drop or retype entries
+    stored: list[StoredTensor] = Field(default_factory=list)
     upcast_fp32: list[str] = Field(default_factory=list)  # precision-sensitive ops (why: below)
     closest_kernel: str | None = None  # the library op used as the pattern ("relu_squared")
     launch: LaunchPlan | None = None
@@ -102,4 +131,34 @@ class KernelProfile(YamlProfile):
     def _tier3_says_why(self):
         if self.tier == 3 and not (self.unsupported_node and self.unsupported_reason):
             raise ValueError("a tier-3 KernelProfile names the node that stops it and why")
+        return self
+
+    @model_validator(mode="after")
+    def _stored_are_forward_intermediates(self):
+        nodes = {n.name: n for n in self.forward.nodes}
+        seen: set[str] = set()
+        for s in self.stored:
+            node = nodes.get(s.name)
+            if node is None:
+                raise ValueError(
+                    f"stored: {s.name!r} names no node of the forward graph; stored entries are "
+                    "forward intermediates, e.g. "
+                    + (", ".join(n.name for n in self.forward.nodes if n.op == "call_function")
+                       or "(the forward graph has none)")
+                )  # fmt: skip
+            if node.op != "call_function":
+                what = "an input" if node.op == "placeholder" else "the graph's output node"
+                raise ValueError(
+                    f"stored: {s.name!r} is {what}, not a forward intermediate; inputs are kept "
+                    "for the backward whenever it reads them"
+                )
+            if s.name in seen:
+                raise ValueError(f"stored: {s.name!r} is listed twice")
+            seen.add(s.name)
+            is_bool = node.dtype == "torch.bool"
+            if is_bool != (s.dtype == "bool"):
+                raise ValueError(
+                    f"stored: {s.name!r} is a {node.dtype} value; store "
+                    + ("it with dtype bool" if is_bool else "a non-bool value as same or fp32")
+                )
         return self

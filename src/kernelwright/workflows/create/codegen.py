@@ -6,7 +6,13 @@ aten node of the profile's forward and backward graphs becomes one `tl` expressi
 dtype: bf16 arithmetic is silently wrong under the interpreter and less accurate on a GPU).
 The backward kernel recomputes forward intermediates from the saved inputs (cheap for
 element-wise work) and writes each input gradient at full size; a broadcast input's gradient
-is written in fp32 and summed to the input's shape by the launcher.
+is written in fp32 and summed to the input's shape by the launcher. The intermediates the
+profile lists in `stored` are the exception: the forward kernel writes them as extra outputs
+(full size, or one value per row in a row kernel; bool, fp32 or the input's dtype as the
+profile says), the autograd Function saves them with only the inputs the backward still reads
+(the others leave only their shape, dtype and device), and the backward kernel loads them
+(`s_<name>`) instead of recomputing them. With nothing stored (the default) the files are
+exactly those generated before `stored` existed.
 
 Tier 2 (reductions over the last dim: norms, softmax, logsumexp, row losses) takes the same
 path with one program per ROWS rows holding each row whole (BLOCK_N = next_power_of_2(N)):
@@ -22,6 +28,7 @@ without a lowering raises `UnsupportedNode` naming it — never a kernel we cann
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +231,9 @@ class _Emitter:
         # a row kernel iff some reduction runs over the last dim (parameter-gradient sums over
         # the rows alone stay trailing sums of an element-wise kernel, as for DyT)
         self.row = any(self.reduce_kind(n) == "row" for n in self.fwd + self.bwd)
+        # the profile's decision: intermediates the forward stores and the backward loads (as
+        # s_<name>); everything else the backward recomputes from the inputs
+        self.stored = {t.name: t for t in profile.stored}
 
     def reduce_kind(self, n: GraphNode) -> str | None:
         """'row' (over the last dim only), 'rows' (other dims: a trailing sum), None."""
@@ -256,10 +266,12 @@ class _Emitter:
             and x == self.full[-1]
         )
 
-    def fwd_needed(self, roots: list[str]) -> list[GraphNode]:
+    def fwd_needed(self, roots: list[str], stop: frozenset[str] = frozenset()) -> list[GraphNode]:
+        """The forward nodes computing `roots`, in graph order; `stop`: values already at hand
+        (loaded stored intermediates), neither recomputed nor walked through."""
         need: set[str] = set()
-        stack = [r for r in roots if r in self.fwd_by]
-        names = set(self.fwd_by)
+        stack = [r for r in roots if r in self.fwd_by and r not in stop]
+        names = set(self.fwd_by) - stop
         while stack:
             r = stack.pop()
             if r in need:
@@ -330,8 +342,28 @@ class _Emitter:
                     f"a reduction over dims {n.args[1:2] or 'all'} in the forward: a row kernel "
                     "reduces the last dim only",
                 )
-        body = self.emit(self.fwd_needed(outs), "f_", {})
+        body = self.emit(self.fwd_needed(outs + list(self.stored)), "f_", {})
         return body, ["f_" + o for o in outs]
+
+    def stored_kinds(self) -> list[str]:
+        """Per stored intermediate: 'full' ([..., N]), 'row' ([...]) or 'row1' ([..., 1])."""
+        kinds = []
+        for name in self.stored:
+            shape = self.fwd_by[name].shape
+            if shape == self.full:
+                kinds.append("full")
+            elif self.row and shape == self.full[:-1]:
+                kinds.append("row")
+            elif self.row and shape == self.full[:-1] + [1]:
+                kinds.append("row1")
+            else:
+                raise UnsupportedNode(
+                    name,
+                    f"stored intermediate of shape {shape}: only the main input's {self.full}"
+                    + (" or one value per row" if self.row else "")
+                    + " is stored; recompute it instead (remove it from stored)",
+                )
+        return kinds
 
     def backward_body(self) -> tuple[list[str], list[str | None], list[bool], set[int]]:
         """Lines, the value per input gradient, whether each was summed, inputs needed."""
@@ -344,6 +376,8 @@ class _Emitter:
         for ph in b_ph:
             if ph in self.f_ph:
                 alias[ph] = "f_" + ph
+            elif ph in self.stored:
+                alias[ph] = "s_" + ph  # stored by the forward kernel: loaded
             elif ph in self.fwd_by:
                 alias[ph] = "f_" + ph  # a saved intermediate: recomputed from the inputs
                 recompute.append(ph)
@@ -352,7 +386,12 @@ class _Emitter:
                 n_tangents += 1
             else:
                 raise UnsupportedNode(ph, "a backward input that is neither saved nor a gradient")
-        fwd_lines = self.emit(self.fwd_needed(recompute), "f_", {})
+        # a backward node recomputing a stored forward node (same name) is the loaded value
+        for name in self.stored:
+            alias.setdefault(name, "s_" + name)
+        loaded = {k: v for k, v in alias.items() if k in self.stored}
+        fwd_lines = self.emit(self.fwd_needed(recompute, frozenset(self.stored)), "f_", loaded)
+        bwd_nodes = [n for n in self.bwd if not (n.op == "call_function" and n.name in self.stored)]
         grads = _output_args(self.bwd)
         users = _users(self.bwd)
         values: list[str | None] = []
@@ -393,9 +432,14 @@ class _Emitter:
                         f"{n.target} over rows feeding {bad or 'a gradient'}: a cross-row "
                         "reduction inside the kernel (tier 3)",
                     )
-        body = fwd_lines + self.emit(self.bwd, "b_", alias)
+        body = fwd_lines + self.emit(bwd_nodes, "b_", alias)
         text = "\n".join(body + [v or "" for v in values])
         needed = {i for i, ph in enumerate(self.f_ph) if f"f_{ph}" in text}
+        unread = [s for s in self.stored if not re.search(rf"\bs_{re.escape(s)}\b", text)]
+        if unread:
+            raise UnsupportedNode(
+                unread[0], "stored, but the backward never reads it: remove it from stored"
+            )
         return body, values, summed, needed
 
 
@@ -407,12 +451,17 @@ ROW_CONFIGS = [
 ]
 
 
+def launch_repairs(profile: KernelProfile) -> int:
+    """How many Verify repairs moved the launch config (each one step down the list)."""
+    return sum(1 for r in profile.repairs if r.kind == "launch")
+
+
 def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
     configs = (profile.launch.configs if profile.launch else None) or []
     if row:
         if not configs or not all("rows" in c and "num_warps" in c for c in configs):
             configs = ROW_CONFIGS
-        cfg = dict(configs[min(len(profile.repairs), len(configs) - 1)])
+        cfg = dict(configs[min(launch_repairs(profile), len(configs) - 1)])
         # BLOCK_N is the widest row the kernel accepts; each launch takes next_power_of_2(N)
         return {"block_n": MAX_ROW, "rows": cfg["rows"], "num_warps": cfg["num_warps"]}
     configs = configs or DEFAULT_CONFIGS
@@ -421,7 +470,7 @@ def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
     # element-wise defaults instead of failing on a missing key
     if not all("block_n" in c and "rows" in c and "num_warps" in c for c in configs):
         configs = DEFAULT_CONFIGS
-    return dict(configs[min(len(profile.repairs), len(configs) - 1)])
+    return dict(configs[min(launch_repairs(profile), len(configs) - 1)])
 
 
 def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
@@ -440,6 +489,10 @@ def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
                 o.name, f"output shape {shape} is neither {em.full} nor one value per row"
             )
     return kinds
+
+
+# a stored intermediate's torch dtype in the generated op (None: the first input's dtype)
+_ST_DTYPES = {"bool": "torch.bool", "fp32": "torch.float32", "same": "None"}
 
 
 def _camel(name: str) -> str:
@@ -469,6 +522,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     out_kinds = _out_kinds(profile, em)
     fwd_body, fwd_outs = em.forward_body()
     has_bwd = any(n.op == "call_function" for n in profile.backward.nodes)
+    st_kinds = em.stored_kinds()
+    if profile.stored and not has_bwd:
+        raise UnsupportedNode(profile.stored[0].name, "stored, but there is no backward")
     if has_bwd:
         bwd_body, grads, summed, needed = em.backward_body()
     else:
@@ -501,6 +557,10 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "cfg": _config(profile, em.row),
         "row": em.row,
         "out_kinds": out_kinds,
+        # stored intermediates (profile.stored): extra forward outputs the backward loads
+        "stored": profile.stored,
+        "st_kinds": st_kinds,
+        "st_dtypes": [_ST_DTYPES[t.dtype] for t in profile.stored],
         "ref_lines": _ref_lines(profile, em),
         "ref_grad_lines": _ref_grad_lines(profile, em) if has_bwd else [],
         "params": [i for i in profile.inputs if i.role == "parameter"],

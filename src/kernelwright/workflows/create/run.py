@@ -24,10 +24,12 @@ class CreateResult:
     bench: object | None = None  # verify.BenchResult, when the kernel passed its tests
 
 
-def understand_source(source: str, name: str | None = None) -> KernelProfile:
+def understand_source(
+    source: str, name: str | None = None, save_policy: str = "recompute"
+) -> KernelProfile:
     from kernelwright.workflows.create.understand import understand  # the Understand stage
 
-    profile = understand(source)
+    profile = understand(source, save_policy=save_policy)
     if name:
         profile.name = name
     return profile
@@ -43,15 +45,23 @@ def create(
     runs: str | Path = RUNS,
     bench: str = "quick",
     into_library: bool = False,
+    save_policy: str | None = None,
 ) -> CreateResult:
+    """save_policy: which intermediates the backward loads instead of recomputing ("recompute"
+    or "min-bytes", see understand.plan_stored); None keeps a resumed profile's `stored` as
+    reviewed and means "recompute" for a new one."""
     if from_profile is not None:
         profile = KernelProfile.load(from_profile)
         if name:
             profile.name = name
+        if save_policy is not None:
+            from kernelwright.workflows.create.understand import plan_stored
+
+            plan_stored(profile, save_policy)
     elif source is None:
         raise ValueError("create: give a SOURCE file or --from-profile FILE")
     else:
-        profile = understand_source(source, name)
+        profile = understand_source(source, name, save_policy or "recompute")
     workdir = Path(runs) / profile.name
     workdir.mkdir(parents=True, exist_ok=True)
     profile_path = workdir / "profile.yaml"
@@ -104,6 +114,9 @@ def create(
 def _report(profile: KernelProfile, workdir: Path, result, headline: str, timing=None) -> Path:
     lines = [f"# create {profile.name}", "", f"source: {profile.source}", "",
              f"tier {profile.tier}: {profile.tier_reason}", "", f"**{headline}**", ""]  # fmt: skip
+    if profile.stored:
+        stored = ", ".join(f"{t.name} ({t.dtype})" for t in profile.stored)
+        lines += [f"stored for the backward ({profile.save_policy}): {stored}", ""]
     if profile.unsupported_node:
         lines += [
             f"unsupported node `{profile.unsupported_node}`: {profile.unsupported_reason}",

@@ -1,8 +1,10 @@
 """Verify: run the generated tests in a subprocess, classify failures, repair up to 3 times.
 
 Hard gates (an import or compile error, wrong numbers) block; a soft gate (a tolerance missed
-by a small margin) is reported. A repair regenerates with the next, smaller launch config
-from the profile and logs why in `profile.repairs`.
+by a small margin) is reported. A repair regenerates and logs why in `profile.repairs`: when a
+gradient is wrong and the profile stores intermediates for the backward, first the stored
+values in the input's dtype are widened to fp32, then they are recomputed instead; otherwise
+(and after those) with the next, smaller launch config from the profile.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kernelwright.profiles.kernel import KernelProfile, Repair
-from kernelwright.workflows.create.codegen import DEFAULT_CONFIGS, write
+from kernelwright.workflows.create.codegen import DEFAULT_CONFIGS, launch_repairs, write
 
 MAX_REPAIRS = 3
 BENCH_MODES = ("quick", "full", "none")
@@ -78,6 +80,30 @@ def run_tests(pkg_root: Path, name: str, log: Path) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def stored_repair(profile: KernelProfile, output: str, reason: str) -> Repair | None:
+    """A repair of `profile.stored` for a failed gradient (applied to the profile), or None.
+
+    A stored intermediate rounded to a 16-bit input dtype is the likeliest cause of a backward
+    that misses its tolerance when the forward passes: widen it to fp32; if the profile stores
+    nothing narrower, recompute the stored intermediates from the inputs (the default)."""
+    # the generated tests' assertion names what failed: "grad of input 0: Tensor-likes ..."
+    if not profile.stored or not re.search(r"^E .*grad of input \d+:", output, re.M):
+        return None
+    attempt = len(profile.repairs) + 1
+    narrow = [t for t in profile.stored if t.dtype == "same"]
+    names = ", ".join(t.name for t in (narrow or profile.stored))
+    if narrow:
+        for t in narrow:
+            t.dtype = "fp32"
+            t.reason = f"widened to fp32 by Verify repair {attempt}; was: {t.reason}"
+        change = f"stored {names}: input dtype -> fp32"
+    else:
+        profile.stored = []
+        change = f"stored {names} -> recomputed in the backward"
+    return Repair(attempt=attempt, change=change, reason=f"a gradient failed: {reason}",
+                  kind="stored")  # fmt: skip
+
+
 def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
     """Generate under workdir/pkg, test, repair with smaller configs; profile.repairs grows."""
     workdir = Path(workdir)
@@ -90,17 +116,19 @@ def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
         log = workdir / f"test_attempt{k}.log"
         rc, out = run_tests(pkg_root, profile.name, log)
         gate, reason = classify(rc, out)
-        cfg = dict(configs[min(k, len(configs) - 1)])
+        launch = launch_repairs(profile)
+        cfg = dict(configs[min(launch, len(configs) - 1)])
         result.attempts.append(Attempt(k, cfg, gate, reason, log))
         result.files, result.gate = files, gate
         # a smaller launch config cannot fix code that does not import or compile
         if gate in ("pass", "soft") or k >= MAX_REPAIRS or reason.startswith("import/"):
             result.passed = gate != "hard"
             break
-        nxt = configs[min(k + 1, len(configs) - 1)]
-        profile.repairs.append(
-            Repair(attempt=k + 1, change=f"launch config {cfg} -> {nxt}", reason=reason)
-        )
+        repair = stored_repair(profile, out, reason)
+        if repair is None:
+            nxt = configs[min(launch + 1, len(configs) - 1)]
+            repair = Repair(attempt=k + 1, change=f"launch config {cfg} -> {nxt}", reason=reason)
+        profile.repairs.append(repair)
     return result
 
 
