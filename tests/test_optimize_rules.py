@@ -288,3 +288,23 @@ def test_placeholder_clock_times_a_detuned_table_slower():
 
 def _never():
     raise AssertionError("the placeholder clock must not run the op")
+
+
+def test_ridge_is_the_measured_matmul_rate_over_the_copy_bandwidth():
+    # 170 FLOP/byte: over the assumed ridge (150) with no matmul rate; under the measured one
+    # (800 TFLOP/s over 4000 GB/s = 200 FLOP/byte), where 90% of copy bandwidth is memory-bound
+    from kernelwright.bench.harness import BenchRow
+    from kernelwright.workflows.optimize.profile_stage import classify
+
+    row = BenchRow(op="x", mode="forward", provider="kernelwright", x_name="n", x_value=1,
+                   shape="8x8", dtype="bfloat16", ms_p50=1.0, bytes=10**9, gbps=1000.0,
+                   pct_copy_bw=90.0, copy_gbps=4000.0, flops=170 * 10**9, tflops=170.0)  # fmt: skip
+    assumed, _ = classify([row], [])
+    assert assumed.per_shape == {"8x8 forward": "compute-bound"}
+    measured, roofline = classify([row], [], matmul_tflops=800.0)
+    assert measured.per_shape == {"8x8 forward": "memory-bound"}
+    assert roofline[0].pct_matmul == pytest.approx(21.2, abs=0.1)
+    row.flops, row.tflops = 300 * 10**9, 300.0  # 300 FLOP/byte: over the measured ridge
+    measured, _ = classify([row], [], matmul_tflops=800.0)
+    assert measured.per_shape == {"8x8 forward": "compute-bound"}
+    assert "38% of the matmul rate" in " ".join(measured.evidence)

@@ -79,6 +79,7 @@ class RooflinePoint(Part):
     gbps: float
     pct_copy_bw: float  # achieved bandwidth over the measured copy bandwidth
     tflops: float = float("nan")
+    pct_matmul: float = float("nan")  # achieved FLOP rate over the measured matmul rate
 
 
 class Bottleneck(Part):
@@ -119,6 +120,8 @@ class OptimizationProfile(YamlProfile):
     source_snapshot: str  # workspace copy of the op's source
     baseline_table: dict[str, list[ConfigRow]]  # kernel -> rows in effect for `arch`
     copy_gbps: float
+    # bf16 matmul rate measured in Stage 1 (TFLOP/s); None in a dry run (no GPU)
+    matmul_tflops: float | None = None
     baseline: list[Timing] = Field(default_factory=list)  # v0
     peers: list[Timing] = Field(default_factory=list)  # PyTorch eager at the same points
     resources: list[KernelResources] = Field(default_factory=list)

@@ -60,7 +60,9 @@ def profile_md(p: OptimizationProfile) -> str:
         f"- goal: {p.goal}, scope: {p.scope} (kernels {', '.join(p.kernels)}; modes "
         f"{', '.join(p.modes)}), variant budget {p.max_variants}"
         + (f", target {p.target}" if p.target else ""),
-        f"- dtype {p.dtype}; copy bandwidth {p.copy_gbps:.0f} GB/s; timing: {p.timing}",
+        f"- dtype {p.dtype}; copy bandwidth {p.copy_gbps:.0f} GB/s; matmul rate "
+        + (f"{p.matmul_tflops:.0f} TFLOP/s" if p.matmul_tflops else "not measured (no GPU)")
+        + f"; timing: {p.timing}",
         f"- snapshots: `{p.table_snapshot}`, `{p.source_snapshot}`",
         "",
         "## Baseline (v0)",
@@ -84,12 +86,13 @@ def profile_md(p: OptimizationProfile) -> str:
         lines.append(p.resources_note)
     lines += ["", "## Nsight Compute", ""]
     lines += [f"- {k}: {v}" for k, v in p.ncu.items()] or [p.ncu_note]
-    lines += ["", "## Roofline", "", "| shape | mode | bytes | ms | GB/s | % copy bw |"]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += ["", "## Roofline", ""]
+    lines += ["| shape | mode | bytes | FLOPs | ms | GB/s | % copy bw | TFLOP/s | % matmul |"]
+    lines += ["|---|---|---|---|---|---|---|---|---|"]
     for r in p.roofline:
         lines.append(
-            f"| {r.shape} | {r.mode} | {r.bytes} | {_f(r.ms)} | {_f(r.gbps, '.0f')} | "
-            f"{_f(r.pct_copy_bw, '.0f')} |"
+            f"| {r.shape} | {r.mode} | {r.bytes} | {r.flops} | {_f(r.ms)} | {_f(r.gbps, '.0f')} "
+            f"| {_f(r.pct_copy_bw, '.0f')} | {_f(r.tflops, '.1f')} | {_f(r.pct_matmul, '.0f')} |"
         )
     lines += ["", f"## Bottleneck: {p.bottleneck.cls}", ""]
     lines += [f"- {e}" for e in p.bottleneck.evidence]

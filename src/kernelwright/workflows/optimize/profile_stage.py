@@ -7,6 +7,8 @@ import shutil
 from collections import Counter
 from collections.abc import Sequence
 
+import torch
+
 from kernelwright.bench.harness import BenchRow
 from kernelwright.bench.report import write_csv
 from kernelwright.profiles.optimization import (
@@ -24,17 +26,38 @@ from kernelwright.workflows.optimize.strategies import ordered
 from kernelwright.workflows.optimize.tables import arch_rows, to_profile
 
 MEMORY_BOUND_PCT = 60.0  # achieved bandwidth over copy bandwidth at which the op is memory-bound
-# FLOP per byte above which an op with a FLOP model counts as compute-bound (H100: ~990 TFLOP/s
-# bf16 over ~3.3 TB/s is ~300; half of it leaves room for the real, lower matmul rate)
+# FLOP per byte above which an op with a FLOP model counts as compute-bound when no matmul rate
+# was measured (a dry run): H100 ~990 TFLOP/s bf16 over ~3.3 TB/s is ~300; half of it leaves
+# room for the real, lower rate. On a GPU the ridge is the measured matmul rate over the
+# measured copy bandwidth.
 RIDGE_FLOP_PER_BYTE = 150.0
+MATMUL_N = 8192  # the bf16 square matmul timed for the matmul rate (1.1 TFLOP)
 PEER = "torch"
 PLACEHOLDER_TIMING = "placeholder (model of the launch configs)"
 
 
+def measure_matmul_tflops(setup: Setup) -> float | None:
+    """The bf16 matmul rate of this GPU (TFLOP/s, cuBLAS, same timer), or None off a GPU."""
+    if setup.placeholder or setup.device.type != "cuda":
+        return None
+    gen = torch.Generator(device=setup.device).manual_seed(0)
+    a, b = (
+        torch.randn(MATMUL_N, MATMUL_N, device=setup.device, dtype=torch.bfloat16, generator=gen)
+        for _ in range(2)
+    )
+    _, ms, _ = setup.bench.timer(lambda: torch.mm(a, b), lambda: None)
+    return 2 * MATMUL_N**3 / (ms * 1e-3) / 1e12
+
+
 def classify(
-    rows: Sequence[BenchRow], resources: Sequence[KernelResources]
+    rows: Sequence[BenchRow],
+    resources: Sequence[KernelResources],
+    matmul_tflops: float | None = None,
 ) -> tuple[Bottleneck, list[RooflinePoint]]:
-    """Bottleneck class per (shape, mode) from the roofline position, and overall."""
+    """Bottleneck class per (shape, mode) from the roofline position, and overall.
+
+    The ridge between memory- and compute-bound is the measured matmul rate over the measured
+    copy bandwidth (FLOP per byte) when both are known, else RIDGE_FLOP_PER_BYTE."""
     per_shape: dict[str, str] = {}
     evidence: list[str] = []
     roofline = []
@@ -51,14 +74,21 @@ def classify(
                 gbps=round(r.gbps, 1),
                 pct_copy_bw=round(r.pct_copy_bw, 1),
                 tflops=r.tflops,
+                pct_matmul=round(r.tflops / matmul_tflops * 100, 1)
+                if matmul_tflops and r.flops
+                else float("nan"),
             )
         )
         key = f"{r.shape} {r.mode}"
-        if r.flops and r.flops / max(r.bytes, 1) > RIDGE_FLOP_PER_BYTE:
+        measured = bool(matmul_tflops) and r.copy_gbps > 0
+        ridge = matmul_tflops * 1e3 / r.copy_gbps if measured else RIDGE_FLOP_PER_BYTE
+        if r.flops and r.flops / max(r.bytes, 1) > ridge:
             per_shape[key] = "compute-bound"
+            rate = f" = {r.tflops / matmul_tflops:.0%} of the matmul rate" if measured else ""
             evidence.append(
-                f"{key}: {r.flops / r.bytes:.0f} FLOP/byte, above the ridge "
-                f"({RIDGE_FLOP_PER_BYTE:.0f}); {r.tflops:.1f} TFLOP/s"
+                f"{key}: {r.flops / r.bytes:.0f} FLOP/byte, above the ridge ({ridge:.0f}"
+                f"{' = matmul rate / copy bandwidth' if measured else ', assumed'}); "
+                f"{r.tflops:.1f} TFLOP/s{rate}"
             )
         elif r.pct_copy_bw >= MEMORY_BOUND_PCT:
             per_shape[key] = "memory-bound"
@@ -133,7 +163,10 @@ def run_profile(setup: Setup, progress: Progress) -> OptimizationProfile:
         progress(f"[Stage 1] Nsight Compute at {largest.label} (if ncu is installed)")
         ncu, ncu_note = ncu_metrics(opts.op, largest.shape)
 
-    bottleneck, roofline = classify(rows, resources)
+    matmul_tflops = measure_matmul_tflops(setup)
+    if matmul_tflops is not None:
+        progress(f"[Stage 1] matmul rate: {matmul_tflops:.0f} TFLOP/s (bf16 {MATMUL_N}^3, cuBLAS)")
+    bottleneck, roofline = classify(rows, resources, matmul_tflops)
     notes = []
     if setup.placeholder:
         notes.append(
@@ -167,6 +200,7 @@ def run_profile(setup: Setup, progress: Progress) -> OptimizationProfile:
         source_snapshot=str(source_snap),
         baseline_table=to_profile(base_rows),
         copy_gbps=round(setup.ctx.copy_gbps, 1),
+        matmul_tflops=round(matmul_tflops, 1) if matmul_tflops is not None else None,
         baseline=[timing_of(r) for r in rows],
         peers=[timing_of(r) for r in peers],
         resources=resources,
