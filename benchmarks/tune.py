@@ -132,6 +132,44 @@ NORM_SHAPES = [(8192, 2048), (8192, 3584), (8192, 4096), (8192, 8192), (8192, 16
 NORM_SHAPES += [(16384, 4096), (2048, 4096)]
 
 
+def _bwd_stage_configs(n: int):
+    # The persistent backward with and without the next row block prefetched (num_stages=2).
+    block = triton.next_power_of_2(n)
+    for rows, nw, pps, stages in itertools.product((1, 2, 4, 8), (4, 8, 16, 32), (1, 2), (1, 2)):
+        if rows * block > 16384 or (rows > 1 and block > 8192):
+            continue
+        if nw * 32 * 4 > block * rows * 2 or (nw == 32 and block < 8192):
+            continue
+        yield C(block_n=block, rows=rows, num_warps=nw, programs_per_sm=pps, num_stages=stages)
+
+
+BWD_SHAPES = NORM_SHAPES + [(32768, 4096)]
+_NORMS = ("rms_norm", "fused_add_rms_norm", "layer_norm")
+
+
+def norm_bwd_stage_cases(op: str):
+    # One norm's backward kernel with and without the prefetch (benchmarks/NOTES 17).
+    from kernelwright.ops import fused_add_rms_norm as fa
+    from kernelwright.ops import layer_norm as ln
+    from kernelwright.ops import rms_norm as rn
+
+    for m, n in BWD_SHAPES:
+        x, dy, dr, dx = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(4))
+        w, b, dw, db = (torch.randn(n, device="cuda", dtype=DT) for _ in range(4))
+        mean, rstd = (torch.rand(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        launch, nbytes = {
+            "rms_norm": (partial(rn.rms_norm_bwd_launch, dy, x, w, rstd, dx, dw, 0.0, "llama"), 3),
+            "fused_add_rms_norm": (
+                partial(fa.fused_add_rms_norm_bwd_launch, dy, dr, x, w, rstd, dx, dw, 0.0, "llama"),
+                4,
+            ),
+            "layer_norm": (partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db), 3),
+        }[op]
+        for cfg in _bwd_stage_configs(n):
+            yield "bwd", (m, n), cfg, partial(launch, config=cfg), nbytes * m * n * 2
+        del x, dy, dr, dx
+
+
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -317,6 +355,7 @@ CASES = {
     "swiglu": swiglu_cases,
     "fused_add_rms_norm": fused_add_rms_norm_cases,
     "layer_norm": layer_norm_cases,
+    **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,

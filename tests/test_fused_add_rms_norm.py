@@ -120,6 +120,10 @@ def test_every_kernel_path_agrees(dtype):
         LaunchConfig(block_n=1024, rows=4, programs_per_sm=1),
         LaunchConfig(block_n=1024, rows=1, programs_per_sm=2),
         LaunchConfig(block_n=128, programs_per_sm=1),  # looped: 6 chunks per row
+        # num_stages=2: the backward prefetches the next row block; 4 and 8 programs (the
+        # interpreter has 4 SMs) walk 7 and 13 blocks: real rows and a masked tail prefetched.
+        LaunchConfig(block_n=1024, rows=2, num_stages=2),
+        LaunchConfig(block_n=1024, rows=1, programs_per_sm=2, num_stages=2),
     ]
     ref_in = {"x": x.float(), "residual": r.float(), "weight": w.float()}
     _, _, ref_ds, _, ref_dw = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), dres.float())

@@ -88,6 +88,9 @@ def test_every_kernel_path_agrees():
     dy = rand((13, 700), torch.float32, DEVICE, gen=gen)
     results = []
     configs = [LaunchConfig(block_n=1024, rows=4), LaunchConfig(block_n=1024, rows=1)]
+    # num_stages=2: the backward prefetches the next row block; 4 programs (the interpreter's
+    # SM count) walk 7 and 13 blocks, so every program prefetches real rows and a masked tail.
+    configs += [LaunchConfig(block_n=1024, rows=r, num_stages=2) for r in (2, 1)]
     for cfg in [*configs, LaunchConfig(block_n=128)]:
         with poisoned():
             y = torch.full_like(x, float("nan"))

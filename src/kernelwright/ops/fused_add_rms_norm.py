@@ -170,29 +170,59 @@ def _fused_add_rms_norm_bwd_kernel(
     HAS_DRES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
     # s feeds both outputs, so its gradient is the residual gradient plus the norm's:
     # g = dy * (offset + w);  ds = dres + rstd * (g - s_hat * mean(g * s_hat));
     # dW = sum_rows(dy * s_hat);  dx = d_residual = ds.
+    # PREFETCH: the next block's s, dy, dres and rstd are loaded (in their own dtype) before
+    # this block's reductions, so one block's memory latency hides behind the previous one's math.
     pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
         w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
+        mask0 = (first < M)[:, None] & col_mask[None, :]
+        s_next = tl.load(s_ptr + first[:, None] * stride_s + cols[None, :], mask=mask0, other=0.0)
+        dy_next = tl.load(
+            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
+        )
+        if HAS_DRES:
+            dres_ptrs = dres_ptr + first[:, None] * stride_dres + cols[None, :]
+            dres_next = tl.load(dres_ptrs, mask=mask0, other=0.0)
+        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
-        s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-        if HAS_DRES:
-            dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
-            dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+        if PREFETCH:
+            s, dy, rstd = s_next, dy_next, rstd_next
+            nxt = rows + step
+            nmask = (nxt < M)[:, None] & col_mask[None, :]
+            s_next = tl.load(s_ptr + nxt[:, None] * stride_s + cols[None, :], mask=nmask, other=0.0)
+            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
+            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            if HAS_DRES:
+                dres = dres_next.to(tl.float32)
+                dres_ptrs = dres_ptr + nxt[:, None] * stride_dres + cols[None, :]
+                dres_next = tl.load(dres_ptrs, mask=nmask, other=0.0)
+            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
+        else:
+            s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            if HAS_DRES:
+                dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
+                dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         s = s.to(tl.float32)
         dy = dy.to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        rstd = rstd[:, None]
         s_hat = s * rstd
         if HAS_WEIGHT:
             # dW sees s_hat as the forward multiplied it: rounded unless gemma.
@@ -354,7 +384,7 @@ def fused_add_rms_norm_bwd_launch(
     )
     if fits:
         _fused_add_rms_norm_bwd_kernel[(programs,)](
-            *args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common
+            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
         )
     else:
         _fused_add_rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)

@@ -164,27 +164,53 @@ def _layer_norm_bwd_kernel(
     HAS_DB: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW/dB sums in registers.
     # g = dy * w;  dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
     # dW = sum_rows(dy * x_hat);  dB = sum_rows(dy)
+    # PREFETCH: the next block's x, dy, mean and rstd are loaded (in their own dtype) before
+    # this block's reductions, so one block's memory latency hides behind the previous one's math.
     pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
+        mask0 = (first < M)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
+        dy_next = tl.load(
+            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
+        )
+        mean_next = tl.load(mean_ptr + first, mask=first < M, other=0.0)
+        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        if PREFETCH:
+            x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+            nxt = rows + step
+            nmask = (nxt < M)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
+            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
+            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            mean_next = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
+            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)  # 0 outside the mask, so every product with dy below is too
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        mean = mean[:, None]
+        rstd = rstd[:, None]
         x_hat = (x - mean) * rstd
         g = dy
         if HAS_WEIGHT:
@@ -350,7 +376,9 @@ def layer_norm_bwd_launch(
         BLOCK_N=cfg.block_n,
     )
     if fits:
-        _layer_norm_bwd_kernel[(programs,)](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
+        _layer_norm_bwd_kernel[(programs,)](
+            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+        )
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
     # fp32 sums over programs, one cast to the parameter's dtype

@@ -153,24 +153,47 @@ def _rms_norm_bwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
     # g = dy * (offset + w);  dx = rstd * (g - x_hat * mean(g * x_hat));  dW = sum_rows(dy * x_hat)
+    # PREFETCH: the next block's x, dy and rstd are loaded (in their own dtype) before this
+    # block's reductions, so one block's memory latency hides behind the previous block's math.
     pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
         w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
+        mask0 = (first < M)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
+        dy_next = tl.load(
+            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
+        )
+        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        if PREFETCH:
+            x, dy, rstd = x_next, dy_next, rstd_next
+            nxt = rows + step
+            nmask = (nxt < M)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
+            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
+            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        rstd = rstd[:, None]
         x_hat = x * rstd
         if HAS_WEIGHT:
             # dW sees x_hat as the forward multiplied it: rounded unless gemma.
@@ -312,7 +335,9 @@ def rms_norm_bwd_launch(
         CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
     )
     if fits:
-        _rms_norm_bwd_kernel[(programs,)](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
+        _rms_norm_bwd_kernel[(programs,)](
+            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+        )
     else:
         _rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
     if dw is not None:
