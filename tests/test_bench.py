@@ -403,6 +403,47 @@ def test_backward_once_gives_every_rep_a_fresh_graph():
     assert all("twice" in r.error for r in rows)
 
 
+def test_a_gradient_shared_by_two_inputs_is_not_copied_through_views():
+    # fused_add_rms_norm's backward returns one tensor for x and residual. With both inputs
+    # leaves, AccumulateGrad copies it for one of them (time and memory no model spends);
+    # `grad_through_views` feeds non-leaf views, so both leaves get the tensor itself.
+    class SharedGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, r):
+            return x + r
+
+        @staticmethod
+        def backward(ctx, dy):
+            g = dy * 1.0
+            return g, g
+
+    leaves = []
+
+    def build(inp):
+        x, r = inp["x"], inp["r"]
+        leaves[:] = [x._base if x._base is not None else x, r._base if r._base is not None else r]
+        return lambda: SharedGrad.apply(x, r)
+
+    def inputs(shape, dtype, device, *, seed=0):
+        gen = generator(seed)
+        return {k: rand((shape["m"], shape["n"]), dtype, device, gen=gen) for k in "xr"}
+
+    shared = {}
+    for views in (False, True):
+        spec = _scale_spec(
+            [Provider("kernelwright", build)],
+            make_inputs=inputs,
+            grad_inputs=("x", "r"),
+            grad_through_views=views,
+        )
+        rows = run_spec(spec, modes=["backward"], ctx=fake_context(), timer=fake_timer())
+        assert all(r.ok for r in rows), [r.error for r in rows]
+        x, r = leaves
+        assert x.is_leaf and r.is_leaf and x.grad is not None and r.grad is not None
+        shared[views] = x.grad.data_ptr() == r.grad.data_ptr()
+    assert shared == {False: False, True: True}
+
+
 def test_oversized_shapes_are_skipped_with_a_reason():
     spec = _scale_spec(
         [Provider("kernelwright", _double)],

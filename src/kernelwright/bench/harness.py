@@ -385,7 +385,12 @@ def measure(
             for k, v in base_inputs.items()
         }
         leaves = [inputs[k] for k in spec.grad_inputs]
-        fwd = provider.build(inputs)
+        if spec.grad_through_views:  # the leaves stay in `inputs` for restore and grad reset
+            fwd = provider.build(
+                {k: v.view_as(v) if k in spec.grad_inputs else v for k, v in inputs.items()}
+            )
+        else:
+            fwd = provider.build(inputs)
 
         def through(out: Any) -> tuple[torch.Tensor, ...]:
             outs = _as_tuple(out)

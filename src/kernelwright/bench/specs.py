@@ -88,6 +88,12 @@ class BenchSpec:
     # Compute-bound ops: (shape, dtype, mode) -> floating-point operations, with a comment that
     # counts them; the rows then carry flops and TFLOP/s beside the byte model's GB/s.
     flops: Callable[[Shape, torch.dtype, str], int] | None = None
+    # The grad inputs reach the provider as views of the leaves (non-leaf tensors, as inside a
+    # model). For ops whose backward hands one tensor to two inputs (fused_add_rms_norm: ds is
+    # the gradient of x and of residual): with both inputs leaves, AccumulateGrad would copy
+    # it for one of them (an extra read and write of [M, N], for every provider) — a copy no
+    # decoder layer makes (benchmarks/leaf_grad_probe.py). Elsewhere it makes no difference.
+    grad_through_views: bool = False
 
     @property
     def provider_names(self) -> list[str]:
@@ -305,6 +311,7 @@ FUSED_ADD_RMS_NORM = register(
         grad_inputs=("x", "residual", "weight"),
         bytes=_fused_add_bytes,
         backward_through=(0, 1),
+        grad_through_views=True,
         sweeps=(
             Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
             Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
