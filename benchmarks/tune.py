@@ -170,6 +170,29 @@ def norm_bwd_stage_cases(op: str):
         del x, dy, dr, dx
 
 
+def norm_bwd_looped_cases():
+    # 16384 columns: the one-program-per-row backward spills (NOTES 10, 17); the looped kernel
+    # (row walked in block_n chunks, dW/dB partial rows read-modify-written) for comparison.
+    from kernelwright.ops import fused_add_rms_norm as fa
+    from kernelwright.ops import layer_norm as ln
+
+    m, n = 8192, 16384
+    x, dy, dr, dx = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(4))
+    w, b, dw, db = (torch.randn(n, device="cuda", dtype=DT) for _ in range(4))
+    mean, rstd = (torch.rand(m, device="cuda", dtype=torch.float32) for _ in range(2))
+    launches = {
+        "layer_norm_bwd": (partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db), 3),
+        "fused_add_bwd": (
+            partial(fa.fused_add_rms_norm_bwd_launch, dy, dr, x, w, rstd, dx, dw, 0.0, "llama"),
+            4,
+        ),
+    }
+    for kernel, (launch, nbytes) in launches.items():
+        for block, nw, pps in itertools.product((2048, 4096, 8192, 16384), (4, 8, 16), (1, 2, 4)):
+            cfg = C(block_n=block, num_warps=nw, programs_per_sm=pps)
+            yield kernel, (m, n), cfg, partial(launch, config=cfg), nbytes * m * n * 2
+
+
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -355,6 +378,7 @@ CASES = {
     "swiglu": swiglu_cases,
     "fused_add_rms_norm": fused_add_rms_norm_cases,
     "layer_norm": layer_norm_cases,
+    "norm_bwd_looped": norm_bwd_looped_cases,
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
     "geglu": geglu_cases,
