@@ -390,4 +390,6 @@ def test_kernels_compile_for_hopper():
         f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
     ]
     assert not failures, "\n".join(failures)
-    assert len(results) == 72  # 8 configs x 3 modes, forward + backward with and without dres
+    # 8 configs x 3 modes, forward + backward with and without dres; plus the dW reduction
+    assert len([r for r in results if r.launch.name != "_sum_partials_kernel"]) == 72
+    assert any(r.launch.name == "_sum_partials_kernel" for r in results)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._partials import sum_partials
+
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
 from kernelwright.ops.rms_norm import (
@@ -389,7 +391,7 @@ def fused_add_rms_norm_bwd_launch(
     else:
         _fused_add_rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
     if dw is not None:
-        dw.copy_(partial.sum(0))  # fp32 sum over programs, one cast to the weight's dtype
+        sum_partials(partial, dw)  # fp32 sum over programs, one cast to the weight's dtype
 
 
 # --------------------------------------------------------------------------- custom ops

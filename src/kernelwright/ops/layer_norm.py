@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._partials import sum_partials
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
@@ -381,11 +382,11 @@ def layer_norm_bwd_launch(
         )
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
-    # fp32 sums over programs, one cast to the parameter's dtype
+    # fp32 sums over programs, one cast to the parameter's dtype, dW and dB in one launch
     if dw is not None:
-        dw.copy_(dw_partial.sum(0))
-    if db is not None:
-        db.copy_(db_partial.sum(0))
+        sum_partials(dw_partial, dw, db_partial, db)
+    elif db is not None:
+        sum_partials(db_partial, db)
 
 
 # --------------------------------------------------------------------------- custom ops

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._partials import sum_partials
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
@@ -341,7 +342,7 @@ def rms_norm_bwd_launch(
     else:
         _rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
     if dw is not None:
-        dw.copy_(partial.sum(0))  # fp32 sum over programs, one cast to the weight's dtype
+        sum_partials(partial, dw)  # fp32 sum over programs, one cast to the weight's dtype
 
 
 # --------------------------------------------------------------------------- custom ops
