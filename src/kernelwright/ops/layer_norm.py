@@ -146,11 +146,6 @@ def _layer_norm_fwd_looped_kernel(
 
 
 @triton.jit
-def _add_pair(a0, a1, b0, b1):
-    return a0 + b0, a1 + b1
-
-
-@triton.jit
 def _layer_norm_bwd_kernel(
     dy_ptr,
     x_ptr,
@@ -221,21 +216,15 @@ def _layer_norm_bwd_kernel(
         g = dy
         if HAS_WEIGHT:
             g = dy * w[None, :]
-        # both row sums in one reduction: one cross-warp exchange per row block, not two
-        c1, c2 = tl.reduce((g, g * x_hat), 1, _add_pair)
-        c1 = c1[:, None] / N
-        c2 = c2[:, None] / N
+        c1 = tl.sum(g, axis=1)[:, None] / N
+        c2 = tl.sum(g * x_hat, axis=1)[:, None] / N
         dx = (g - c1 - x_hat * c2) * rstd
         tl.store(
             dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
         )
-        if HAS_DW and HAS_DB:  # the column sums over the block's rows, also in one reduction
-            dw_part, db_part = tl.reduce((dy * x_hat, dy), 0, _add_pair)
-            dw_acc += dw_part
-            db_acc += db_part
-        elif HAS_DW:
+        if HAS_DW:
             dw_acc += tl.sum(dy * x_hat, axis=0)
-        elif HAS_DB:
+        if HAS_DB:
             db_acc += tl.sum(dy, axis=0)
     if HAS_DW:
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
