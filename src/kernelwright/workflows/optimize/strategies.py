@@ -3,7 +3,8 @@ bottleneck they address, and the planner that picks the next one from the lab no
 
 A strategy changes only table rows that a benchmark shape of the run falls in ("regimes hit")
 and only fields the kernel's table varies somewhere (a field a table never varies is one its
-launcher ignores: `num_stages` in rms_norm). Kernel-code strategies (eviction hints, one pass
+launcher ignores: `num_stages` in rms_norm's forward; its persistent backward reads it as
+the row-block prefetch, so there it varies). Kernel-code strategies (eviction hints, one pass
 instead of two, fewer live values) are listed so the profile names them, but are not automated:
 the planner skips them.
 """

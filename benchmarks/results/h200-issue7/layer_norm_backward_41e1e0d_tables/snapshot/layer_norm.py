@@ -1,0 +1,586 @@
+"""LayerNorm: y = (x - mean(x)) / sqrt(var(x) + eps) * w + b, over the last dimension.
+
+Matches `torch.nn.functional.layer_norm(x, (N,), w, b, eps)`: the statistics are computed in
+fp32 (mean and rstd saved as [M] fp32 for the backward), the affine transform too, and y is
+rounded once, to x's dtype. The variance is the mean of squared deviations from the mean, never
+E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std.
+
+Layer order: kernels → launchers → custom ops → autograd Function → `layer_norm` → `LayerNorm`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.ops._partials import sum_partials
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.layer_norm import TABLE
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _layer_norm_fwd_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,  # x, y: [M, N] with row strides; w, b: [N]; mean, rstd: [M] fp32
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    # Short rows: w and b first, so their latency overlaps the loads of x (as in rms_norm).
+    # Long rows (16384): x, its centred copy, w and b live at once would spill registers (an
+    # H200 measured 72% of copy bandwidth at 8192 x 16384), so w and b load after the statistics.
+    EARLY_AFFINE: tl.constexpr = BLOCK_N * ROWS <= 8192
+    if HAS_WEIGHT and EARLY_AFFINE:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if HAS_BIAS and EARLY_AFFINE:
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if ROWS == 1:
+        # One row: a 1-D block, no row mask (the grid has exactly M programs).
+        row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / N
+        xc = tl.where(col_mask, x - mean, 0.0)  # padding must not add mean^2 to the variance
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        if HAS_WEIGHT and not EARLY_AFFINE:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS and not EARLY_AFFINE:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = xc * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        if HAS_BIAS:
+            y = y + b
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
+    else:
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=1) / N  # [ROWS]
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)  # [ROWS]
+        if HAS_WEIGHT and not EARLY_AFFINE:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS and not EARLY_AFFINE:
+            b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = xc * rstd[:, None]
+        if HAS_WEIGHT:
+            y = y * w[None, :]
+        if HAS_BIAS:
+            y = y + b[None, :]
+        y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + rows, mean, mask=row_mask)
+        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layer_norm_fwd_looped_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Rows too long for registers: pass 1 sums x, pass 2 sums (x - mean)^2 (the sound two-pass
+    # variance), pass 3 writes y. Passes 2 and 3 re-read the row, mostly from L2.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        acc += tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, axis=0) / N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        xc = tl.where(col_mask, x - mean, 0.0)
+        acc += xc * xc
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layer_norm_bwd_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,  # dw_partial, db_partial: [programs, N] fp32
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    # Persistent: program p takes row blocks p, p + P, ... and keeps its dW/dB sums in registers.
+    # g = dy * w;  dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
+    # dW = sum_rows(dy * x_hat);  dB = sum_rows(dy)
+    # PREFETCH: the next block's x, dy, mean and rstd are loaded (in their own dtype) before
+    # this block's reductions, so one block's memory latency hides behind the previous one's math.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * ROWS
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
+        mask0 = (first < M)[:, None] & col_mask[None, :]
+        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
+        dy_next = tl.load(
+            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
+        )
+        mean_next = tl.load(mean_ptr + first, mask=first < M, other=0.0)
+        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
+    for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        if PREFETCH:
+            x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
+            nxt = rows + step
+            nmask = (nxt < M)[:, None] & col_mask[None, :]
+            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
+            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
+            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            mean_next = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
+            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
+        else:
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)  # 0 outside the mask, so every product with dy below is too
+        mean = mean[:, None]
+        rstd = rstd[:, None]
+        x_hat = (x - mean) * rstd
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        c1 = tl.sum(g, axis=1)[:, None] / N
+        c2 = tl.sum(g * x_hat, axis=1)[:, None] / N
+        dx = (g - c1 - x_hat * c2) * rstd
+        tl.store(
+            dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
+        )
+        if HAS_DW:
+            dw_acc += tl.sum(dy * x_hat, axis=0)
+        if HAS_DB:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_DW:
+        tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+    if HAS_DB:
+        tl.store(db_partial_ptr + pid.to(tl.int64) * N + cols, db_acc, mask=col_mask)
+
+
+@triton.jit
+def _layer_norm_bwd_looped_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Long rows: pass 1 reduces sum(g) and sum(g * x_hat) over the row, pass 2 writes dx and adds
+    # this row's dW/dB contributions into the program's own fp32 partial rows (no atomics).
+    pid = tl.program_id(0)
+    dw_row = dw_partial_ptr + pid.to(tl.int64) * N
+    db_row = db_partial_ptr + pid.to(tl.int64) * N
+    for row in range(pid, M, tl.num_programs(0)):
+        row64 = tl.cast(row, tl.int64)
+        x_row = x_ptr + row64 * stride_x
+        dy_row = dy_ptr + row64 * stride_dy
+        mean = tl.load(mean_ptr + row64)
+        rstd = tl.load(rstd_ptr + row64)
+        acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_gx = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            g = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            acc_g += g
+            acc_gx += g * (x - mean) * rstd
+        c1 = tl.sum(acc_g, axis=0) / N
+        c2 = tl.sum(acc_gx, axis=0) / N
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_mask = cols < N
+            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            x_hat = (x - mean) * rstd
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dx = (g - c1 - x_hat * c2) * rstd
+            tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
+            if HAS_DW:
+                dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
+                tl.store(dw_row + cols, dw + dy * x_hat, mask=col_mask)
+            if HAS_DB:
+                db = tl.load(db_row + cols, mask=col_mask, other=0.0)
+                tl.store(db_row + cols, db + dy, mask=col_mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
+    return config or lookup(TABLE, "layer_norm", kernel, device_info(x.device), x.shape[-1])
+
+
+def layer_norm_fwd_launch(
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    weight: torch.Tensor | None,  # [N]
+    bias: torch.Tensor | None,  # [N]
+    y: torch.Tensor,  # [M, N], stride(1) == 1
+    mean: torch.Tensor,  # [M] fp32
+    rstd: torch.Tensor,  # [M] fp32
+    eps: float,
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = x.shape
+    if M == 0:
+        return
+    cfg = _config("fwd", x, config)
+    common = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n)
+    w = weight if weight is not None else x  # never read when absent
+    b = bias if bias is not None else x
+    args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)
+    if cfg.block_n >= N:
+        grid = (triton.cdiv(M, cfg.rows),)
+        _layer_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
+    else:
+        _layer_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
+
+
+def layer_norm_bwd_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    weight: torch.Tensor | None,  # [N]
+    mean: torch.Tensor,  # [M] fp32
+    rstd: torch.Tensor,  # [M] fp32
+    dx: torch.Tensor,  # [M, N], stride(1) == 1
+    dw: torch.Tensor | None,  # [N], weight's dtype; None when dW is not wanted
+    db: torch.Tensor | None,  # [N], bias's dtype; None when dB is not wanted
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = x.shape
+    if M == 0:
+        for grad in (dw, db):
+            if grad is not None:
+                grad.zero_()
+        return
+    cfg = _config("bwd", x, config)
+    fits = cfg.block_n >= N
+    row_blocks = triton.cdiv(M, cfg.rows) if fits else M
+    programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
+    # One fp32 dW (dB) row per program, summed below: deterministic, no bf16 atomics. The fused
+    # kernel stores whole rows; the looped one adds into them, so they start at zero.
+    alloc = empty if fits else torch.zeros
+    dw_partial, db_partial = (
+        alloc((programs, N), dtype=torch.float32, device=x.device) if grad is not None else None
+        for grad in (dw, db)
+    )
+    args = (
+        dy,
+        x,
+        weight if weight is not None else x,
+        mean,
+        rstd,
+        dx,
+        dw_partial if dw_partial is not None else rstd,
+        db_partial if db_partial is not None else rstd,
+        M,
+        N,
+        dy.stride(0),
+        x.stride(0),
+        dx.stride(0),
+    )
+    common = dict(
+        HAS_WEIGHT=weight is not None,
+        HAS_DW=dw is not None,
+        HAS_DB=db is not None,
+        BLOCK_N=cfg.block_n,
+    )
+    if fits:
+        _layer_norm_bwd_kernel[(programs,)](
+            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+        )
+    else:
+        _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
+    # fp32 sums over programs, one cast to the parameter's dtype, dW and dB in one launch
+    if dw is not None:
+        sum_partials(dw_partial, dw, db_partial, db)
+    elif db is not None:
+        sum_partials(db_partial, db)
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# skip the dispatcher and go straight to the launcher.
+
+
+@torch.library.custom_op("kernelwright::layer_norm_fwd", mutates_args=("y", "mean", "rstd"))
+def _layer_norm_fwd_op(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    eps: float,
+) -> None:
+    layer_norm_fwd_launch(x, weight, bias, y, mean, rstd, eps)
+
+
+@_layer_norm_fwd_op.register_fake
+def _(x, weight, bias, y, mean, rstd, eps) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::layer_norm_bwd", mutates_args=("dx", "dw", "db"))
+def _layer_norm_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    dx: torch.Tensor,
+    dw: torch.Tensor | None,
+    db: torch.Tensor | None,
+) -> None:
+    layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, dw, db)
+
+
+@_layer_norm_bwd_op.register_fake
+def _(dy, x, weight, mean, rstd, dx, dw, db) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        x2 = rows_view("layer_norm", "x", x)
+        # y in x's shape and dtype (as F.layer_norm), returned as allocated: a view made inside
+        # a custom Function could not be modified in place by the caller.
+        y = empty(x.shape, dtype=x.dtype, device=x.device)
+        y2 = y.view(x2.shape)
+        mean = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
+        rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
+        if torch.compiler.is_compiling():
+            _layer_norm_fwd_op(x2, weight, bias, y2, mean, rstd, eps)
+        else:
+            layer_norm_fwd_launch(x2, weight, bias, y2, mean, rstd, eps)
+        ctx.save_for_backward(x2, weight, mean, rstd)
+        ctx.shape = x.shape
+        ctx.x_dtype = x.dtype
+        # the bias itself is not needed for the gradients, only its dtype and device
+        ctx.bias_meta = (bias.dtype, bias.device) if bias is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, mean, rstd = ctx.saved_tensors
+        dy2 = rows_view("layer_norm", "dy", dy)  # copies an expanded (stride-0) gradient
+        dx = empty(x2.shape, dtype=ctx.x_dtype, device=x2.device)
+        dw = db = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            dw = empty(weight.shape, dtype=weight.dtype, device=weight.device)
+        if ctx.bias_meta is not None and ctx.needs_input_grad[2]:
+            dtype, device = ctx.bias_meta
+            db = empty(x2.shape[-1:], dtype=dtype, device=device)
+        if torch.compiler.is_compiling():
+            _layer_norm_bwd_op(dy2, x2, weight, mean, rstd, dx, dw, db)
+        else:
+            layer_norm_bwd_launch(dy2, x2, weight, mean, rstd, dx, dw, db)
+        return dx.view(ctx.shape), dw, db, None
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """LayerNorm over the last dimension of `x` (any leading dims), forward and backward in Triton.
+
+    Same result as `torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)`.
+
+    Args:
+        x: [..., N] float32/float16/bfloat16, on a CUDA GPU (CPU under TRITON_INTERPRET=1).
+        weight: [N] or None (no scale). Its gradient is reduced in fp32.
+        bias: [N] or None (no shift). Its gradient is reduced in fp32.
+        eps: added to the (biased) variance before the reciprocal square root.
+
+    Returns y in x's shape and dtype; statistics and the affine transform are computed in fp32.
+    """
+    check_tensor("layer_norm", "x", x)
+    if x.shape[-1] == 0:
+        raise ValueError(
+            f"layer_norm: argument 'x' has an empty last dimension, shape {tuple(x.shape)}"
+        )
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            check_tensor("layer_norm", name, p)
+            check_shape("layer_norm", name, p, (x.shape[-1],), "the last dimension of x")
+    check_same_device("layer_norm", x=x, weight=weight, bias=bias)
+    return _LayerNormFunction.apply(x, weight, bias, float(eps))
+
+
+class LayerNorm(torch.nn.Module):
+    """Drop-in for `torch.nn.LayerNorm` over the last dimension (normalized_shape an int)."""
+
+    def __init__(
+        self,
+        normalized_shape: int | tuple[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if isinstance(normalized_shape, (tuple, list)):
+            if len(normalized_shape) != 1:
+                raise ValueError(
+                    "LayerNorm: kernelwright normalizes over the last dimension only; "
+                    f"normalized_shape must be an int or a 1-tuple, got {tuple(normalized_shape)}"
+                )
+            normalized_shape = normalized_shape[0]
+        self.normalized_shape = (int(normalized_shape),)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        n = self.normalized_shape[0]
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(torch.ones(n, device=device, dtype=dtype))
+            if bias:
+                self.bias = torch.nn.Parameter(torch.zeros(n, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1:] != self.normalized_shape:
+            raise ValueError(
+                f"LayerNorm: expected input with last dimension {self.normalized_shape[0]}, "
+                f"got shape {tuple(x.shape)}"
+            )
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+# --------------------------------------------------------------------------- references
+
+
+def layer_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """fp32 reference (differentiable; fp64 when given fp64), two-pass variance."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    x32 = x.to(dtype)
+    xc = x32 - x32.mean(-1, keepdim=True)
+    y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(dtype)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    return y
+
+
+def layer_norm_eager(
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """`torch.nn.functional.layer_norm` over the last dimension (the `torch` provider)."""
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)
