@@ -4,7 +4,8 @@ Same keys and meaning as rms_norm's table: "fwd" and "bwd"; a row fits one progr
 `block_n >= n` (the row stays in registers), otherwise the looped kernels walk the row in
 `block_n` chunks; `rows` rows per program step; the backward is persistent with
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW;
-`num_stages=2`: the backward loads the next row block before this one's math (prefetch).
+`num_stages=2`: the backward loads the next row block before this one's math (prefetch);
+larger values act as 2 (one block ahead).
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C

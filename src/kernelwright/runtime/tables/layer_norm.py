@@ -4,7 +4,8 @@
 otherwise the looped kernels walk the row in `block_n` chunks. `rows` is the number of rows a
 program handles per step (short rows: more rows, fewer programs). The backward is persistent:
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sums of dW and dB.
-`num_stages=2`: the backward loads the next row block before this one's math (prefetch).
+`num_stages=2`: the backward loads the next row block before this one's math (prefetch);
+larger values act as 2 (one block ahead).
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
