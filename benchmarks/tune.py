@@ -372,6 +372,48 @@ def cross_entropy_cases():
         del x, grad
 
 
+def l2_hint_cases():
+    # The two-pass kernels' L2 flags (LaunchConfig.evict_hints, reverse_pass) on the rows that
+    # take the looped path: softmax past 65536 columns, cross-entropy's forward with gradient.
+    from kernelwright.ops import softmax as sm
+    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
+
+    flags = list(itertools.product((False, True), (False, True)))
+    m = 4096
+    for n in (131072, 152064, 262144):
+        x = torch.randn(m, n, device="cuda", dtype=DT)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        for (block, nw), (ev, rev) in itertools.product(
+            ((4096, 16), (8192, 16), (16384, 16), (16384, 32)), flags
+        ):
+            cfg = C(block_n=block, num_warps=nw, evict_hints=ev, reverse_pass=rev)
+            yield (
+                "fwd",
+                (m, n),
+                cfg,
+                partial(sm.softmax_fwd_launch, x, y, False, config=cfg),
+                (2 * m * n * 2),
+            )
+            f = partial(sm.softmax_bwd_launch, x, y, dx, False, config=cfg)
+            yield "bwd", (m, n), cfg, f, 3 * m * n * 2
+        del x, y, dx
+    m = 8192
+    for v in (32000, 128256, 262144):
+        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)
+        t = torch.randint(0, v, (m,), device="cuda")
+        t[torch.rand(m, device="cuda") < 0.05] = -100
+        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        grad = torch.empty_like(x)
+        scale = torch.full((1,), 1.0 / m, device="cuda")
+        f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
+        for (block, nw), (ev, rev) in itertools.product(
+            ((2048, 8), (4096, 8), (4096, 16), (8192, 16)), flags
+        ):
+            cfg = C(block_n=block, num_warps=nw, evict_hints=ev, reverse_pass=rev)
+            yield "ce_fwd", (m, v), cfg, partial(f, config=cfg), 2 * m * v * 2 + m * 8
+        del x, grad
+
+
 CASES = {
     "rms_norm": rms_norm_cases,
     "rms_norm_fwd": rms_norm_fwd_cases,
@@ -386,6 +428,7 @@ CASES = {
     "jagged_mean": jagged_mean_cases,
     "rope": rope_cases,
     "cross_entropy": cross_entropy_cases,
+    "l2_hints": l2_hint_cases,
 }
 
 
@@ -415,6 +458,8 @@ def main() -> None:
                     cfg.num_warps,
                     cfg.programs_per_sm,
                     cfg.num_stages,
+                    int(cfg.evict_hints),
+                    int(cfg.reverse_pass),
                     f"{ms:.5f}",
                     f"{gbps:.0f}",
                     f"{100 * gbps / bw:.1f}",
@@ -440,6 +485,8 @@ def main() -> None:
                 "num_warps",
                 "programs_per_sm",
                 "num_stages",
+                "evict_hints",
+                "reverse_pass",
                 "ms",
                 "gbps",
                 "pct_copy_bw",

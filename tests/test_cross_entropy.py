@@ -694,6 +694,10 @@ def test_every_kernel_path_agrees():
         LaunchConfig(block_n=128),  # looped: 5 blocks and 60
         LaunchConfig(block_n=256),
         LaunchConfig(block_n=64, num_warps=2),
+        # the L2 flags: the gradient pass from the row's end (the partial block first at 256)
+        LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
+        LaunchConfig(block_n=256, reverse_pass=True),
+        LaunchConfig(block_n=256, evict_hints=True),
     ]:
         with poisoned():
             outs = [torch.full((13,), float("nan"), device=DEVICE) for _ in range(3)]

@@ -12,12 +12,16 @@ import pytest
 
 from kernelwright.profiles.optimization import StrategyRef, Timing, VariantRecord
 from kernelwright.runtime.launch import LaunchConfig as C
+from kernelwright.runtime.launch import two_pass_flags
 from kernelwright.runtime.tables import rms_norm as rms_table
 from kernelwright.workflows.optimize import detuned, parse_target
 from kernelwright.workflows.optimize.clock import FakeClock
 from kernelwright.workflows.optimize.guardrails import judge, noise, stop_reason
 from kernelwright.workflows.optimize.resources import SMLimits, occupancy
 from kernelwright.workflows.optimize.strategies import (
+    BY_NAME,
+    CATALOGUE,
+    SWEEP,
     EditContext,
     ordered,
     plan_next,
@@ -215,6 +219,75 @@ def test_planner_skips_tables_already_measured():
     assert plan_next([sweep, same], strategies, ctx, "x") is None
 
 
+def _looped_ctx(varied=("evict_hints", "reverse_pass")):
+    # a softmax-like forward: fused up to 65536, looped past it; measured at 20000 (looped by
+    # a 4096 row), 50000 (fused) and 131072 (looped)
+    rows = {
+        "fwd": [
+            (32768, C(block_n=4096, num_warps=16)),
+            (65536, C(block_n=65536, num_warps=16)),
+            (2**31 - 1, C(block_n=4096, num_warps=16)),
+        ]
+    }
+    hit = {"fwd": {0: [20000], 1: [50000], 2: [131072]}}
+    return EditContext(rows=rows, hit=hit, varied={"fwd": {"block_n", "num_warps", *varied}})
+
+
+def test_kernel_code_strategies_are_table_edits():
+    # every catalogue strategy but the sweep is automated: nothing is left "not automated"
+    assert all(s.edit is not None for s in CATALOGUE if s.name != SWEEP)
+    assert not any("not automated" in r.why for r in ordered("memory-bound"))
+    ctx = _looped_ctx()
+    ev = BY_NAME["eviction_hints"].edit(ctx)["fwd"]
+    # on the two regimes whose measured rows are walked twice, never on the fused one
+    assert [c.evict_hints for _, c in ev] == [True, False, True]
+    assert all(not c.reverse_pass for _, c in ev)
+    rev = BY_NAME["reverse_second_pass"].edit(ctx)["fwd"]
+    assert [c.reverse_pass for _, c in rev] == [True, False, True]
+    one = BY_NAME["one_pass"].edit(ctx)["fwd"]
+    # 20000 fits a 32768 block at 16 warps (64 values a thread); 131072 is too long to hold
+    assert one[0][1] == C(block_n=32768, num_warps=16)
+    assert one[1:] == ctx.rows["fwd"][1:]
+    # a kernel whose table never sets the flags does not read them: no edit
+    plain = _looped_ctx(varied=())
+    assert BY_NAME["eviction_hints"].edit(plain) == plain.rows
+    # a flag already on is not "changed" again
+    on = EditContext(rows={"fwd": ev}, hit=ctx.hit, varied=ctx.varied)
+    assert BY_NAME["eviction_hints"].edit(on) == on.rows
+
+
+def test_planner_reaches_the_l2_strategies_and_one_pass_undoes_the_split():
+    ctx = _looped_ctx()
+    names = ["eviction_hints", "reverse_second_pass", "one_pass", "split_long_rows"]
+    strategies = [StrategyRef(name=n, addresses="", why="") for n in names]
+    sweep = R(1, "accepted", 5.0, strategy="launch_sweep", table=to_profile(ctx.rows))
+    first = plan_next([sweep], strategies, ctx, "x")
+    assert first.strategy.name == "eviction_hints"
+    assert first.change == [
+        "fwd n<=32768: evict_hints False -> True",
+        "fwd n<=2**31 - 1: evict_hints False -> True",
+    ]
+    lost = R(2, "rejected", strategy="eviction_hints", table=to_profile(first.rows))
+    assert plan_next([sweep, lost], strategies, ctx, "x").strategy.name == "reverse_second_pass"
+    won = R(2, "accepted", 3.0, strategy="one_pass", table=to_profile(first.rows))
+    rest = [n for n in names if n != "one_pass"]
+    strategies = [StrategyRef(name=n, addresses="", why="") for n in ["split_long_rows", *rest]]
+    nxt = plan_next([sweep, won], strategies, ctx, "x")
+    assert nxt.strategy.name != "split_long_rows"  # its opposite won
+
+
+def test_two_pass_flags():
+    assert two_pass_flags(C(block_n=4096)) == {"EVICT_1ST": "", "EVICT_2ND": "", "REVERSE": False}
+    on = C(block_n=4096, evict_hints=True, reverse_pass=True)
+    assert two_pass_flags(on) == {
+        "EVICT_1ST": "evict_last",
+        "EVICT_2ND": "evict_first",
+        "REVERSE": True,
+    }
+    # no second pass in this launch: nothing is kept in L2 for it
+    assert two_pass_flags(on, reuse=False)["EVICT_1ST"] == ""
+
+
 # --------------------------------------------------------------------------- the table file
 
 
@@ -232,6 +305,11 @@ def test_table_rewrite_adds_then_replaces_an_arch_entry(tmp_path):
         assert namespace["TABLE"][k]["default"] == rms_table.TABLE[k]["default"]
         assert namespace["TABLE"][k]["interpreter"] == rms_table.TABLE[k]["interpreter"]
     assert "(2**31 - 1, C(block_n=8192, num_warps=16))," in once
+    # the L2 flags are written when set and read back
+    flagged = {"fwd": [(2**31 - 1, C(block_n=4096, num_warps=16, evict_hints=True))]}
+    with_flags = rewrite_table_source(src, "hopper", flagged, "flags")
+    check_rewritten(with_flags, "hopper", flagged)
+    assert "C(block_n=4096, num_warps=16, evict_hints=True)" in with_flags
     # a second write replaces the entry and its comment instead of adding another
     entries2 = {"fwd": [(2**31 - 1, C(block_n=8192, num_warps=4))]}
     twice = rewrite_table_source(once, "hopper", entries2, "v2")

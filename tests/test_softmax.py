@@ -83,7 +83,7 @@ def test_non_contiguous_input(op, ref, layout):
 @pytest.mark.parametrize("is_log", [False, True])
 def test_every_kernel_path_agrees(is_log):
     # The same rows through the multi-row, one-row and looped kernels (chunks of 128, with and
-    # without a partial last chunk) must agree.
+    # without a partial last chunk, each L2 flag on and off) must agree.
     x = _x((13, 700), torch.float32, 3, std=5.0)
     x[2, 100:600] = float("-inf")  # a lane range that sees only -inf in the looped kernel
     dy = _x((13, 700), torch.float32, 4)
@@ -92,6 +92,10 @@ def test_every_kernel_path_agrees(is_log):
         LaunchConfig(block_n=1024, rows=1),
         LaunchConfig(block_n=128),
         LaunchConfig(block_n=256),
+        # the L2 flags: the write pass from the row's end (the partial chunk first at 256)
+        LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
+        LaunchConfig(block_n=256, reverse_pass=True),
+        LaunchConfig(block_n=256, evict_hints=True),
     ]
     results = []
     for cfg in configs:

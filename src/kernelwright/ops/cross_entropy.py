@@ -35,7 +35,7 @@ import triton.language as tl
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
 from kernelwright.runtime.tables.cross_entropy import TABLE
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -79,6 +79,9 @@ def _ce_fwd_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK_V: tl.constexpr,
     ONE_BLOCK: tl.constexpr,  # BLOCK_V >= V: the row stays in registers
+    EVICT_1ST: tl.constexpr,  # looped rows: eviction policy of pass 1's reads
+    EVICT_2ND: tl.constexpr,  # of pass 2's reads and stores
+    REVERSE: tl.constexpr,  # pass 2 walks the row from its end (see LaunchConfig)
 ):
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride passes 2^31 at 131072 x 262144
     x_row = x_ptr + row * stride_x
@@ -130,7 +133,8 @@ def _ce_fwd_kernel(
             for start in range(0, V, BLOCK_V):
                 cols = start + tl.arange(0, BLOCK_V)
                 mask = cols < V
-                z = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
+                z = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy=EVICT_1ST)
+                z = z.to(tl.float32)
                 if SOFTCAP:
                     z = tl.where(mask, _softcap(z, cap), -float("inf"))
                 m_new = tl.maximum(m, z)
@@ -183,10 +187,12 @@ def _ce_fwd_kernel(
                     g *= 1.0 - zc * zc
                 tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
             else:
-                for start in range(0, V, BLOCK_V):
-                    cols = start + tl.arange(0, BLOCK_V)
+                n_chunks = tl.cdiv(V, BLOCK_V)
+                for c in range(0, n_chunks):
+                    cols = (n_chunks - 1 - c if REVERSE else c) * BLOCK_V + tl.arange(0, BLOCK_V)
                     mask = cols < V
-                    z = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+                    z = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_2ND)
+                    z = z.to(tl.float32)
                     if SOFTCAP:
                         z = _softcap(z, cap)
                     g = a * tl.exp((z - m_row) - log_d)
@@ -200,7 +206,8 @@ def _ce_fwd_kernel(
                     if SOFTCAP:
                         zc = z / cap
                         g *= 1.0 - zc * zc
-                    tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
+                    g = (g * scale).to(g_ptr.dtype.element_ty)
+                    tl.store(g_row + cols, g, mask=mask, eviction_policy=EVICT_2ND)
 
 
 @triton.jit
@@ -282,6 +289,7 @@ def cross_entropy_fwd_launch(
         HAS_SCALE=scale is not None,
         BLOCK_V=cfg.block_n,
         ONE_BLOCK=cfg.block_n >= V,
+        **two_pass_flags(cfg, reuse=compute_grad),
         num_warps=cfg.num_warps,
     )
 

@@ -11,8 +11,9 @@ backward (the input is never needed):
 
 A row that fits one program (`block_n >= n`) is reduced in registers; longer rows (vocabularies
 up to 262144 and beyond) take an online pass — running max and rescaled running sum in one read
-— and a second read of the row to write y. Rows of 128K-256K elements do not stay in L2 between
-the passes, so this form moves 3/2 of the minimal bytes (measured: 64% of copy bandwidth).
+— and a second read of the row to write y. Rows of 128K-256K elements do not all stay in L2
+between the passes: at worst this form moves 3/2 of the minimal bytes. The table's L2 flags
+(eviction hints, the write pass from the row's end) serve part of the second read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
@@ -29,7 +30,7 @@ import triton.language as tl
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
 from kernelwright.runtime.tables.softmax import TABLE
 
 # --------------------------------------------------------------------------- kernels
@@ -89,18 +90,24 @@ def _softmax_fwd_looped_kernel(
     stride_y,
     IS_LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVICT_1ST: tl.constexpr,  # eviction policy of pass 1's reads ("" or "evict_last")
+    EVICT_2ND: tl.constexpr,  # of pass 2's reads and stores ("" or "evict_first")
+    REVERSE: tl.constexpr,  # pass 2 walks the row from its end
 ):
     # Long rows. Pass 1, online: every lane keeps its own running max m and sum d of
     # exp(x - m), rescaled when m grows (d' = d * exp(m - m') + exp(x - m')), so the row is
-    # read once for both. The lanes merge at the end; pass 2 writes y.
+    # read once for both. The lanes merge at the end; pass 2 writes y. The L2 flags (see
+    # LaunchConfig) aim pass 2's read at the chunks pass 1 left in L2.
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
+    n_chunks = tl.cdiv(N, BLOCK_N)
     m = tl.full([BLOCK_N], -float("inf"), dtype=tl.float32)
     d = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < N, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=cols < N, other=-float("inf"), eviction_policy=EVICT_1ST)
+        x = x.to(tl.float32)
         m_new = tl.maximum(m, x)
         # A lane that has seen only -inf shifts by 0 instead (exp(-inf - -inf) would be NaN),
         # so its d stays exp(-inf) = 0.
@@ -111,12 +118,14 @@ def _softmax_fwd_looped_kernel(
     d_row = tl.sum(d * tl.exp(m - m_row), axis=0)
     log_d = tl.log(d_row)
     inv_d = 1.0 / d_row
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    for c in range(0, n_chunks):
+        cols = (n_chunks - 1 - c if REVERSE else c) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
-        x = tl.load(x_row + cols, mask=col_mask, other=-float("inf")).to(tl.float32)
+        x = tl.load(x_row + cols, mask=col_mask, other=-float("inf"), eviction_policy=EVICT_2ND)
+        x = x.to(tl.float32)
         y = x - m_row - log_d if IS_LOG else tl.exp(x - m_row) * inv_d
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        y_ptrs = y_row + cols
+        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND)
 
 
 @triton.jit
@@ -171,28 +180,36 @@ def _softmax_bwd_looped_kernel(
     stride_dx,
     IS_LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVICT_1ST: tl.constexpr,  # the L2 flags, as in the forward
+    EVICT_2ND: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
     # Long rows: pass 1 reduces sum(dy * y) (softmax) or sum(dy) (log_softmax), pass 2 writes dx.
     row = tl.program_id(0).to(tl.int64)
     dy_row = dy_ptr + row * stride_dy
     y_row = y_ptr + row * stride_y
+    n_chunks = tl.cdiv(N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in range(0, N, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_mask = cols < N
-        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_1ST)
         if IS_LOG:
-            acc += dy
+            acc += dy.to(tl.float32)
         else:
-            acc += dy * tl.load(y_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            y = tl.load(y_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_1ST)
+            acc += dy.to(tl.float32) * y.to(tl.float32)
     s = tl.sum(acc, axis=0)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    for c in range(0, n_chunks):
+        cols = (n_chunks - 1 - c if REVERSE else c) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_mask = cols < N
-        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = tl.load(y_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_2ND)
+        y = tl.load(y_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_2ND)
+        dy = dy.to(tl.float32)
+        y = y.to(tl.float32)
         dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
-        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+        dx_ptrs = dx_ptr + row * stride_dx + cols
+        tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -220,7 +237,11 @@ def softmax_fwd_launch(
         )
     else:
         _softmax_fwd_looped_kernel[(M,)](
-            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps
+            *args,
+            IS_LOG=is_log,
+            BLOCK_N=cfg.block_n,
+            **two_pass_flags(cfg),
+            num_warps=cfg.num_warps,
         )
 
 
@@ -243,7 +264,11 @@ def softmax_bwd_launch(
         )
     else:
         _softmax_bwd_looped_kernel[(M,)](
-            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps
+            *args,
+            IS_LOG=is_log,
+            BLOCK_N=cfg.block_n,
+            **two_pass_flags(cfg),
+            num_warps=cfg.num_warps,
         )
 
 

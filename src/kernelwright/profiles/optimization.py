@@ -40,6 +40,8 @@ class ConfigRow(Part):
     rows: int = 1
     num_stages: int = 1
     programs_per_sm: int = 1
+    evict_hints: bool = False  # two-pass kernels' L2 flags (see LaunchConfig)
+    reverse_pass: bool = False
 
 
 class Timing(Part):

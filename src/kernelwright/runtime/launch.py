@@ -20,9 +20,28 @@ class LaunchConfig:
     rows: int = 1  # rows one program handles per step
     num_stages: int = 1
     programs_per_sm: int = 1  # persistent kernels launch sm_count * programs_per_sm programs
+    # Two-pass (looped) row kernels only, ignored elsewhere: keep the row in L2 between the
+    # statistics pass and the write pass. `evict_hints`: the first read is marked evict_last,
+    # the second read and the stores evict_first. `reverse_pass`: the second pass walks the
+    # row from its end, so it starts on the chunks read last (the likeliest still in L2).
+    evict_hints: bool = False
+    reverse_pass: bool = False
 
     def with_(self, **changes) -> LaunchConfig:
         return replace(self, **changes)
+
+
+def two_pass_flags(cfg: LaunchConfig, reuse: bool = True) -> dict[str, object]:
+    """The constexprs of a two-pass row kernel for `cfg`'s L2 fields: the eviction policy of
+    the first read (`EVICT_1ST`), of the second read and the stores (`EVICT_2ND`), and the
+    second pass's direction (`REVERSE`). `reuse=False` (no second pass in this launch): no
+    evict_last on the first read, which would only crowd L2."""
+    hints = cfg.evict_hints
+    return {
+        "EVICT_1ST": "evict_last" if hints and reuse else "",
+        "EVICT_2ND": "evict_first" if hints else "",
+        "REVERSE": cfg.reverse_pass,
+    }
 
 
 Row = tuple[int, LaunchConfig]

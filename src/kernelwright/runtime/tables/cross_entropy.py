@@ -12,14 +12,17 @@ from kernelwright.runtime.launch import LaunchConfig as C
 # "default": swept on an H200 (bf16, 8192 rows, forward with the gradient, 2026-11-22,
 # benchmarks/loss_probe.py): 2048 columns x 8 warps was fastest at V = 32000, 128256 and 262144
 # (1.57 ms at 128256 vs 1.8+ for 8192-16384 columns; the one-block form at 32000 was 5% slower).
-# Small blocks keep more rows in flight per SM, and the second read of each row hits L2.
+# Small blocks keep more rows in flight per SM, and part of the second read of each row hits
+# L2 - more with the L2 flags (evict_last / evict_first hints, the gradient pass from the row's
+# end; benchmarks/tune.py l2_hints, H200, results/tune_l2_hints_h200.csv): 0.421 -> 0.377 ms at
+# V = 32000 (-11%), 1.595 -> 1.480 at 128256 (-7%), 3.235 -> 3.062 at 262144 (-5%).
 TABLE = {
     "fwd": {
         "default": [
             (2048, C(block_n=2048, num_warps=8)),
-            (2**31 - 1, C(block_n=2048, num_warps=8)),
+            (2**31 - 1, C(block_n=2048, num_warps=8, evict_hints=True, reverse_pass=True)),
         ],
-        "interpreter": [(2**31 - 1, C(block_n=4096))],
+        "interpreter": [(2**31 - 1, C(block_n=4096, evict_hints=True, reverse_pass=True))],
     },
     "scale": {
         "default": [(2**31 - 1, C(block_n=4096, num_warps=8))],

@@ -13,7 +13,11 @@ from kernelwright.runtime.launch import LaunchConfig as C
 # with a reciprocal instead of a division per element: 32768 went from 63% to 75% of copy).
 # The fused forward holds up to 65536 fp32 values per row (16 warps: 128 per thread). Past that
 # the looped kernels read each row twice, so their ceiling is 2/3 (forward) and 3/5 (backward)
-# of copy bandwidth by the minimal byte count; they reach 64-65% and 62-63%.
+# of copy bandwidth by the minimal byte count if the second read misses L2; they reached 61-63%.
+# With the L2 flags (evict_last / evict_first hints, second pass from the row's end: benchmarks/
+# tune.py l2_hints, H200, 2026-11-22, results/tune_l2_hints_h200.csv) part of the second read
+# hits L2: forward 0.845 -> 0.778 ms at 4096 x 131072 (-8%), 1.669 -> 1.615 at 262144 (-3%);
+# backward 1.234 -> 1.079 (-13%) and 2.468 -> 2.311 (-6%).
 TABLE = {
     "fwd": {
         "default": [
@@ -24,14 +28,14 @@ TABLE = {
             (16384, C(block_n=16384, rows=1, num_warps=32)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             (65536, C(block_n=65536, rows=1, num_warps=16)),
-            (2**31 - 1, C(block_n=4096, rows=1, num_warps=16)),
+            (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, evict_hints=True, reverse_pass=True)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs
         # and large chunks (rows past 4096 take the looped kernel).
         "interpreter": [
             (1024, C(block_n=1024, rows=16)),
             (4096, C(block_n=4096, rows=4)),
-            (2**31 - 1, C(block_n=4096, rows=1)),
+            (2**31 - 1, C(block_n=4096, rows=1, evict_hints=True, reverse_pass=True)),
         ],
     },
     "bwd": {
@@ -42,12 +46,15 @@ TABLE = {
             (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=4)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
-            (2**31 - 1, C(block_n=16384, rows=1, num_warps=32)),
+            (
+                2**31 - 1,
+                C(block_n=16384, rows=1, num_warps=32, evict_hints=True, reverse_pass=True),
+            ),
         ],
         "interpreter": [
             (1024, C(block_n=1024, rows=16)),
             (4096, C(block_n=4096, rows=4)),
-            (2**31 - 1, C(block_n=4096, rows=1)),
+            (2**31 - 1, C(block_n=4096, rows=1, evict_hints=True, reverse_pass=True)),
         ],
     },
 }

@@ -55,7 +55,8 @@ def kernel_ms(kernel: str, cfg: LaunchConfig, m: int, n: int, itemsize: int, gpu
     rows = cfg.rows if fits else 1
     nbytes = (3 if bwd else 2) * m * n * itemsize  # fwd: x in, y out; bwd: x, dy in, dx out
     if not fits:
-        nbytes *= 1.3  # the second pass over each row, partly served from L2
+        # the second pass over each row, partly served from L2 (more with the L2 flags)
+        nbytes *= 1.3 - 0.05 * cfg.evict_hints - 0.05 * cfg.reverse_pass
     programs = math.ceil(m / rows)
     if bwd:
         programs = max(1, min(programs, gpu.sm_count * cfg.programs_per_sm))

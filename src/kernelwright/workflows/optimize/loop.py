@@ -38,6 +38,7 @@ from kernelwright.workflows.optimize.measure import (
 from kernelwright.workflows.optimize.setup import Progress, Setup
 from kernelwright.workflows.optimize.strategies import (
     BY_NAME,
+    L2_FLAGS,
     SWEEP,
     EditContext,
     next_pow2,
@@ -171,6 +172,15 @@ def candidates(cur: LaunchConfig, max_n: int, n_max: int, varied: set[str]) -> l
     return out
 
 
+# fields the sweep steps through after the block/rows/warps grid, each around the best so far
+FIELD_STEPS = (
+    ("programs_per_sm", (1, 2, 4, 8, 16)),
+    ("num_stages", (1, 2, 3)),
+    ("evict_hints", (False, True)),
+    ("reverse_pass", (False, True)),
+)
+
+
 def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResult:
     rows = {k: list(v) for k, v in rows.items()}
     hit = regimes_hit(setup, rows)
@@ -211,12 +221,14 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
                     break
                 time_config(cfg)
             best = _pick(cur, timed, setup.opts.goal)
-            # then the fields that do not change the compiled kernel (no recompile: cheap),
-            # around the three best so far — the best at one partial-sum count need not be
-            # the best at another
-            for name, values in (("programs_per_sm", (1, 2, 4, 8, 16)), ("num_stages", (1, 2, 3))):
+            # then one field at a time, around the three best so far — the best at one
+            # partial-sum count need not be the best at another. The L2 flags only where the
+            # measured rows take the two-pass path (elsewhere the launcher ignores them).
+            for name, values in FIELD_STEPS:
                 if name in setup.varied[kernel] and not stopped:
                     for base in _top(cur, timed, setup.opts.goal, 3):
+                        if name in L2_FLAGS and base.block_n >= max(ns):
+                            continue
                         for v in values:
                             cfg = base.with_(**{name: v})
                             if cfg not in timed and not setup.past_deadline():
@@ -260,9 +272,10 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
 
 
 def _short(c: LaunchConfig) -> str:
+    flags = "".join(f" {f}" for f in ("evict_hints", "reverse_pass") if getattr(c, f))
     return (
         f"block_n={c.block_n} warps={c.num_warps} rows={c.rows} stages={c.num_stages} "
-        f"pps={c.programs_per_sm}"
+        f"pps={c.programs_per_sm}{flags}"
     )
 
 

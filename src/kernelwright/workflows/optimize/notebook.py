@@ -27,13 +27,16 @@ def _f(v: float, spec: str = ".4f") -> str:
 
 
 def table_md(rows: dict[str, list[ConfigRow]]) -> list[str]:
-    out = ["| kernel | max_n | block_n | num_warps | rows | num_stages | programs_per_sm |"]
-    out.append("|---|---|---|---|---|---|---|")
+    out = [
+        "| kernel | max_n | block_n | num_warps | rows | num_stages | programs_per_sm | L2 flags |"
+    ]
+    out.append("|---|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         for r in rs:
+            flags = [f for f in ("evict_hints", "reverse_pass") if getattr(r, f)]
             out.append(
                 f"| {k} | {r.max_n} | {r.block_n} | {r.num_warps} | {r.rows} | {r.num_stages} "
-                f"| {r.programs_per_sm} |"
+                f"| {r.programs_per_sm} | {', '.join(flags) or '—'} |"
             )
     return out
 

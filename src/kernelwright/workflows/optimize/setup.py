@@ -22,7 +22,7 @@ from kernelwright.runtime import default_device, device_info, interpreter_mode
 from kernelwright.runtime.launch import Table
 from kernelwright.workflows.optimize.clock import FakeClock, is_backward_kernel
 from kernelwright.workflows.optimize.measure import Bench, Point, points_of
-from kernelwright.workflows.optimize.strategies import field_varied
+from kernelwright.workflows.optimize.strategies import VARIABLE_FIELDS, field_varied
 from kernelwright.workflows.optimize.tables import get_table, table_module
 from kernelwright.workflows.optimize.target import Target, parse_target
 
@@ -198,8 +198,7 @@ def preflight(opts: OptimizeOptions) -> Setup:
     if target and target.mode not in modes:
         modes.append(target.mode)
     varied = {
-        k: {"block_n", "num_warps"}
-        | {f for f in ("rows", "num_stages", "programs_per_sm") if field_varied(table[k], f)}
+        k: {"block_n", "num_warps"} | {f for f in VARIABLE_FIELDS if field_varied(table[k], f)}
         for k in kernels
     }
 

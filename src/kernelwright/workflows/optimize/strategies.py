@@ -4,9 +4,10 @@ bottleneck they address, and the planner that picks the next one from the lab no
 A strategy changes only table rows that a benchmark shape of the run falls in ("regimes hit")
 and only fields the kernel's table varies somewhere (a field a table never varies is one its
 launcher ignores: `num_stages` in rms_norm's forward; its persistent backward reads it as
-the row-block prefetch, so there it varies). Kernel-code strategies (eviction hints, one pass
-instead of two, fewer live values) are listed so the profile names them, but are not automated:
-the planner skips them.
+the row-block prefetch, so there it varies). The kernel-code strategies are table edits too:
+the two-pass kernels take their cache-eviction hints and second-pass direction from the table
+(`evict_hints`, `reverse_pass`), and "one pass instead of two" is a block wide enough to hold
+the row, which every row kernel's launcher takes as its one-pass path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from kernelwright.workflows.optimize.tables import ArchRows, diff, to_profile
 
 SWEEP = "launch_sweep"
 MAX_WARPS, MAX_ROWS, MAX_PPS, MAX_STAGES = 32, 64, 32, 5
+MAX_ONE_PASS = 65536  # the widest row a one-pass program holds (64 fp32 values a thread at 32)
+L2_FLAGS = ("evict_hints", "reverse_pass")  # read only by the two-pass (looped) kernels
+# the LaunchConfig fields beyond block_n and num_warps that a table may vary
+VARIABLE_FIELDS = ("rows", "num_stages", "programs_per_sm", *L2_FLAGS)
 
 
 @dataclass
@@ -142,6 +147,34 @@ def _split_long_rows(ctx: EditContext) -> ArchRows:
     return _map(ctx, f)
 
 
+def _flag_on(name: str) -> Edit:
+    def edit(ctx: EditContext) -> ArchRows:
+        def f(k, cfg, ns):
+            # only regimes whose measured rows take the two-pass path read the flag
+            if name not in ctx.varied[k] or getattr(cfg, name) or cfg.block_n >= max(ns):
+                return None
+            return cfg.with_(**{name: True})
+
+        return _map(ctx, f)
+
+    return edit
+
+
+def _one_pass(ctx: EditContext) -> ArchRows:
+    def f(k, cfg, ns):
+        # rows walked in chunks today, short enough to hold whole: the fused kernel takes them
+        width = next_pow2(max(ns))
+        if cfg.block_n >= max(ns) or width > MAX_ONE_PASS:
+            return None
+        for warps in (4, 8, 16, 32):
+            one = cfg.with_(block_n=width, rows=1, num_warps=warps)
+            if per_thread(one, max(ns)) <= 64:
+                return one
+        return None
+
+    return _map(ctx, f)
+
+
 def _deeper_pipeline(ctx: EditContext) -> ArchRows:
     def f(k, cfg, ns):
         if "num_stages" not in ctx.varied[k] or cfg.num_stages + 1 > MAX_STAGES:
@@ -205,6 +238,7 @@ CATALOGUE: tuple[Strategy, ...] = (
         "rows >= 16384 held whole cost registers and occupancy",
         "faster very long rows if registers were the limit; else slower (two passes)",
         _split_long_rows,
+        undoes="one_pass",
     ),
     Strategy(
         "fewer_partial_sums",
@@ -235,18 +269,28 @@ CATALOGUE: tuple[Strategy, ...] = (
     Strategy(
         "eviction_hints",
         (MEM,),
-        "cache-eviction hints (evict_first on streamed inputs): a kernel change",
-        "streamed data pushes reused data (weights) out of L2",
-        "a few % on memory-bound shapes",
-        None,
+        "cache-eviction hints in the two-pass kernels: evict_last on the statistics pass, "
+        "evict_first on the write pass and its stores",
+        "the second read of each row misses L2: streamed rows push out the rows still needed",
+        "a few % to ~10% on rows walked twice (softmax past 65536 columns, cross-entropy)",
+        _flag_on("evict_hints"),
+    ),
+    Strategy(
+        "reverse_second_pass",
+        (MEM,),
+        "the write pass walks each row from its end, starting on the chunks read last",
+        "the second read of each row misses L2: its first chunks were evicted first",
+        "a few % on rows walked twice; more together with the eviction hints",
+        _flag_on("reverse_pass"),
     ),
     Strategy(
         "one_pass",
         (MEM,),
-        "one pass over each row instead of two (looped kernels): a kernel change",
-        "the second read of long rows costs bandwidth",
-        "up to ~1/3 less traffic for rows too long for registers",
-        None,
+        "one pass over each row instead of two: a block wide enough to hold the row",
+        "the second read of rows walked in chunks costs bandwidth (up to 1/3 of the traffic)",
+        "faster rows up to 65536 wide, if registers allow (else slower: spills)",
+        _one_pass,
+        undoes="split_long_rows",
     ),
 )
 
@@ -260,8 +304,7 @@ def ordered(bottleneck: str) -> list[StrategyRef]:
     rest = [s for s in CATALOGUE if s not in first and s not in matching]
     out = []
     for s in first + matching + rest:
-        why = s.why if s.edit is not None or s.name == SWEEP else s.why + " (not automated yet)"
-        out.append(StrategyRef(name=s.name, addresses=", ".join(s.addresses), why=why))
+        out.append(StrategyRef(name=s.name, addresses=", ".join(s.addresses), why=s.why))
     return out
 
 

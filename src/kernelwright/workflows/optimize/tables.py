@@ -100,6 +100,8 @@ def to_config_rows(rows: list[Row]) -> list[ConfigRow]:
             rows=c.rows,
             num_stages=c.num_stages,
             programs_per_sm=c.programs_per_sm,
+            evict_hints=c.evict_hints,
+            reverse_pass=c.reverse_pass,
         )
         for m, c in rows
     ]
@@ -160,7 +162,7 @@ def diff(before: ArchRows, after: ArchRows) -> list[str]:
 def render_config(cfg: LaunchConfig, alias: str) -> str:
     # num_warps always (as the hand-written tables do); other fields when not the default
     parts = [f"block_n={cfg.block_n}"]
-    for name in ("rows", "num_warps", "num_stages", "programs_per_sm"):
+    for name in ("rows", "num_warps", *(n for n in _DEFAULTS if n not in ("rows", "num_warps"))):
         value = getattr(cfg, name)
         if name == "num_warps" or value != _DEFAULTS[name]:
             parts.append(f"{name}={value}")
