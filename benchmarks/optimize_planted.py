@@ -6,6 +6,8 @@ tuned and the recovered tables back to back and prints, per shape and pass, the 
 tuned speed recovered. Goal: >= 95% everywhere within 8 variants.
 
     PYTHONPATH=src python benchmarks/optimize_planted.py     # rms_norm on this GPU, CSV to $OUT
+    python benchmarks/optimize_planted.py softmax --dims rows,n --tokens 4096 \
+        --hidden 131072,262144 --plant l2_flags_off         # the L2 flags taken off
     python benchmarks/optimize_planted.py --dry-run          # CPU: placeholder timings
 
 Writes optimize_planted_<op>.csv and the workflow's workspace (notebooks, report) under
@@ -32,6 +34,7 @@ from kernelwright.workflows.optimize.planted import (  # noqa: E402
     run_planted,
     write_recovery_csv,
 )
+from kernelwright.workflows.optimize.run import PLANTS  # noqa: E402
 
 
 def main() -> int:
@@ -45,12 +48,20 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget of the loop")
     ap.add_argument("--max-variants", type=int, default=8)
     ap.add_argument("--dry-run", action="store_true", help="placeholder timings, no GPU")
+    ap.add_argument(
+        "--plant",
+        choices=sorted(PLANTS),
+        default="detuned",
+        help="detuned: one warp, 128-column chunks; l2_flags_off: the two-pass kernels' L2 flags",
+    )
+    ap.add_argument("--dims", default="tokens,hidden", help="the op's two bench dims, in order")
     args = ap.parse_args()
     hidden = [int(h) for h in args.hidden.split(",")]
     tokens = args.tokens
     if args.dry_run and args.tokens == 8192:
         tokens = 37  # the interpreter runs every program on the CPU: keep the rows few
-    shapes = [{"tokens": tokens, "hidden": h} for h in hidden]
+    rows_dim, len_dim = args.dims.split(",")
+    shapes = [{rows_dim: tokens, len_dim: h} for h in hidden]
     t0 = time.monotonic()
 
     def progress(line: str) -> None:
@@ -63,6 +74,7 @@ def main() -> int:
         dry_run=args.dry_run,
         max_variants=args.max_variants,
         deadline_s=args.budget_s,
+        plant=args.plant,
         progress=progress,
     )
     path = write_recovery_csv(rows, args.out / f"optimize_planted_{args.op}.csv")

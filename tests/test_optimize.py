@@ -421,7 +421,7 @@ def test_sweep_steps_the_l2_flags_where_rows_are_walked_twice(tmp_path):
         shapes=[{"rows": 2, "n": 5000}, {"rows": 2, "n": 70000}],
     )
     result = optimize(opts)
-    assert sm_table.TABLE == before
+    assert before == sm_table.TABLE
     with (result.workspace / "v1_sweep.csv").open() as f:
         rows = list(csv.DictReader(f))
     looped = [r for r in rows if r["max_n"] == str(2**31 - 1)]

@@ -56,6 +56,7 @@ def run_planted(
     max_variants: int = 8,
     deadline_s: float | None = None,
     dtype: str = "bfloat16",
+    plant: str = "detuned",
     progress: Progress = _quiet,
 ) -> list[Recovery]:
     """Plant, optimize (autonomous, no library writes), measure; returns one row per point."""
@@ -93,7 +94,7 @@ def run_planted(
         return {(r.shape, r.mode): r.ms_p50 for r in rows}
 
     progress(f"[planted] tuned '{arch}' table")
-    tuned_rows = plant_regression(op, arch)
+    tuned_rows = plant_regression(op, arch, plant)
     try:
         with installed(table, tuned_rows, installs):
             tuned = timed("tuned")

@@ -116,8 +116,18 @@ def detuned(rows: list[tuple[int, LaunchConfig]]) -> list[tuple[int, LaunchConfi
     ]
 
 
-def plant_regression(op: str, arch: str) -> ArchRows:
-    """De-tune `arch`'s entry of every kernel of `op`'s table, in this process only.
+def l2_flags_off(rows: list[tuple[int, LaunchConfig]]) -> list[tuple[int, LaunchConfig]]:
+    """The same rows without the two-pass kernels' L2 flags (the tables before they existed):
+    a plant that only the flag steps of the sweep or the L2 strategies can win back."""
+    return [(max_n, c.with_(evict_hints=False, reverse_pass=False)) for max_n, c in rows]
+
+
+PLANTS = {"detuned": detuned, "l2_flags_off": l2_flags_off}
+
+
+def plant_regression(op: str, arch: str, plant: str = "detuned") -> ArchRows:
+    """De-tune `arch`'s entry of every kernel of `op`'s table (`plant`: a name in PLANTS), in
+    this process only.
 
     Returns the entries that were there before (the tuned rows `lookup` used) for
     `restore_table`. The library file is not touched.
@@ -128,7 +138,7 @@ def plant_regression(op: str, arch: str) -> ArchRows:
         raise PreflightError(str(e)) from None
     before = {k: rows_for(table, k, arch) for k in table}
     saved = {k: copy.copy(table[k].get(arch)) for k in table}
-    install(table, {k: detuned(rows) for k, rows in before.items()}, [arch])
+    install(table, {k: PLANTS[plant](rows) for k, rows in before.items()}, [arch])
     _PLANTED[(op, arch)] = saved
     return before
 
