@@ -9,7 +9,10 @@ from conftest import ON_GPU
 
 from kernelwright.ops import rms_norm as rms
 from kernelwright.ops import rope as rp
+from kernelwright.ops import softmax as sm
 from kernelwright.ops import swiglu as sw
+from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
+from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.rms_norm import TABLE as RMS_TABLE
 from kernelwright.runtime.tables.rope import TABLE as ROPE_TABLE
 from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
@@ -95,3 +98,24 @@ def test_rope_kernels_compile_for_hopper():
     results = check_compiles(run)
     _assert_all_compiled(results)
     assert len(results) >= 32
+
+
+def test_two_pass_kernels_compile_with_their_l2_flags():
+    # softmax's looped kernels and cross-entropy's forward with every L2 flag setting: the
+    # eviction policies are constexpr strings the interpreter ignores, the GPU compiler does not
+    flags = [(e, r) for e in (False, True) for r in (False, True)]
+
+    def run():
+        x = torch.randn(2, 700, dtype=torch.bfloat16)
+        t = torch.tensor([3, 699])
+        for ev, rev in flags:
+            cfg = LaunchConfig(block_n=256, num_warps=4, evict_hints=ev, reverse_pass=rev)
+            y = torch.empty_like(x)
+            sm.softmax_fwd_launch(x, y, False, config=cfg)
+            sm.softmax_bwd_launch(x, y, torch.empty_like(x), True, config=cfg)
+            loss, lse = torch.empty(2), torch.empty(2)
+            cross_entropy_fwd_launch(x, t, loss, lse, grad=torch.empty_like(x), config=cfg)
+
+    results = check_compiles(run)
+    _assert_all_compiled(results)
+    assert len(results) == 3 * len(flags)

@@ -7,7 +7,8 @@ launcher ignores: `num_stages` in rms_norm's forward; its persistent backward re
 the row-block prefetch, so there it varies). The kernel-code strategies are table edits too:
 the two-pass kernels take their cache-eviction hints and second-pass direction from the table
 (`evict_hints`, `reverse_pass`), and "one pass instead of two" is a block wide enough to hold
-the row, which every row kernel's launcher takes as its one-pass path.
+the row (the row kernels' launchers take `block_n >= n` as their one-pass path; the smoke test
+discards a config a kernel cannot run).
 """
 
 from __future__ import annotations
