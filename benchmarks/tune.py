@@ -387,13 +387,8 @@ def l2_hint_cases():
             ((4096, 16), (8192, 16), (16384, 16), (16384, 32)), flags
         ):
             cfg = C(block_n=block, num_warps=nw, evict_hints=ev, reverse_pass=rev)
-            yield (
-                "fwd",
-                (m, n),
-                cfg,
-                partial(sm.softmax_fwd_launch, x, y, False, config=cfg),
-                (2 * m * n * 2),
-            )
+            f = partial(sm.softmax_fwd_launch, x, y, False, config=cfg)
+            yield "fwd", (m, n), cfg, f, 2 * m * n * 2
             f = partial(sm.softmax_bwd_launch, x, y, dx, False, config=cfg)
             yield "bwd", (m, n), cfg, f, 3 * m * n * 2
         del x, y, dx

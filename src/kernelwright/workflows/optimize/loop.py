@@ -272,7 +272,7 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
 
 
 def _short(c: LaunchConfig) -> str:
-    flags = "".join(f" {f}" for f in ("evict_hints", "reverse_pass") if getattr(c, f))
+    flags = "".join(f" {f}" for f in L2_FLAGS if getattr(c, f))
     return (
         f"block_n={c.block_n} warps={c.num_warps} rows={c.rows} stages={c.num_stages} "
         f"pps={c.programs_per_sm}{flags}"

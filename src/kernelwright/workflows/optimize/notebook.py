@@ -15,6 +15,7 @@ from kernelwright.profiles.optimization import (
     VariantRecord,
 )
 from kernelwright.workflows.optimize.guardrails import by_key
+from kernelwright.workflows.optimize.strategies import L2_FLAGS
 
 BANNER = (
     "> **PLACEHOLDER TIMINGS** — a dry run: every time below comes from a model of the launch "
@@ -33,7 +34,7 @@ def table_md(rows: dict[str, list[ConfigRow]]) -> list[str]:
     out.append("|---|---|---|---|---|---|---|---|")
     for k, rs in rows.items():
         for r in rs:
-            flags = [f for f in ("evict_hints", "reverse_pass") if getattr(r, f)]
+            flags = [f for f in L2_FLAGS if getattr(r, f)]
             out.append(
                 f"| {k} | {r.max_n} | {r.block_n} | {r.num_warps} | {r.rows} | {r.num_stages} "
                 f"| {r.programs_per_sm} | {', '.join(flags) or '—'} |"
