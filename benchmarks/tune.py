@@ -193,6 +193,48 @@ def norm_bwd_looped_cases():
             yield kernel, (m, n), cfg, partial(launch, config=cfg), nbytes * m * n * 2
 
 
+def layer_norm_wide_cases():
+    # Wide rows, where the fused backward holds w, dW and dB as three fp32 rows (NOTES issue-3
+    # 21): the forward's warps; the backward fused (ln.SPLIT_DWDB_FROM raised past n) and
+    # split (dx alone, then the dwdb kernel); each part of the split alone.
+    from kernelwright.ops import layer_norm as ln
+
+    def fused(launch, cfg):
+        def run():
+            saved, ln.SPLIT_DWDB_FROM = ln.SPLIT_DWDB_FROM, 2**31
+            try:
+                launch(config=cfg)
+            finally:
+                ln.SPLIT_DWDB_FROM = saved
+
+        return run
+
+    for m, n in ((8192, 16384), (4096, 32768)):
+        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        dw, db = torch.empty_like(w), torch.empty_like(b)
+        mean, rstd = (torch.rand(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        for nw in (4, 8, 16, 32):
+            cfg = C(block_n=n, num_warps=nw)
+            f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
+            yield "fwd", (m, n), cfg, f, 2 * m * n * 2
+        bwd = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx)
+        for nw, pps, stages in itertools.product((8, 16, 32), (1, 2), (1, 2)):
+            cfg = C(block_n=n, num_warps=nw, programs_per_sm=pps, num_stages=stages)
+            yield "bwd_dx_only", (m, n), cfg, partial(bwd, None, None, config=cfg), 3 * m * n * 2
+            yield "bwd_split", (m, n), cfg, partial(bwd, dw, db, config=cfg), 3 * m * n * 2
+            yield "bwd_fused", (m, n), cfg, fused(partial(bwd, dw, db), cfg), 3 * m * n * 2
+        tiles = itertools.product((256, 512, 1024), (2, 4, 8), (2, 4, 8), (4, 8))
+        for block, rows, nw, pps in tiles:
+            if not 1024 <= rows * block <= 4096 or nw * 32 * 4 > rows * block:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw, programs_per_sm=pps)
+            f = partial(ln.layer_norm_dwdb_launch, dy, x, mean, rstd, dw, db, config=cfg)
+            yield "dwdb", (m, n), cfg, f, 2 * m * n * 2
+        del x, dy, y, dx
+
+
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -416,6 +458,7 @@ CASES = {
     "fused_add_rms_norm": fused_add_rms_norm_cases,
     "layer_norm": layer_norm_cases,
     "norm_bwd_looped": norm_bwd_looped_cases,
+    "layer_norm_wide": layer_norm_wide_cases,
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
     "geglu": geglu_cases,

@@ -74,6 +74,16 @@ def test_with_and_without_weight_and_bias(has_weight, has_bias, dtype):
         _check(_inputs(shape, dtype, 2, weight=has_weight, bias=has_bias), dtype, eps=1e-6)
 
 
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_wide_rows_split_dw_db(monkeypatch, has_weight, has_bias):
+    # From SPLIT_DWDB_FROM columns the backward computes dx alone and leaves dW and dB to the
+    # dwdb kernel; lowered here so the interpreter's short rows take that path (fused kernel).
+    monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
+    for shape in [SHAPES[0], SHAPES[2]]:
+        for dtype in (torch.float32, torch.bfloat16):
+            _check(_inputs(shape, dtype, 3, weight=has_weight, bias=has_bias), dtype, eps=1e-5)
+
+
 @pytest.mark.parametrize("layout", ["row_strided", "transposed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_non_contiguous_input(layout, dtype):
@@ -96,8 +106,12 @@ def test_large_mean_is_numerically_sound(dtype):
     assert rel_norm_error(layer_norm(x), layer_norm_ref(x.double())) < 1e-4
 
 
-def test_every_kernel_path_agrees():
-    # The same rows through the multi-row, one-row and looped kernels must agree.
+@pytest.mark.parametrize("split", [False, True], ids=["fused_dw_db", "split_dw_db"])
+def test_every_kernel_path_agrees(monkeypatch, split):
+    # The same rows through the multi-row, one-row and looped kernels must agree; with split,
+    # the row-in-registers backward leaves dW and dB to the dwdb kernel (SPLIT_DWDB_FROM).
+    if split:
+        monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
@@ -105,8 +119,10 @@ def test_every_kernel_path_agrees():
     dy = rand((13, 700), torch.float32, DEVICE, gen=gen)
     results = []
     configs = [LaunchConfig(block_n=1024, rows=4), LaunchConfig(block_n=1024, rows=1)]
-    # block_n 16384: the long-row variants (w and b loaded late, w re-read in the backward loop)
+    # block_n 16384: the long-row variants (w and b loaded late, w re-read in the backward
+    # loop), with and without the backward's prefetch
     configs += [LaunchConfig(block_n=16384, rows=1), LaunchConfig(block_n=8192, rows=2)]
+    configs += [LaunchConfig(block_n=16384, rows=1, num_stages=2)]
     # num_stages=2: the backward prefetches the next row block; 4 programs (the interpreter's
     # SM count) walk 7 and 13 blocks, so every program prefetches real rows and a masked tail.
     configs += [LaunchConfig(block_n=1024, rows=r, num_stages=2) for r in (2, 1)]

@@ -21,6 +21,12 @@ from kernelwright.runtime.checks import check_same_device, check_shape, check_te
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.layer_norm import TABLE
 
+# From this row length up (where a row fits one program), the backward leaves dW and dB to the
+# `dwdb` kernel: the fused one would hold w, dW and dB as three fp32 rows, most of the register
+# file, one program per SM. H200, 8192 x 16384: fused 0.409 ms; dx alone 0.218 + dW/dB 0.134
+# (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
+SPLIT_DWDB_FROM = 16384
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -295,6 +301,52 @@ def _layer_norm_bwd_looped_kernel(
                 tl.store(db_row + cols, db + dy, mask=col_mask)
 
 
+@triton.jit
+def _layer_norm_dwdb_kernel(
+    dy_ptr,
+    x_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,  # [splits, N] fp32
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # dW and dB alone, for rows too wide for the fused backward to hold them (SPLIT_DWDB_FROM):
+    # program (c, s) sums dy * x_hat and dy over the [ROWS, BLOCK_N] tiles of column block c in
+    # row blocks s, s + splits, ... into row s of the fp32 partials. The sums stay [ROWS,
+    # BLOCK_N] until the end: a sum over rows per tile would cross warps every step.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    split = tl.program_id(1)
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for block in range(split, tl.cdiv(M, ROWS), tl.num_programs(1)):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        dy = dy.to(tl.float32)  # 0 outside the mask
+        if HAS_DW:
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            dw_acc += dy * ((x.to(tl.float32) - mean) * rstd)
+        if HAS_DB:
+            db_acc += dy
+    out = split.to(tl.int64) * N + cols
+    if HAS_DW:
+        tl.store(dw_partial_ptr + out, tl.sum(dw_acc, axis=0), mask=col_mask)
+    if HAS_DB:
+        tl.store(db_partial_ptr + out, tl.sum(db_acc, axis=0), mask=col_mask)
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -346,6 +398,10 @@ def layer_norm_bwd_launch(
         return
     cfg = _config("bwd", x, config)
     fits = cfg.block_n >= N
+    if fits and N >= SPLIT_DWDB_FROM and (dw is not None or db is not None):
+        layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
+        layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
+        return
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     # One fp32 dW (dB) row per program, summed below: deterministic, no bf16 atomics. The fused
@@ -378,7 +434,11 @@ def layer_norm_bwd_launch(
     )
     if fits:
         _layer_norm_bwd_kernel[(programs,)](
-            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+            *args,
+            ROWS=cfg.rows,
+            PREFETCH=cfg.num_stages > 1,
+            num_warps=cfg.num_warps,
+            **common,
         )
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
@@ -386,6 +446,51 @@ def layer_norm_bwd_launch(
     if dw is not None:
         sum_partials(dw_partial, dw, db_partial, db)
     elif db is not None:
+        sum_partials(db_partial, db)
+
+
+def layer_norm_dwdb_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    mean: torch.Tensor,  # [M] fp32
+    rstd: torch.Tensor,  # [M] fp32
+    dw: torch.Tensor | None,  # [N]
+    db: torch.Tensor | None,  # [N]
+    config: LaunchConfig | None = None,
+) -> None:
+    """dW and dB alone (the `dwdb` kernel): about sm_count * programs_per_sm programs, each a
+    column block of block_n and every splits-th block of `rows` rows."""
+    M, N = x.shape
+    if dw is None and db is None:
+        return
+    cfg = _config("dwdb", x, config)
+    col_blocks = triton.cdiv(N, cfg.block_n)
+    sm_programs = device_info(x.device).sm_count * cfg.programs_per_sm
+    splits = max(1, min(triton.cdiv(M, cfg.rows), sm_programs // col_blocks))
+    dw_partial, db_partial = (
+        empty((splits, N), dtype=torch.float32, device=x.device) if g is not None else None
+        for g in (dw, db)
+    )
+    _layer_norm_dwdb_kernel[(col_blocks, splits)](
+        dy,
+        x,
+        mean,
+        rstd,
+        dw_partial if dw_partial is not None else rstd,
+        db_partial if db_partial is not None else rstd,
+        M,
+        N,
+        dy.stride(0),
+        x.stride(0),
+        HAS_DW=dw is not None,
+        HAS_DB=db is not None,
+        BLOCK_N=cfg.block_n,
+        ROWS=cfg.rows,
+        num_warps=cfg.num_warps,
+    )
+    if dw is not None:
+        sum_partials(dw_partial, dw, db_partial, db)
+    else:
         sum_partials(db_partial, db)
 
 
