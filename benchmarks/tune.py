@@ -294,6 +294,39 @@ def softmax_cases():
         del x, y, dx
 
 
+def softmax_mid_cases():
+    # 32768 and 65536 columns: the fused kernel (a row in registers: 64-128 fp32 per thread)
+    # against the looped one with and without the L2 flags that made it faster past 65536.
+    from kernelwright.ops import softmax as sm
+
+    m = 4096
+    for n in (32768, 65536):
+        x = torch.randn(m, n, device="cuda", dtype=DT)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        cfgs = [C(block_n=n, num_warps=nw) for nw in (8, 16, 32)]
+        for block, nw, flag in itertools.product((2048, 4096, 8192, 16384), (8, 16, 32), (0, 1)):
+            if nw * 32 * 8 <= block:
+                cfgs.append(
+                    C(block_n=block, num_warps=nw, evict_hints=bool(flag), reverse_pass=bool(flag))
+                )
+        for cfg in cfgs:
+            yield (
+                "fwd",
+                (m, n),
+                cfg,
+                partial(sm.softmax_fwd_launch, x, y, False, config=cfg),
+                (2 * m * n * 2),
+            )
+            yield (
+                "bwd",
+                (m, n),
+                cfg,
+                partial(sm.softmax_bwd_launch, x, y, dx, False, config=cfg),
+                (3 * m * n * 2),
+            )
+        del x, y, dx
+
+
 def _elementwise_cases(fwd_launch, bwd_launch, two_inputs: bool):
     for m, n in [(16384, 14336), (8192, 18944), (8192, 8192), (2048, 14336)]:
         a = torch.randn(m, n, device="cuda", dtype=DT)
@@ -461,6 +494,7 @@ CASES = {
     "layer_norm_wide": layer_norm_wide_cases,
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
+    "softmax_mid": softmax_mid_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
