@@ -11,7 +11,7 @@ from kernelwright.runtime.launch import LaunchConfig as C
 # "default" rows for 4096 and up: swept with benchmarks/tune.py on an H200 (bf16, 4096 rows,
 # 2026-11-22; benchmarks/results/tune_softmax_1d_h200.csv, after the one-row kernels became 1-D
 # with a reciprocal instead of a division per element: 32768 went from 63% to 75% of copy).
-# The fused forward holds up to 65536 fp32 values per row (16 warps: 128 per thread). Past that
+# The fused kernels hold up to 32768 fp32 values per row (16 warps: 64 per thread). Past that
 # the looped kernels read each row twice, so their ceiling is 2/3 (forward) and 3/5 (backward)
 # of copy bandwidth by the minimal byte count if the second read misses L2; they reached 61-63%.
 # With the L2 flags (evict_last / evict_first hints, second pass from the row's end: benchmarks/
@@ -27,7 +27,8 @@ TABLE = {
             (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=32)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
-            (65536, C(block_n=65536, rows=1, num_warps=16)),
+            # 65536 and up: the looped kernel with the L2 flags; at 65536 it now beats the fused
+            # one, 0.369 against 0.388 ms (tune.py softmax_mid, results/tune_softmax_mid_h200.csv)
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, evict_hints=True, reverse_pass=True)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs
