@@ -442,7 +442,12 @@ def layer_norm_bwd_launch(
         )
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
-    # fp32 sums over programs, one cast to the parameter's dtype, dW and dB in one launch
+    _sum_partials(dw_partial, dw, db_partial, db)
+
+
+def _sum_partials(dw_partial, dw, db_partial, db) -> None:
+    """fp32 sums over the partial rows, one cast to the parameter's dtype, dW and dB in one
+    launch (either may be None)."""
     if dw is not None:
         sum_partials(dw_partial, dw, db_partial, db)
     elif db is not None:
@@ -488,10 +493,7 @@ def layer_norm_dwdb_launch(
         ROWS=cfg.rows,
         num_warps=cfg.num_warps,
     )
-    if dw is not None:
-        sum_partials(dw_partial, dw, db_partial, db)
-    else:
-        sum_partials(db_partial, db)
+    _sum_partials(dw_partial, dw, db_partial, db)
 
 
 # --------------------------------------------------------------------------- custom ops
