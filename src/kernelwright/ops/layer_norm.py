@@ -468,7 +468,7 @@ def layer_norm_dwdb_launch(
     M, N = x.shape
     if dw is None and db is None:
         return
-    cfg = _config("dwdb", x, config)
+    cfg = _config("bwd_dwdb", x, config)
     col_blocks = triton.cdiv(N, cfg.block_n)
     sm_programs = device_info(x.device).sm_count * cfg.programs_per_sm
     splits = max(1, min(triton.cdiv(M, cfg.rows), sm_programs // col_blocks))

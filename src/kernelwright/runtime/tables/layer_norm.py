@@ -39,7 +39,7 @@ TABLE = {
             (2048, C(block_n=2048, rows=2, num_warps=8, programs_per_sm=2, num_stages=2)),
             (4096, C(block_n=4096, rows=2, num_warps=16, programs_per_sm=1, num_stages=2)),
             (8192, C(block_n=8192, rows=1, num_warps=16, programs_per_sm=1, num_stages=2)),
-            # 16384 up: dx alone here, dW and dB in "dwdb" (layer_norm.SPLIT_DWDB_FROM); dx
+            # 16384 up: dx alone here, dW and dB in "bwd_dwdb" (layer_norm.SPLIT_DWDB_FROM); dx
             # alone is fastest with 16 warps (0.218 ms at 8192 x 16384 on the H200).
             (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
             (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
@@ -50,10 +50,11 @@ TABLE = {
             (2**31 - 1, C(block_n=512, rows=1, programs_per_sm=1)),
         ],
     },
-    # dW and dB alone, where the backward splits them off (layer_norm.SPLIT_DWDB_FROM): column
-    # blocks of block_n, row blocks of `rows`, about sm_count * programs_per_sm programs.
+    # dW and dB alone, where the backward splits them off (layer_norm.SPLIT_DWDB_FROM; named
+    # "bwd_..." so the optimize workflow counts it in the backward): column blocks of block_n,
+    # row blocks of `rows`, about sm_count * programs_per_sm programs.
     # H200, 8192 x 16384: 0.134 ms, 96% of copy for its two reads (tune.py layer_norm_wide).
-    "dwdb": {
+    "bwd_dwdb": {
         "default": [(2**31 - 1, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=4))],
         "interpreter": [(2**31 - 1, C(block_n=256, rows=8, num_warps=4, programs_per_sm=1))],
     },
