@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.bench.harness import cuda_timer
-from kernelwright.ops.softmax import softmax_fwd_launch
+from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 
 
 @triton.jit
@@ -46,6 +46,19 @@ def _pers_kernel(x_ptr, y_ptr, M, N, stride_x, stride_y, BLOCK_N: tl.constexpr,
         e = tl.exp(x - m)
         d = tl.sum(e, axis=0)
         tl.store(y_ptr + r * stride_y + cols, (e * (1.0 / d)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _pers_bwd_kernel(dy_ptr, y_ptr, dx_ptr, M, N, stride_dy, stride_y, stride_dx,
+                     BLOCK_N: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    for row in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        r = row + tl.zeros([], tl.int64)
+        dy = tl.load(dy_ptr + r * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = y * (dy - tl.sum(dy * y, axis=0))
+        tl.store(dx_ptr + r * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -71,7 +84,7 @@ def _copy_gbps(timer) -> float:
     return 2 * src.numel() * 2 / (timer(lambda: dst.copy_(src), lambda: None)[1] * 1e-3) / 1e9
 
 
-def _variants(x: torch.Tensor, y: torch.Tensor, sms: int) -> dict:
+def _variants(x: torch.Tensor, y: torch.Tensor, sms: int, stages_opts, tma: bool) -> dict:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, n = x.shape
@@ -82,13 +95,15 @@ def _variants(x: torch.Tensor, y: torch.Tensor, sms: int) -> dict:
         variants["liger"] = functools.partial(LigerSoftmaxFunction.apply, x)
     except ImportError:
         pass
-    for warps, pps, stages in itertools.product((8, 16, 32), (1, 2), (1, 2, 3)):
-        if n // (warps * 32) > 128:
+    for warps, pps, stages in itertools.product((8, 16, 32), (1, 2), stages_opts):
+        if n // (warps * 32) > 128 or n * 2 * stages * pps > 227 * 1024:
             continue
         launch = _pers_kernel[(min(m, sms * pps),)]
         variants[f"pers_w{warps}_p{pps}_s{stages}"] = functools.partial(
             launch, x, y, m, n, x.stride(0), y.stride(0), BLOCK_N=n, STAGES=stages, num_warps=warps
         )
+    if not tma:
+        return variants
     c = 256
     r = n // c
     xd = TensorDescriptor.from_tensor(x.view(m * r, c), [r, c])
@@ -103,10 +118,26 @@ def _variants(x: torch.Tensor, y: torch.Tensor, sms: int) -> dict:
     return variants
 
 
+def _bwd_variants(dy, y, dx, sms: int, stages_opts) -> dict:
+    m, n = y.shape
+    variants = {"lib": functools.partial(softmax_bwd_launch, dy, y, dx, False)}
+    for warps, pps, stages in itertools.product((4, 8, 16, 32), (1, 2), stages_opts):
+        if n // (warps * 32) > 128 or n * 4 * stages * pps > 227 * 1024:
+            continue
+        variants[f"pers_w{warps}_p{pps}_s{stages}"] = functools.partial(
+            _pers_bwd_kernel[(min(m, sms * pps),)], dy, y, dx, m, n, dy.stride(0), y.stride(0),
+            dx.stride(0), BLOCK_N=n, STAGES=stages, num_warps=warps,
+        )  # fmt: skip
+    return variants
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cols", default="8192,16384,32768")
     ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--stages", default="1,2,3")
+    ap.add_argument("--kind", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--no-tma", action="store_true")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -117,16 +148,27 @@ def main() -> None:
     rows = []
     m = args.rows
     for n in (int(v) for v in args.cols.split(",")):
+        stages = tuple(int(v) for v in args.stages.split(","))
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
         y = torch.empty_like(x)
-        ref = torch.softmax(x.float(), -1)
-        gb = 2 * m * n * 2 / 1e9
-        for name, fn in _variants(x, y, sms).items():
+        if args.kind == "fwd":
+            ref = torch.softmax(x.float(), -1)
+            gb = 2 * m * n * 2 / 1e9
+            variants, out_buf = _variants(x, y, sms, stages, not args.no_tma), y
+        else:  # y: a softmax output; dy random; dx = y * (dy - sum(dy * y))
+            y.copy_(torch.softmax(x.float(), -1))
+            dy = torch.randn_like(x)
+            dx = torch.empty_like(x)
+            yf = y.float()
+            ref = yf * (dy.float() - (dy.float() * yf).sum(-1, keepdim=True))
+            gb = 3 * m * n * 2 / 1e9
+            variants, out_buf = _bwd_variants(dy, y, dx, sms, stages), dx
+        for name, fn in variants.items():
             try:
-                y.fill_(float("nan"))
+                out_buf.fill_(float("nan"))
                 out = fn()
                 torch.cuda.synchronize()
-                got = out if name == "liger" else y
+                got = out if name == "liger" else out_buf
                 err = (got.float() - ref).abs().max().item()
                 note = ""
                 if hasattr(out, "asm"):
@@ -142,12 +184,14 @@ def main() -> None:
                 print(f"{n:6d} {name:22s} FAILED {type(e).__name__}: {str(e)[:160]}")
                 continue
             pct = gb / (p50 * 1e-3) / copy * 100
-            rows.append(dict(rows=m, cols=n, variant=name, ms=p50, pct_copy=pct, note=note))
+            rows.append(
+                dict(kind=args.kind, rows=m, cols=n, variant=name, ms=p50, pct_copy=pct, note=note)
+            )
             print(f"{n:6d} {name:22s} {p50 * 1e3:8.1f} us {pct:5.1f}%  {note}", flush=True)
         best = min((r_ for r_ in rows if r_["cols"] == n), key=lambda r_: r_["ms"])
         print(f"{n:6d} best {best['variant']} {best['ms'] * 1e3:.1f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "softmax_pipe_probe.csv", "w", newline="") as f:
+    with open(args.out / f"softmax_pipe_probe_{args.kind}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
