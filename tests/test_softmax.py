@@ -82,8 +82,8 @@ def test_non_contiguous_input(op, ref, layout):
 
 @pytest.mark.parametrize("is_log", [False, True])
 def test_every_kernel_path_agrees(is_log):
-    # The same rows through the multi-row, one-row and looped kernels (chunks of 128, with and
-    # without a partial last chunk, each L2 flag on and off) must agree.
+    # The same rows through the multi-row, one-row, persistent and looped kernels (chunks of
+    # 128, with and without a partial last chunk, each L2 flag on and off) must agree.
     x = _x((13, 700), torch.float32, 3, std=5.0)
     x[2, 100:600] = float("-inf")  # a lane range that sees only -inf in the looped kernel
     dy = _x((13, 700), torch.float32, 4)
@@ -96,6 +96,9 @@ def test_every_kernel_path_agrees(is_log):
         LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
         LaunchConfig(block_n=256, reverse_pass=True),
         LaunchConfig(block_n=256, evict_hints=True),
+        # the persistent forward: 13 rows over a few programs, loads pipelined 3 deep
+        LaunchConfig(block_n=1024, rows=1, num_stages=3, programs_per_sm=1),
+        LaunchConfig(block_n=1024, rows=1, num_stages=2, programs_per_sm=2),
     ]
     results = []
     for cfg in configs:
@@ -212,6 +215,18 @@ def test_int64_offsets(dtype):
         x = large_offset_rows(n, 3, dtype, DEVICE, gen=generator(11))
         for op, ref in OPS:
             _check(op, ref, x, dtype)
+
+
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+def test_pipelined_forward_int64_offsets(is_log):
+    # The persistent forward computes its own row offsets: row 2 starts past 2^31 elements.
+    x = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(12))
+    y = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(13))
+    y.fill_(float("nan"))
+    cfg = LaunchConfig(block_n=512, rows=1, num_stages=3, programs_per_sm=1)
+    softmax_fwd_launch(x, y, is_log, config=cfg)
+    ref = (log_softmax_ref if is_log else softmax_ref)(x)
+    assert rel_norm_error(y, ref) < 1e-6
 
 
 def test_zero_rows():

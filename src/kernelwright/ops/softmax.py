@@ -9,11 +9,13 @@ backward (the input is never needed):
     softmax:      dx = y * (dy - sum(dy * y))
     log_softmax:  dx = dy - exp(y) * sum(dy)
 
-A row that fits one program (`block_n >= n`) is reduced in registers; longer rows (vocabularies
-up to 262144 and beyond) take an online pass — running max and rescaled running sum in one read
-— and a second read of the row to write y. Rows of 128K-256K elements do not all stay in L2
-between the passes: at worst this form moves 3/2 of the minimal bytes. The table's L2 flags
-(eviction hints, the write pass from the row's end) serve part of the second read from L2.
+A row that fits one program (`block_n >= n`) is reduced in registers (the forward, at table
+rows with `num_stages > 1`, on a persistent grid whose loads run rows ahead); longer rows
+(vocabularies up to 262144 and beyond) take an online pass — running max and rescaled running
+sum in one read — and a second read of the row to write y. Rows of 128K-256K elements do not
+all stay in L2 between the passes: at worst this form moves 3/2 of the minimal bytes. The
+table's L2 flags (eviction hints, the write pass from the row's end) serve part of the second
+read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
@@ -78,6 +80,35 @@ def _softmax_fwd_kernel(
         y = x - m - tl.log(d) if IS_LOG else e * (1.0 / d)
         y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask)
+
+
+@triton.jit
+def _softmax_fwd_pipelined_kernel(
+    x_ptr,
+    y_ptr,
+    M,
+    N,
+    stride_x,
+    stride_y,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    # The one-row kernel on a persistent grid: each program walks rows pid, pid + programs, ...
+    # and Triton's pipeliner issues the loads of the next STAGES - 1 rows (cp.async into shared
+    # memory) while this row is reduced and written. For rows so long that one program fills an
+    # SM's registers (32K values): nothing else would be loading meanwhile.
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    for row in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        r = row + tl.zeros([], tl.int64)  # int64 offsets: row * stride may pass 2^31
+        x = tl.load(x_ptr + r * stride_x + cols, mask=col_mask, other=-float("inf"))
+        x = x.to(tl.float32)
+        m = tl.max(x, axis=0)
+        e = tl.exp(x - m)
+        d = tl.sum(e, axis=0)
+        y = x - m - tl.log(d) if IS_LOG else e * (1.0 / d)
+        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -230,7 +261,13 @@ def softmax_fwd_launch(
         return
     cfg = _config("fwd", x, config)
     args = (x, y, M, N, x.stride(0), y.stride(0))
-    if cfg.block_n >= N:
+    if cfg.block_n >= N and cfg.num_stages > 1:  # one row per step, the next ones in flight
+        grid = (max(1, min(M, device_info(x.device).sm_count * cfg.programs_per_sm)),)
+        _softmax_fwd_pipelined_kernel[grid](
+            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
+            num_warps=cfg.num_warps,
+        )  # fmt: skip
+    elif cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
         _softmax_fwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps

@@ -1,7 +1,9 @@
 """Launch configs for softmax / log_softmax. Rewritten by the optimize workflow; kernels read.
 
 "fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers; `rows`
-rows per program); otherwise the looped kernels walk the row in `block_n` chunks, one program
+rows per program; forward rows with `num_stages > 1`: a persistent grid of sm_count *
+`programs_per_sm` programs, one row per step, the next `num_stages - 1` rows' loads in flight);
+otherwise the looped kernels walk the row in `block_n` chunks, one program
 per row (forward: an online max/sum pass, then a write pass; backward: a reduction pass, then
 a write pass).
 """
@@ -26,7 +28,11 @@ TABLE = {
             (4096, C(block_n=4096, rows=1, num_warps=8)),
             (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=32)),
-            (32768, C(block_n=32768, rows=1, num_warps=16)),
+            # 32768: one row fills an SM's registers; the persistent form keeps the next rows'
+            # loads in flight meanwhile: 0.146 against 0.172 ms, 88% of copy (H200, 4096 rows,
+            # benchmarks/softmax_pipe_probe.py). At <= 16384 and 65536 it lost (several
+            # programs per SM already overlap there; 65536 spills).
+            (32768, C(block_n=32768, rows=1, num_warps=16, num_stages=3, programs_per_sm=1)),
             # 65536 and up: the looped kernel with the L2 flags; at 65536 it now beats the fused
             # one, 0.369 against 0.388 ms (tune.py softmax_mid, results/tune_softmax_mid_h200.csv)
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, evict_hints=True, reverse_pass=True)),
