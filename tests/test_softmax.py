@@ -10,6 +10,7 @@ from kernelwright.ops.softmax import (
     log_softmax,
     log_softmax_eager,
     log_softmax_ref,
+    pipelined_fits,
     softmax,
     softmax_bwd_launch,
     softmax_eager,
@@ -227,6 +228,21 @@ def test_pipelined_forward_int64_offsets(is_log):
     softmax_fwd_launch(x, y, is_log, config=cfg)
     ref = (log_softmax_ref if is_log else softmax_ref)(x)
     assert rel_norm_error(y, ref) < 1e-6
+
+
+def test_pipelined_forward_only_where_its_rows_fit_shared_memory():
+    h100 = 232448  # bytes one program may opt in to on an H100 / H200
+    cfg = LaunchConfig(block_n=32768, rows=1, num_warps=16, num_stages=3, programs_per_sm=1)
+    assert pipelined_fits(cfg, 2, h100)  # bf16 / fp16: two 64 KB rows staged
+    assert not pipelined_fits(cfg, 4, h100)  # fp32: 256 KB -> the one-row kernel
+    assert not pipelined_fits(cfg, 2, 0)  # limit unknown
+    assert not pipelined_fits(cfg.with_(num_stages=1), 2, h100)
+    # the fallback computes the same rows (the interpreter has no shared-memory limit: forced)
+    x = _x((9, 300), torch.float32, 14)
+    y1, y2 = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    softmax_fwd_launch(x, y1, False, config=cfg.with_(block_n=512))
+    softmax_fwd_launch(x, y2, False, config=cfg.with_(block_n=512, num_stages=1))
+    assert torch.equal(y1, y2)
 
 
 def test_zero_rows():

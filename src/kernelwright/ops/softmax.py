@@ -250,6 +250,15 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
 
 
+def pipelined_fits(cfg: LaunchConfig, element_size: int, smem_bytes: int) -> bool:
+    """Whether `cfg` takes the persistent forward: `num_stages > 1` and its row buffers fit
+    shared memory. Triton stages `num_stages - 1` rows of the input dtype there (fp32 rows of
+    32768 would need 256 KB of an H100's 227); where they do not fit, or the limit is unknown
+    (0), the one-row kernel runs instead."""
+    need = (cfg.num_stages - 1) * cfg.block_n * element_size + 4096  # + reduction scratch
+    return cfg.num_stages > 1 and need <= smem_bytes
+
+
 def softmax_fwd_launch(
     x: torch.Tensor,  # [M, N], stride(1) == 1
     y: torch.Tensor,  # [M, N], stride(1) == 1
@@ -261,8 +270,10 @@ def softmax_fwd_launch(
         return
     cfg = _config("fwd", x, config)
     args = (x, y, M, N, x.stride(0), y.stride(0))
-    if cfg.block_n >= N and cfg.num_stages > 1:  # one row per step, the next ones in flight
-        grid = (max(1, min(M, device_info(x.device).sm_count * cfg.programs_per_sm)),)
+    info = device_info(x.device)
+    if cfg.block_n >= N and pipelined_fits(cfg, x.element_size(), info.smem_bytes):
+        # one row per step, the next ones' loads in flight
+        grid = (max(1, min(M, info.sm_count * cfg.programs_per_sm)),)
         _softmax_fwd_pipelined_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
             num_warps=cfg.num_warps,
