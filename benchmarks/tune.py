@@ -327,6 +327,32 @@ def softmax_mid_cases():
         del x, y, dx
 
 
+def softmax_bwd_small_cases():
+    # 4096-16384 columns, backward: the one-pass kernel (row in registers) against the looped
+    # two-pass one with the L2 flags, which is how torch.compile's kernel works there (a read
+    # pass with evict_last, a write pass with evict_first); the compiled aten backward as the
+    # peer row (block_n=0).
+    from kernelwright.ops import softmax as sm
+
+    m = 4096
+    compiled = torch.compile(lambda dy, y: torch.ops.aten._softmax_backward_data(dy, y, -1, DT))
+    for n in (4096, 8192, 16384):
+        y = torch.softmax(torch.randn(m, n, device="cuda"), -1).to(DT)
+        dy, dx = torch.randn_like(y), torch.empty_like(y)
+        nbytes = 3 * m * n * 2
+        yield "bwd", (m, n), C(block_n=0), partial(compiled, dy, y), nbytes
+        cfgs = [C(block_n=n, num_warps=nw) for nw in (4, 8, 16)]
+        for block, nw, hints, rev in itertools.product(
+            (512, 1024, 2048), (2, 4, 8), (False, True), (False, True)
+        ):
+            if block < n and nw * 32 * 4 <= block:
+                cfgs.append(C(block_n=block, num_warps=nw, evict_hints=hints, reverse_pass=rev))
+        for cfg in cfgs:
+            f = partial(sm.softmax_bwd_launch, dy, y, dx, False, config=cfg)
+            yield "bwd", (m, n), cfg, f, nbytes
+        del y, dy, dx
+
+
 def _elementwise_cases(fwd_launch, bwd_launch, two_inputs: bool):
     for m, n in [(16384, 14336), (8192, 18944), (8192, 8192), (2048, 14336)]:
         a = torch.randn(m, n, device="cuda", dtype=DT)
@@ -495,6 +521,7 @@ CASES = {
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
     "softmax_mid": softmax_mid_cases,
+    "softmax_bwd_small": softmax_bwd_small_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
