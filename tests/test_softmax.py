@@ -237,6 +237,7 @@ def test_pipelined_forward_only_where_its_rows_fit_shared_memory():
     assert not pipelined_fits(cfg, 4, h100)  # fp32: 256 KB -> the one-row kernel
     assert not pipelined_fits(cfg, 2, 0)  # limit unknown
     assert not pipelined_fits(cfg.with_(num_stages=1), 2, h100)
+    assert not pipelined_fits(cfg.with_(rows=2), 2, h100)  # the multi-row kernel
     # the fallback computes the same rows (the interpreter has no shared-memory limit: forced)
     x = _x((9, 300), torch.float32, 14)
     y1, y2 = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))

@@ -251,12 +251,12 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
 
 
 def pipelined_fits(cfg: LaunchConfig, element_size: int, smem_bytes: int) -> bool:
-    """Whether `cfg` takes the persistent forward: `num_stages > 1` and its row buffers fit
-    shared memory. Triton stages `num_stages - 1` rows of the input dtype there (fp32 rows of
-    32768 would need 256 KB of an H100's 227); where they do not fit, or the limit is unknown
-    (0), the one-row kernel runs instead."""
+    """Whether `cfg` takes the persistent forward: one row per step (`rows == 1`),
+    `num_stages > 1`, and its row buffers fit shared memory. Triton stages `num_stages - 1`
+    rows of the input dtype there (fp32 rows of 32768 would need 256 KB of an H100's 227);
+    where they do not fit, or the limit is unknown (0), the one-row kernel runs instead."""
     need = (cfg.num_stages - 1) * cfg.block_n * element_size + 4096  # + reduction scratch
-    return cfg.num_stages > 1 and need <= smem_bytes
+    return cfg.rows == 1 and cfg.num_stages > 1 and need <= smem_bytes
 
 
 def softmax_fwd_launch(

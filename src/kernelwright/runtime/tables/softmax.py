@@ -1,11 +1,11 @@
 """Launch configs for softmax / log_softmax. Rewritten by the optimize workflow; kernels read.
 
 "fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers; `rows`
-rows per program; forward rows with `num_stages > 1`: a persistent grid of sm_count *
-`programs_per_sm` programs, one row per step, the next `num_stages - 1` rows' loads in flight);
-otherwise the looped kernels walk the row in `block_n` chunks, one program
-per row (forward: an online max/sum pass, then a write pass; backward: a reduction pass, then
-a write pass).
+rows per program; forward rows with `rows=1` and `num_stages > 1`: a persistent grid of
+sm_count * `programs_per_sm` programs, one row per step, the next `num_stages - 1` rows' loads
+in flight); otherwise the looped kernels walk the row in `block_n` chunks, one program per row
+(forward: an online max/sum pass, then a write pass; backward: a reduction pass, then a write
+pass).
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
