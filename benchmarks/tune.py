@@ -415,6 +415,36 @@ def jagged_mean_cases():
                     yield "bwd", (total, d), cfg, bwd, nbytes
 
 
+def jagged_mean_balance_cases():
+    # D = 64 forward (65% of copy where D >= 256 reaches 95-105%): is it the tail of long
+    # segments, or each program's own latency? The same ~1.05M rows as 4096 segments of random
+    # lengths 1..512 (the bench's), of equal lengths, and of the random lengths sorted longest
+    # first (the order a GPU would want to schedule them in). "kernel" names the layout.
+    from kernelwright.ops import jagged_mean as jm
+
+    gen = torch.Generator().manual_seed(77)
+    rand_len = torch.randint(1, 513, (4096,), generator=gen)
+    total = int(rand_len.sum())
+    equal = torch.full((4096,), total // 4096, dtype=torch.int64)
+    equal[: total - int(equal.sum())] += 1
+    layouts = {"random": rand_len, "equal": equal, "sorted": rand_len.sort(descending=True)[0]}
+    d = 64
+    v = torch.randn(total, d, device="cuda", dtype=DT)
+    out = torch.empty(4096, d, device="cuda", dtype=DT)
+    nbytes = total * d * 2 + 4096 * d * 2
+    for name, lengths in layouts.items():
+        offsets = torch.zeros(4097, dtype=torch.int64)
+        offsets[1:] = lengths.cumsum(0)
+        assert int(offsets[-1]) == total
+        offsets = offsets.cuda()
+        for rows, nw, st in itertools.product((16, 32, 64, 128), (2, 4, 8), (2, 3, 4)):
+            if nw * 32 * 2 > 64 * rows:
+                continue
+            cfg = C(block_n=64, rows=rows, num_warps=nw, num_stages=st)
+            fwd = partial(jm.jagged_mean_fwd_launch, v, offsets, out, config=cfg)
+            yield f"fwd_{name}", (total, d), cfg, fwd, nbytes
+
+
 def rope_cases():
     # q, k as HF attention hands them over: [B, H, S, D] transposes of [B, S, H, D] projections.
     from kernelwright.ops import rope as rp
@@ -522,6 +552,7 @@ CASES = {
     "softmax": softmax_cases,
     "softmax_mid": softmax_mid_cases,
     "softmax_bwd_small": softmax_bwd_small_cases,
+    "jagged_mean_balance": jagged_mean_balance_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
