@@ -17,7 +17,10 @@ TABLE = {
     # a 4096-segment batch more programs to spread over 132 SMs.
     "fwd": {
         "default": [
-            (64, C(block_n=64, rows=32, num_warps=8, num_stages=2)),
+            # D = 64: 128-row chunks of 4 warps, 0.0464 against 0.0505 ms with 32-row chunks of 8
+            # (70% of copy; equal segment lengths reach only 71%: each program's own latency,
+            # not the long segments' tail; benchmarks/results/tune_jagged_mean_balance_h200.csv)
+            (64, C(block_n=64, rows=128, num_warps=4, num_stages=2)),
             (256, C(block_n=128, rows=64, num_warps=4, num_stages=2)),
             (1024, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
             (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
