@@ -269,6 +269,31 @@ def layer_norm_cases():
             yield "bwd", (m, n), cfg, f, 3 * m * n * 2
 
 
+def layer_norm_fwd_looped_cases():
+    # 8192-16384 columns, forward: the one-row kernel against the looped three-pass one (whose
+    # second and third reads hit L2 when many small programs share an SM), and torch.compile's
+    # forward as the peer row (block_n=0).
+    from kernelwright.ops import layer_norm as ln
+
+    compiled = torch.compile(
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+    )
+    for m, n in [(8192, 16384), (8192, 8192)]:
+        x = torch.randn(m, n, device="cuda", dtype=DT)
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y = torch.empty_like(x)
+        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        nbytes = 2 * m * n * 2
+        yield "fwd", (m, n), C(block_n=0), partial(compiled, x, w, b), nbytes
+        cfgs = [C(block_n=n, num_warps=nw) for nw in (8, 16, 32)]
+        cfgs += [C(block_n=bn, num_warps=nw) for bn, nw in itertools.product(
+            (1024, 2048, 4096, 8192), (2, 4, 8, 16)) if bn < n and nw * 32 * 4 <= bn]  # fmt: skip
+        for cfg in cfgs:
+            f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
+            yield "fwd", (m, n), cfg, f, nbytes
+        del x, y
+
+
 def softmax_cases():
     from kernelwright.ops import softmax as sm
 
@@ -553,6 +578,7 @@ CASES = {
     "softmax_mid": softmax_mid_cases,
     "softmax_bwd_small": softmax_bwd_small_cases,
     "jagged_mean_balance": jagged_mean_balance_cases,
+    "layer_norm_fwd_looped": layer_norm_fwd_looped_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
