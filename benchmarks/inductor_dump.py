@@ -13,7 +13,11 @@ import torch
 def main() -> None:
     op = sys.argv[1]
     shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[2].split(",")]
-    fn = {"softmax": lambda x: torch.softmax(x, -1)}[op]
+    fns = {
+        "softmax": lambda x: torch.softmax(x, -1),
+        "layer_norm": lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],), eps=1e-5),
+    }
+    fn = fns[op]
     for shape in shapes:
         torch._dynamo.reset()
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
