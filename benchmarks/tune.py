@@ -270,24 +270,29 @@ def layer_norm_cases():
 
 
 def layer_norm_fwd_looped_cases():
-    # 8192-16384 columns, forward: the one-row kernel against the looped three-pass one (whose
-    # second and third reads hit L2 when many small programs share an SM), and torch.compile's
-    # forward as the peer row (block_n=0).
+    # 8192-65536 columns, forward: the one-row kernel against the looped one (two reads since
+    # the Welford change, with and without the L2 flags; torch.compile's forward is such a
+    # two-read kernel with evict_last / evict_first), and torch.compile's as the peer row
+    # (block_n=0).
     from kernelwright.ops import layer_norm as ln
 
     compiled = torch.compile(
         lambda x, w, b: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
     )
-    for m, n in [(8192, 16384), (8192, 8192)]:
+    for m, n in [(8192, 16384), (8192, 8192), (4096, 32768), (2048, 65536)]:
         x = torch.randn(m, n, device="cuda", dtype=DT)
         w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
         y = torch.empty_like(x)
         mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
         nbytes = 2 * m * n * 2
         yield "fwd", (m, n), C(block_n=0), partial(compiled, x, w, b), nbytes
-        cfgs = [C(block_n=n, num_warps=nw) for nw in (8, 16, 32)]
-        cfgs += [C(block_n=bn, num_warps=nw) for bn, nw in itertools.product(
-            (1024, 2048, 4096, 8192), (2, 4, 8, 16)) if bn < n and nw * 32 * 4 <= bn]  # fmt: skip
+        cfgs = [C(block_n=n, num_warps=nw) for nw in (8, 16, 32) if n // (nw * 32) <= 64]
+        for bn, nw, flags in itertools.product(
+            (1024, 2048, 4096, 8192), (2, 4, 8, 16), ((0, 0), (1, 0), (1, 1))
+        ):
+            if bn < n and nw * 32 * 4 <= bn:
+                cfgs.append(C(block_n=bn, num_warps=nw, evict_hints=bool(flags[0]),
+                              reverse_pass=bool(flags[1])))  # fmt: skip
         for cfg in cfgs:
             f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
             yield "fwd", (m, n), cfg, f, nbytes

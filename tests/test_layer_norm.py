@@ -106,6 +106,22 @@ def test_large_mean_is_numerically_sound(dtype):
     assert rel_norm_error(layer_norm(x), layer_norm_ref(x.double())) < 1e-4
 
 
+@pytest.mark.parametrize("n", [1000, 4097])
+def test_looped_statistics_at_large_mean(n):
+    # The looped forward's per-lane Welford sums and their exact merge, at mean 1000 and std 1
+    # (E[x^2] - E[x]^2 would lose the variance entirely): mean and rstd against fp64.
+    x = _inputs((3, n), torch.float32, 15, mean=1000.0)["x"]
+    y = torch.full_like(x, float("nan"))
+    mean = torch.full((3,), float("nan"), device=DEVICE)
+    rstd = torch.full((3,), float("nan"), device=DEVICE)
+    layer_norm_fwd_launch(x, None, None, y, mean, rstd, 1e-5, config=LaunchConfig(block_n=128))
+    xd = x.double()
+    var = xd.var(-1, unbiased=False)
+    assert rel_norm_error(mean, xd.mean(-1)) < 1e-7
+    assert rel_norm_error(rstd, (var + 1e-5).rsqrt()) < 1e-4
+    assert rel_norm_error(y, layer_norm_ref(xd)) < 1e-4
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["fused_dw_db", "split_dw_db"])
 def test_every_kernel_path_agrees(monkeypatch, split):
     # The same rows through the multi-row, one-row and looped kernels must agree; with split,
@@ -126,6 +142,12 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # num_stages=2: the backward prefetches the next row block; 4 programs (the interpreter's
     # SM count) walk 7 and 13 blocks, so every program prefetches real rows and a masked tail.
     configs += [LaunchConfig(block_n=1024, rows=r, num_stages=2) for r in (2, 1)]
+    # the looped forward (chunks of 128 and 256, a partial last chunk) with each L2 flag
+    configs += [
+        LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
+        LaunchConfig(block_n=256, reverse_pass=True),
+        LaunchConfig(block_n=256, evict_hints=True),
+    ]
     for cfg in [*configs, LaunchConfig(block_n=128)]:
         with poisoned():
             y = torch.full_like(x, float("nan"))

@@ -3,7 +3,8 @@
 Matches `torch.nn.functional.layer_norm(x, (N,), w, b, eps)`: the statistics are computed in
 fp32 (mean and rstd saved as [M] fp32 for the backward), the affine transform too, and y is
 rounded once, to x's dtype. The variance is the mean of squared deviations from the mean, never
-E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std.
+E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std (a second pass over the row
+held in registers; in the looped kernel, per-lane Welford sums merged exactly).
 
 Layer order: kernels → launchers → custom ops → autograd Function → `layer_norm` → `LayerNorm`.
 """
@@ -18,7 +19,7 @@ from kernelwright.ops._partials import sum_partials
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
 from kernelwright.runtime.tables.layer_norm import TABLE
 
 # From this row length up (where a row fits one program), the backward leaves dW and dB to the
@@ -118,35 +119,49 @@ def _layer_norm_fwd_looped_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    EVICT_1ST: tl.constexpr,  # the L2 flags (LaunchConfig.evict_hints / reverse_pass)
+    EVICT_2ND: tl.constexpr,
+    REVERSE: tl.constexpr,
 ):
-    # Rows too long for registers: pass 1 sums x, pass 2 sums (x - mean)^2 (the sound two-pass
-    # variance), pass 3 writes y. Passes 2 and 3 re-read the row, mostly from L2.
+    # Rows walked in BLOCK_N chunks, two reads. Pass 1: every lane keeps a running (count,
+    # mean, M2) of the values it sees (Welford: no E[x^2] - E[x]^2 cancellation), and the lanes
+    # merge exactly at the end (Chan et al.): mean = sum(c_j m_j) / N, M2 = sum(M2_j) +
+    # sum(c_j (m_j - mean)^2). Pass 2 re-reads the row — from L2 with the table's flags — and
+    # writes y.
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        acc += tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-    mean = tl.sum(acc, axis=0) / N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+    lanes = tl.arange(0, BLOCK_N)
+    n_chunks = tl.cdiv(N, BLOCK_N)
+    m_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    m2_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    c_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(0, n_chunks):
+        cols = k * BLOCK_N + lanes
         col_mask = cols < N
-        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        xc = tl.where(col_mask, x - mean, 0.0)
-        acc += xc * xc
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_1ST)
+        x = x.to(tl.float32)
+        count = (k + 1) * 1.0  # every lane with a value here has seen k + 1 of them
+        delta = x - m_l
+        m_new = m_l + delta * (1.0 / count)
+        m2_l = tl.where(col_mask, m2_l + delta * (x - m_new), m2_l)
+        m_l = tl.where(col_mask, m_new, m_l)
+        c_l = tl.where(col_mask, count, c_l)
+    mean = tl.sum(c_l * m_l, axis=0) / N
+    d = m_l - mean
+    rstd = tl.rsqrt((tl.sum(m2_l, axis=0) + tl.sum(c_l * d * d, axis=0)) / N + eps)
+    for c in range(0, n_chunks):
+        cols = (n_chunks - 1 - c if REVERSE else c) * BLOCK_N + lanes
         col_mask = cols < N
-        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = (x - mean) * rstd
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0, eviction_policy=EVICT_2ND)
+        y = (x.to(tl.float32) - mean) * rstd
         if HAS_WEIGHT:
             y = y * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             y = y + tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        tl.store(
+            y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND
+        )
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
 
@@ -376,7 +391,9 @@ def layer_norm_fwd_launch(
         grid = (triton.cdiv(M, cfg.rows),)
         _layer_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
     else:
-        _layer_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
+        _layer_norm_fwd_looped_kernel[(M,)](
+            *args, num_warps=cfg.num_warps, **common, **two_pass_flags(cfg)
+        )
 
 
 def layer_norm_bwd_launch(
