@@ -5,7 +5,8 @@ otherwise the looped kernels walk the row in `block_n` chunks. `rows` is the num
 program handles per step (short rows: more rows, fewer programs). The backward is persistent:
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sums of dW and dB.
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
-larger values act as 2 (one block ahead).
+larger values act as 2 (one block ahead). `evict_hints` / `reverse_pass`: the looped forward's
+L2 flags (see LaunchConfig).
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
@@ -22,7 +23,10 @@ TABLE = {
             (8192, C(block_n=8192, rows=2, num_warps=4)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
-            (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
+            # Past 32768: the looped forward, two reads (Welford), second from L2 with the flags:
+            # 0.224 / 0.235 ms at 2048 x 65536 / 1024 x 131072 against the three-read kernel's
+            # 0.285 at its old row (block_n 8192; benchmarks/results/h200-ln-pipe/ln_looped_ab.log)
+            (2**31 - 1, C(block_n=2048, num_warps=16, evict_hints=True, reverse_pass=True)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
