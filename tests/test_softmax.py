@@ -46,8 +46,8 @@ OP_IDS = ["softmax", "log_softmax"]
 # table switches to the looped kernel above 4096.
 if ON_GPU:
     # (33, 20001): the persistent forward's masked rows at an odd row stride (no 16-byte
-    # alignment for its staged loads)
-    # (SHAPES[2] and SHAPES[4] are the tests' one-row and looped widths; new ones go last.)
+    # alignment for its staged loads). It goes last: SHAPES[2] and SHAPES[4] are the one-row
+    # and looped widths the tests below pick by index.
     SHAPES = [
         (4099, 64), (3, 1000, 257), (1023, 4096), (257, 32768), (9, 32769), (5, 262144),
         (33, 20001),
