@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.bench.harness import cuda_timer
+from kernelwright.bench.harness import cuda_timer, measure_copy_bandwidth
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
 from kernelwright.runtime.launch import LaunchConfig as C
 
@@ -60,11 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     timer = cuda_timer(hide_host=True)
-    src = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy = 2 * src.numel() * 2 / (timer(functools.partial(dst.copy_, src), lambda: None)[1] * 1e-3)
-    copy /= 1e9
-    del src, dst
+    copy = measure_copy_bandwidth(torch.device("cuda"), timer=timer)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
           f"  copy {copy:.0f} GB/s")  # fmt: skip
     out_rows = []

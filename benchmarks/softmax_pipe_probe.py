@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.bench.harness import cuda_timer
+from kernelwright.bench.harness import cuda_timer, measure_copy_bandwidth
 from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 
 
@@ -76,12 +76,6 @@ def _tma_kernel(x_desc, y_desc, y_ptr, M, R: tl.constexpr, C: tl.constexpr,
             y_desc.store([row * R, 0], y)
         else:
             tl.store(y_ptr + (row + tl.zeros([], tl.int64)) * (R * C) + offs, y)
-
-
-def _copy_gbps(timer) -> float:
-    src = torch.randn(2**28, device="cuda", dtype=torch.bfloat16)  # 512 MB
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / (timer(lambda: dst.copy_(src), lambda: None)[1] * 1e-3) / 1e9
 
 
 def _variants(x: torch.Tensor, y: torch.Tensor, sms: int, stages_opts, tma: bool) -> dict:
@@ -142,7 +136,7 @@ def main() -> None:
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     timer = cuda_timer(hide_host=True)
-    copy = _copy_gbps(timer)
+    copy = measure_copy_bandwidth(torch.device("cuda"), timer=timer)
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
           f"  copy {copy:.0f} GB/s")  # fmt: skip
     rows = []
