@@ -15,7 +15,6 @@ what the form is worth before the library's options are carried over. Kernels al
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import os
@@ -24,8 +23,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from _probe import gpu_setup, write_csv
 
-from kernelwright.bench.harness import cuda_timer, measure_copy_bandwidth
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
 from kernelwright.runtime.launch import LaunchConfig as C
 
@@ -58,11 +57,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="8192x32000,8192x32768")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    timer = cuda_timer(hide_host=True)
-    copy = measure_copy_bandwidth(torch.device("cuda"), timer=timer)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
-          f"  copy {copy:.0f} GB/s")  # fmt: skip
+    timer, sms, copy = gpu_setup()
     out_rows = []
     for shape in args.shapes.split(","):
         m, v = (int(s) for s in shape.split("x"))
@@ -112,11 +107,7 @@ def main() -> None:
             pct = gb / (p50 * 1e-3) / copy * 100
             out_rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct))
             print(f"{shape} {name:20s} {p50 * 1e3:7.1f} us {pct:5.1f}%", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "ce_pipe_probe.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        wr.writeheader()
-        wr.writerows(out_rows)
+    write_csv(args.out, "ce_pipe_probe.csv", out_rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ before this segment's sum, so those latencies overlap this segment's work.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import os
@@ -23,8 +22,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from _probe import gpu_setup, write_csv
 
-from kernelwright.bench.harness import cuda_timer
 from kernelwright.ops.jagged_mean import jagged_mean_fwd_launch, jagged_mean_ref
 
 
@@ -90,8 +89,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
-    timer = cuda_timer(hide_host=True) if dev == "cuda" else None
+    # On the CPU (the interpreter) only the correctness checks run.
+    timer, sms, _ = gpu_setup() if dev == "cuda" else (None, 4, 0.0)
     gen = torch.Generator().manual_seed(77)  # the bench's lengths: 4096 segments of 1..512
     lengths = (
         torch.randint(1, 513, (4096,), generator=gen)
@@ -136,12 +135,7 @@ def main() -> None:
             lib = next(r for r in best if r["variant"] == "lib")
             for r in best[:6] + [lib]:
                 print(f"d={d} {r['variant']:24s} {r['ms'] * 1e3:7.1f} us {r['gbps']:6.0f} GB/s")
-    if rows_out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "jagged_persistent_probe.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
-            w.writeheader()
-            w.writerows(rows_out)
+    write_csv(args.out, "jagged_persistent_probe.csv", rows_out)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import itertools
 from pathlib import Path
 
 import torch
+from _probe import gpu_setup
 
-from kernelwright.bench.harness import cuda_timer
 from kernelwright.ops import layer_norm as new
 from kernelwright.runtime.launch import LaunchConfig as C
 
@@ -25,7 +25,7 @@ def main() -> None:
     spec = importlib.util.spec_from_file_location("_ln_old", Path(__file__).with_name("_ln_old.py"))
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)
-    timer = cuda_timer(hide_host=True)
+    timer, _, _ = gpu_setup()
     for m, n in [(2048, 65536), (1024, 131072), (4096, 32768)]:
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))

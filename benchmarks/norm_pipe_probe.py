@@ -14,7 +14,6 @@ shared memory (NOTES 23). The same form here, w and b either held for the whole 
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import os
@@ -23,8 +22,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from _probe import gpu_setup, write_csv
 
-from kernelwright.bench.harness import cuda_timer, measure_copy_bandwidth
 from kernelwright.ops.layer_norm import layer_norm_fwd_launch
 
 
@@ -57,11 +56,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="8192x16384,8192x8192,8192x4096")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    timer = cuda_timer(hide_host=True)
-    copy = measure_copy_bandwidth(torch.device("cuda"), timer=timer)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
-          f"  copy {copy:.0f} GB/s")  # fmt: skip
+    timer, sms, copy = gpu_setup()
     out_rows = []
     for shape in args.shapes.split(","):
         m, n = (int(v) for v in shape.split("x"))
@@ -103,11 +98,7 @@ def main() -> None:
         for r in best[:5] + [lib]:
             print(f"{shape} {r['variant']:22s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%",
                   flush=True)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "norm_pipe_probe.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(out_rows[0]))
-        wr.writeheader()
-        wr.writerows(out_rows)
+    write_csv(args.out, "norm_pipe_probe.csv", out_rows)
 
 
 if __name__ == "__main__":

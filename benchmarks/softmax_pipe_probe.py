@@ -20,7 +20,6 @@ Each variant's output is compared with torch.softmax in fp32 before it is timed.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import os
@@ -29,8 +28,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from _probe import gpu_setup, write_csv
 
-from kernelwright.bench.harness import cuda_timer, measure_copy_bandwidth
 from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 
 
@@ -134,11 +133,7 @@ def main() -> None:
     ap.add_argument("--no-tma", action="store_true")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    timer = cuda_timer(hide_host=True)
-    copy = measure_copy_bandwidth(torch.device("cuda"), timer=timer)
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
-          f"  copy {copy:.0f} GB/s")  # fmt: skip
+    timer, sms, copy = gpu_setup()
     rows = []
     m = args.rows
     for n in (int(v) for v in args.cols.split(",")):
@@ -184,11 +179,7 @@ def main() -> None:
             print(f"{n:6d} {name:22s} {p50 * 1e3:8.1f} us {pct:5.1f}%  {note}", flush=True)
         best = min((r_ for r_ in rows if r_["cols"] == n), key=lambda r_: r_["ms"])
         print(f"{n:6d} best {best['variant']} {best['ms'] * 1e3:.1f} us", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / f"softmax_pipe_probe_{args.kind}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, f"softmax_pipe_probe_{args.kind}.csv", rows)
 
 
 if __name__ == "__main__":
