@@ -5,6 +5,11 @@ import torch
 from conftest import DEVICE, ON_GPU
 
 from kernelwright.ops._partials import sum_partials
+from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm_bwd_launch
+from kernelwright.ops.layer_norm import layer_norm_bwd_launch
+from kernelwright.ops.rms_norm import rms_norm_bwd_launch
+from kernelwright.runtime import DeviceInfo, device_info
+from kernelwright.runtime.launch import use_pdl
 from kernelwright.testing import generator, rand
 
 # One ulp of the output dtype: the fp32 sum is cast once. The interpreter truncates
@@ -30,3 +35,70 @@ def test_sums_every_partial_row_and_casts_once(p, dtype):
             if dtype != torch.float32 and (dtype == torch.float16 or ON_GPU):
                 # fp32 sum then one round-to-nearest: at most the rounding of fp32's own error
                 assert (out != expect.float().to(dtype)).float().mean().item() < 0.05
+
+
+def test_pdl_only_on_sm90_cuda_and_not_when_turned_off(monkeypatch):
+    hopper = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30)
+    ampere = DeviceInfo("cuda", "A100", "ampere", (8, 0), 108, 40 << 20, 80 << 30)
+    monkeypatch.delenv("KERNELWRIGHT_PDL", raising=False)
+    assert use_pdl(hopper)
+    assert not use_pdl(ampere)  # griddepcontrol is sm_90+
+    assert not use_pdl(device_info(torch.device("cpu")))  # the interpreter
+    monkeypatch.setenv("KERNELWRIGHT_PDL", "0")
+    assert not use_pdl(hopper)
+
+
+def _norm_backwards(m, n, gen):
+    """(name, call) for each norm's backward launcher; each call returns its outputs."""
+    x, dy = (rand((m, n), torch.bfloat16, DEVICE, gen=gen, std=2.0) for _ in range(2))
+    w = rand((n,), torch.bfloat16, DEVICE, gen=gen)
+    xf = x.float()
+    mean, var = xf.mean(-1), xf.var(-1, unbiased=False)
+    rstd, rstd_rms = torch.rsqrt(var + 1e-5), torch.rsqrt(xf.pow(2).mean(-1) + 1e-6)
+
+    def ln():
+        dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
+        layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db)
+        return dx, dw, db
+
+    def rms():
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+        rms_norm_bwd_launch(dy, x, w, rstd_rms, dx, dw, 0.0, "llama")
+        return dx, dw
+
+    def fused_add():
+        ds, dw = torch.empty_like(x), torch.empty_like(w)
+        fused_add_rms_norm_bwd_launch(dy, dy, x, w, rstd_rms, ds, dw, 0.0, "llama")
+        return ds, dw
+
+    return [("layer_norm", ln), ("rms_norm", rms), ("fused_add_rms_norm", fused_add)]
+
+
+# 16384 columns: layer_norm's split dW/dB kernel; 3000: odd width, several rows per program
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 3000), (1031, 4096), (512, 16384)], ids=str)
+def test_norm_backwards_same_with_pdl_and_under_cuda_graphs(shape, monkeypatch):
+    # With PDL the sum kernel's launch overlaps the backward kernel and its griddepcontrol.wait
+    # is all that orders its loads after the partial rows' stores: without it they could read
+    # them half-written. Every output must match the two plain launches bit for bit, rep after
+    # rep, and under CUDA graph replay (the dependency captured as a programmatic edge).
+    if not use_pdl(device_info(DEVICE)):
+        pytest.skip("PDL needs an sm_90+ GPU")
+    for name, call in _norm_backwards(*shape, generator(7)):
+        monkeypatch.setenv("KERNELWRIGHT_PDL", "0")
+        expect = call()
+        monkeypatch.setenv("KERNELWRIGHT_PDL", "1")
+        for _ in range(20):
+            for got, ref in zip(call(), expect, strict=True):
+                assert torch.equal(got, ref), name
+        call()  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = call()
+        for _ in range(5):
+            for o in outs:
+                o.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for got, ref in zip(outs, expect, strict=True):
+                assert torch.equal(got, ref), name

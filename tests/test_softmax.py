@@ -4,20 +4,21 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
+from kernelwright.ops import softmax as softmax_module
 from kernelwright.ops.softmax import (
+    HOLD_FROM,
     LogSoftmax,
     Softmax,
     log_softmax,
     log_softmax_eager,
     log_softmax_ref,
-    pipelined_fits,
     softmax,
     softmax_bwd_launch,
     softmax_eager,
     softmax_fwd_launch,
     softmax_ref,
 )
-from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime import DeviceInfo, LaunchConfig
 from kernelwright.testing import (
     Tolerance,
     check_op,
@@ -45,12 +46,13 @@ OP_IDS = ["softmax", "log_softmax"]
 # Row lengths at the regime boundaries of the launch tables, plus odd sizes; the interpreter
 # table switches to the looped kernel above 4096.
 if ON_GPU:
-    # (33, 20001): the persistent forward's masked rows at an odd row stride (no 16-byte
-    # alignment for its staged loads). It goes last: SHAPES[2] and SHAPES[4] are the one-row
-    # and looped widths the tests below pick by index.
+    # (33, 20001): the one-row forward's masked rows at an odd row stride (no 16-byte
+    # alignment); (17, 65535): the widest row the forward holds (16-bit dtypes; fp32 rows take
+    # the looped kernel there). They go last: SHAPES[2] and SHAPES[4] are the one-row and
+    # looped widths the tests below pick by index.
     SHAPES = [
         (4099, 64), (3, 1000, 257), (1023, 4096), (257, 32768), (9, 32769), (5, 262144),
-        (33, 20001),
+        (33, 20001), (17, 65535),
     ]  # fmt: skip
     LONG = 262144
 else:
@@ -89,23 +91,21 @@ def test_non_contiguous_input(op, ref, layout):
 
 @pytest.mark.parametrize("is_log", [False, True])
 def test_every_kernel_path_agrees(is_log):
-    # The same rows through the multi-row, one-row, persistent and looped kernels (chunks of
-    # 128, with and without a partial last chunk, each L2 flag on and off) must agree.
+    # The same rows through the multi-row, one-row and looped kernels (chunks of 128, with and
+    # without a partial last chunk, each L2 flag on and off) must agree.
     x = _x((13, 700), torch.float32, 3, std=5.0)
     x[2, 100:600] = float("-inf")  # a lane range that sees only -inf in the looped kernel
     dy = _x((13, 700), torch.float32, 4)
     configs = [
         LaunchConfig(block_n=1024, rows=4),
         LaunchConfig(block_n=1024, rows=1),
+        LaunchConfig(block_n=HOLD_FROM, rows=1),  # the row held in its dtype (fp32 here)
         LaunchConfig(block_n=128),
         LaunchConfig(block_n=256),
         # the L2 flags: the write pass from the row's end (the partial chunk first at 256)
         LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
         LaunchConfig(block_n=256, reverse_pass=True),
         LaunchConfig(block_n=256, evict_hints=True),
-        # the persistent forward: 13 rows over a few programs, loads pipelined 3 deep
-        LaunchConfig(block_n=1024, rows=1, num_stages=3, programs_per_sm=1),
-        LaunchConfig(block_n=1024, rows=1, num_stages=2, programs_per_sm=2),
     ]
     results = []
     for cfg in configs:
@@ -224,32 +224,67 @@ def test_int64_offsets(dtype):
             _check(op, ref, x, dtype)
 
 
+def _one_row_forward(x, is_log, block_n=HOLD_FROM):
+    y = torch.full_like(x, float("nan"))
+    with poisoned():
+        softmax_fwd_launch(x, y, is_log, config=LaunchConfig(block_n=block_n, rows=1))
+    return y
+
+
+def _assert_one_rounding(y, x, is_log):
+    # Each value within one rounding to y's dtype of the fp32 reference (the interpreter's
+    # truncating cast: a full ulp), plus fp32 noise scaled by the row's magnitude.
+    ref = (log_softmax_ref if is_log else softmax_ref)(x.float())
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(y), finite)  # -inf entries, NaN rows where torch has them
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    ulp = torch.finfo(y.dtype).eps
+    bound = ulp * ref[finite].abs() + 1e-5 * x.float().abs().amax().item() + 1e-30
+    assert ((y.float()[finite] - ref[finite]).abs() <= bound).all()
+
+
 @pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
-def test_pipelined_forward_int64_offsets(is_log):
-    # The persistent forward computes its own row offsets: row 2 starts past 2^31 elements.
-    x = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(12))
-    y = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(13))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_one_row_forward_holds_16bit_rows(dtype, is_log):
+    # From HOLD_FROM columns the one-row forward keeps the row in its 16-bit dtype and converts
+    # it at each use (the conversions made to depend on the previous reduction, `_after`):
+    # every value must be the fp32 result rounded once. Rows: random, all negative (max < 0),
+    # with -inf entries, all -inf (NaN, as in torch); 700 columns of the 16384-wide block.
+    x = _x((6, 700), torch.float32, 21, std=4.0)
+    x[1] = -x[1].abs() - 3.0
+    x[2, ::3] = float("-inf")
+    x[3] = float("-inf")
+    x[4, 5] = 80.0  # one dominant value: the others' exp underflow
+    x = x.to(dtype)
+    _assert_one_rounding(_one_row_forward(x, is_log), x, is_log)
+
+
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+def test_one_row_forward_int64_offsets(is_log):
+    # Row 2 starts past 2^31 elements: an int32 offset would wrap and read/write elsewhere.
+    x = large_offset_rows(300, 3, torch.bfloat16, DEVICE, gen=generator(12))
+    y = large_offset_rows(300, 3, torch.bfloat16, DEVICE, gen=generator(13))
     y.fill_(float("nan"))
-    cfg = LaunchConfig(block_n=512, rows=1, num_stages=3, programs_per_sm=1)
-    softmax_fwd_launch(x, y, is_log, config=cfg)
-    ref = (log_softmax_ref if is_log else softmax_ref)(x)
-    assert rel_norm_error(y, ref) < 1e-6
+    softmax_fwd_launch(x, y, is_log, config=LaunchConfig(block_n=HOLD_FROM, rows=1))
+    _assert_one_rounding(y, x, is_log)
 
 
-def test_pipelined_forward_only_where_its_rows_fit_shared_memory():
-    h100 = 232448  # bytes one program may opt in to on an H100 / H200
-    cfg = LaunchConfig(block_n=32768, rows=1, num_warps=16, num_stages=3, programs_per_sm=1)
-    assert pipelined_fits(cfg, 2, h100)  # bf16 / fp16: two 64 KB rows staged
-    assert not pipelined_fits(cfg, 4, h100)  # fp32: 256 KB -> the one-row kernel
-    assert not pipelined_fits(cfg, 2, 0)  # limit unknown
-    assert not pipelined_fits(cfg.with_(num_stages=1), 2, h100)
-    assert not pipelined_fits(cfg.with_(rows=2), 2, h100)  # the multi-row kernel
-    # the fallback computes the same rows (the interpreter has no shared-memory limit: forced)
-    x = _x((9, 300), torch.float32, 14)
-    y1, y2 = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
-    softmax_fwd_launch(x, y1, False, config=cfg.with_(block_n=512))
-    softmax_fwd_launch(x, y2, False, config=cfg.with_(block_n=512, num_stages=1))
-    assert torch.equal(y1, y2)
+def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
+    # The table's 65536 row holds a 16-bit row (128 KB); an fp32 row of that length would
+    # spill, so it takes the table's looped row. An explicit config is taken as given.
+    h100 = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30, 232448)
+    monkeypatch.setattr(softmax_module, "device_info", lambda device=None: h100)
+
+    def cfg(n, dtype, config=None):
+        return softmax_module.forward_config(torch.empty(2, n, dtype=dtype), config)
+
+    assert cfg(65536, torch.bfloat16).block_n == 65536
+    assert cfg(65536, torch.float16).block_n == 65536
+    assert cfg(32768, torch.float32).block_n == 32768
+    looped = cfg(65536, torch.float32)
+    assert looped.block_n < 65536 and looped == cfg(131072, torch.bfloat16)
+    explicit = LaunchConfig(block_n=65536, rows=1, num_warps=32)
+    assert cfg(65536, torch.float32, explicit) is explicit
 
 
 def test_zero_rows():

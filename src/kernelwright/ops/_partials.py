@@ -6,6 +6,12 @@ The persistent backward kernels leave one fp32 partial row of dW (and of dB) per
 layer_norm) — on the H200 a few µs each, which is 5–15% of a backward at 8192×4096. One
 kernel sums every partial row of one column tile in a fixed order (deterministic) and casts
 once to the gradient's dtype; dW and dB go in the same launch.
+
+On sm_90+ it is launched with programmatic dependent launch (`runtime.launch.use_pdl`): its
+launch is processed while the backward kernel before it runs, and it waits in
+`griddepcontrol.wait` until that kernel has finished and its partial rows are visible. On the
+H200 that took 0.4–2 µs off each norm backward (benchmarks/pdl_probe.py; NOTES 29). Letting the
+backward kernels signal early (`griddepcontrol.launch_dependents` at their start) was slower.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from kernelwright.runtime import device_info
+from kernelwright.runtime.launch import use_pdl
 
 _BLOCK_N = 32  # columns per program: N / 32 programs, enough to spread 4096 columns over SMs
 _MAX_BLOCK_P = 256  # partial rows per load step (sm_count * programs_per_sm, usually <= 264)
@@ -29,7 +38,10 @@ def _sum_partials_kernel(
     HAS_B: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL: wait for the kernel that wrote a and b
 ):
+    if GDC_WAIT:
+        tl.extra.cuda.gdc_wait()
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc_a = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -57,6 +69,7 @@ def sum_partials(
     grid = (triton.cdiv(N, _BLOCK_N),)
     block_p = min(triton.next_power_of_2(P), _MAX_BLOCK_P)
     has_b = b is not None
+    pdl = use_pdl(device_info(a.device))
     _sum_partials_kernel[grid](
         a,
         out_a,
@@ -67,5 +80,7 @@ def sum_partials(
         HAS_B=has_b,
         BLOCK_N=_BLOCK_N,
         BLOCK_P=block_p,
+        GDC_WAIT=pdl,
         num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )

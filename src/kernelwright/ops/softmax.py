@@ -9,8 +9,8 @@ backward (the input is never needed):
     softmax:      dx = y * (dy - sum(dy * y))
     log_softmax:  dx = dy - exp(y) * sum(dy)
 
-A row that fits one program (`block_n >= n`) is reduced in registers (the forward, at table
-rows with `num_stages > 1`, on a persistent grid whose loads run rows ahead); longer rows
+A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds it
+in its own dtype (half the registers of fp32 for bf16/fp16, so rows up to 65536 fit); longer rows
 (vocabularies up to 262144 and beyond) take an online pass — running max and rescaled running
 sum in one read — and a second read of the row to write y. Rows of 128K-256K elements do not
 all stay in L2 between the passes: at worst this form moves 3/2 of the minimal bytes. The
@@ -38,6 +38,24 @@ from kernelwright.runtime.tables.softmax import TABLE
 # --------------------------------------------------------------------------- kernels
 
 
+# Rows of at least this many columns are held in registers in their own dtype by the one-row
+# forward; narrower ones as fp32, which leaves room for enough programs per SM and skips the
+# second conversion (4096 columns: 21.6 against 22.0 us held; benchmarks/softmax_hold_probe.py).
+HOLD_FROM = tl.constexpr(16384)
+
+
+@triton.jit
+def _after(x, s):
+    """x + 0, with the zero taken from s: the same values (a NaN where s is NaN, when what
+    follows is NaN anyway), but only computable once s is known. A 16-bit row held in
+    registers is then converted to fp32 afresh at each use instead of once into an fp32 copy
+    that stays live across the reduction in between (twice the registers). The add stays in
+    the row's dtype, on packed pairs; |0 * s| is +0, whose bits the interpreter's 16-bit
+    arithmetic also leaves as they are (adding -0 there flips the sign bit). An integer add
+    on the bits was tried: it unpacks the pairs, 1.5x slower at 32768 columns."""
+    return x + tl.abs(s * 0.0).to(x.dtype)
+
+
 @triton.jit
 def _softmax_fwd_kernel(
     x_ptr,
@@ -60,11 +78,18 @@ def _softmax_fwd_kernel(
         col_mask = cols < N
         # Padding columns are -inf: they add exp(-inf) = 0 to the sum and never win the max.
         x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-        x = x.to(tl.float32)
-        m = tl.max(x, axis=0)  # -inf for a row of all -inf -> NaN below, as in torch
-        e = tl.exp(x - m)
-        d = tl.sum(e, axis=0)
-        y = x - m - tl.log(d) if IS_LOG else e * (1.0 / d)
+        if BLOCK_N >= HOLD_FROM:
+            # The row stays in its own dtype; each pass converts it to fp32 as it goes. Held as
+            # fp32, a bf16 row of 32768 filled half an SM's registers (one program per SM, 74%
+            # of copy) and 65536 spilled; held as bf16: 92% and 77% (H200, NOTES 28).
+            m = tl.max(x.to(tl.float32), axis=0)  # -inf for a row of all -inf -> NaN below
+            d = tl.sum(tl.exp(_after(x, m).to(tl.float32) - m), axis=0)
+            x = _after(x, d).to(tl.float32)
+        else:
+            x = x.to(tl.float32)
+            m = tl.max(x, axis=0)
+            d = tl.sum(tl.exp(x - m), axis=0)
+        y = x - m - tl.log(d) if IS_LOG else tl.exp(x - m) * (1.0 / d)
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
     else:
         rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
@@ -80,35 +105,6 @@ def _softmax_fwd_kernel(
         y = x - m - tl.log(d) if IS_LOG else e * (1.0 / d)
         y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask)
-
-
-@triton.jit
-def _softmax_fwd_pipelined_kernel(
-    x_ptr,
-    y_ptr,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    IS_LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    # The one-row kernel on a persistent grid: each program walks rows pid, pid + programs, ...
-    # and Triton's pipeliner issues the loads of the next STAGES - 1 rows (cp.async into shared
-    # memory) while this row is reduced and written. For rows so long that one program fills an
-    # SM's registers (32K values): nothing else would be loading meanwhile.
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    for row in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
-        r = row + tl.zeros([], tl.int64)  # int64 offsets: row * stride may pass 2^31
-        x = tl.load(x_ptr + r * stride_x + cols, mask=col_mask, other=-float("inf"))
-        x = x.to(tl.float32)
-        m = tl.max(x, axis=0)
-        e = tl.exp(x - m)
-        d = tl.sum(e, axis=0)
-        y = x - m - tl.log(d) if IS_LOG else e * (1.0 / d)
-        tl.store(y_ptr + r * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -250,13 +246,20 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
 
 
-def pipelined_fits(cfg: LaunchConfig, element_size: int, smem_bytes: int) -> bool:
-    """Whether `cfg` takes the persistent forward: one row per step (`rows == 1`),
-    `num_stages > 1`, and its row buffers fit shared memory. Triton stages `num_stages - 1`
-    rows of the input dtype there (fp32 rows of 32768 would need 256 KB of an H100's 227);
-    where they do not fit, or the limit is unknown (0), the one-row kernel runs instead."""
-    need = (cfg.num_stages - 1) * cfg.block_n * element_size + 4096  # + reduction scratch
-    return cfg.rows == 1 and cfg.num_stages > 1 and need <= smem_bytes
+# The most bytes of one row the one-row forward holds in registers: 65536 bf16/fp16 values, or
+# 32768 fp32 ones (half of an SM's 256 KB register file). Wider rows of a wider dtype take the
+# table's looped row instead (fp32 rows of 65536 spill).
+MAX_HELD_ROW_BYTES = 128 * 1024
+
+
+def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
+    """The forward's launch config for `x`: the table's row for its length, or the table's
+    looped row where a one-row config would hold more than MAX_HELD_ROW_BYTES."""
+    cfg = _config("fwd", x, config)
+    n = x.shape[-1]
+    if config is None and cfg.block_n >= n and n * x.element_size() > MAX_HELD_ROW_BYTES:
+        cfg = lookup(TABLE, "softmax", "fwd", device_info(x.device), 2**31 - 1)
+    return cfg
 
 
 def softmax_fwd_launch(
@@ -268,17 +271,9 @@ def softmax_fwd_launch(
     M, N = x.shape
     if M == 0:
         return
-    cfg = _config("fwd", x, config)
+    cfg = forward_config(x, config)
     args = (x, y, M, N, x.stride(0), y.stride(0))
-    info = device_info(x.device)
-    if cfg.block_n >= N and pipelined_fits(cfg, x.element_size(), info.smem_bytes):
-        # one row per step, the next ones' loads in flight
-        grid = (max(1, min(M, info.sm_count * cfg.programs_per_sm)),)
-        _softmax_fwd_pipelined_kernel[grid](
-            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, STAGES=cfg.num_stages,
-            num_warps=cfg.num_warps,
-        )  # fmt: skip
-    elif cfg.block_n >= N:
+    if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
         _softmax_fwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps

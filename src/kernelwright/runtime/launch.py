@@ -8,6 +8,7 @@ workflow can retune an op by rewriting its table alone.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from kernelwright.runtime.device import DeviceInfo
@@ -42,6 +43,17 @@ def two_pass_flags(cfg: LaunchConfig, reuse: bool = True) -> dict[str, object]:
         "EVICT_2ND": "evict_first" if hints else "",
         "REVERSE": cfg.reverse_pass,
     }
+
+
+def use_pdl(device: DeviceInfo) -> bool:
+    """Whether a kernel that consumes the previous kernel's output may be launched with
+    programmatic dependent launch (PDL, sm_90 and later): the GPU stages its launch while the
+    previous kernel drains, and the kernel's `griddepcontrol.wait` holds its loads until that
+    kernel has finished and its writes are visible. `KERNELWRIGHT_PDL=0` turns it off."""
+    if os.environ.get("KERNELWRIGHT_PDL", "1") == "0":
+        return False
+    capability = device.capability or (0, 0)
+    return device.backend == "cuda" and capability >= (9, 0)
 
 
 Row = tuple[int, LaunchConfig]
