@@ -6,7 +6,7 @@ The one-row kernels used to convert the loaded row to fp32 at once, so a program
 per value: one 32768-wide row filled half an SM's register file, and at 65536 the row no
 longer fit (the table took the two-read looped kernel there, 68% of copy on the H200). Held
 as bf16 the same row costs half the registers. Each use of the row converts it afresh; the
-library's `softmax._after` keeps the compiler from merging those conversions into one fp32
+library's `_held.again` keeps the compiler from merging those conversions into one fp32
 copy that lives across a reduction. Forward variants, one process, per row length:
 `lib` (the table's row), `hold_wW` (the library's one-row kernel at W warps), `f32_wW` (the
 former fp32-held form, a copy here), `looped` (the former 65536 row), `liger`. Backward: `lib`
@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from _probe import gpu_setup, write_csv
 
-from kernelwright.ops.softmax import _after, softmax_bwd_launch, softmax_fwd_launch
+from kernelwright.ops._held import again
+from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 from kernelwright.runtime.launch import LaunchConfig
 
 
@@ -52,14 +53,14 @@ def _f32_fwd_kernel(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
 @triton.jit
 def _hold_bwd_kernel(dy_ptr, y_ptr, dx_ptr, N, stride_dy, stride_y, stride_dx,
                      BLOCK_N: tl.constexpr):  # fmt: skip
-    # The backward with dy and y held in their own dtype (the library's _after per use).
+    # The backward with dy and y held in their own dtype (the library's `again` per use).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0)
     y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0)
     s = tl.sum(dy.to(tl.float32) * y.to(tl.float32), axis=0)
-    dx = _after(y, s).to(tl.float32) * (_after(dy, s).to(tl.float32) - s)
+    dx = again(y, s, True).to(tl.float32) * (again(dy, s, True).to(tl.float32) - s)
     tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 

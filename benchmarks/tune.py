@@ -533,6 +533,27 @@ def cross_entropy_cases():
         del x, grad
 
 
+def cross_entropy_hold_cases():
+    # Vocabularies of 16K-64K: the looped 2048-column form against one block with the row held
+    # in its own dtype (ops/_held.py), forward with the gradient as cross_entropy_cases.
+    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
+
+    m = 8192
+    looped = C(block_n=2048, num_warps=8, evict_hints=True, reverse_pass=True)
+    for v in (16384, 32000, 32768, 50257, 65536):
+        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)
+        t = torch.randint(0, v, (m,), device="cuda")
+        t[torch.rand(m, device="cuda") < 0.05] = -100
+        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        grad = torch.empty_like(x)
+        scale = torch.full((1,), 1.0 / m, device="cuda")
+        f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
+        block = triton.next_power_of_2(v)
+        for cfg in [looped] + [C(block_n=block, num_warps=nw) for nw in (8, 16, 32)]:
+            yield "fwd", (m, v), cfg, partial(f, config=cfg), 2 * m * v * 2 + m * 8
+        del x, grad
+
+
 def l2_hint_cases():
     # The two-pass kernels' L2 flags (LaunchConfig.evict_hints, reverse_pass) on the rows that
     # take the looped path: softmax past 65536 columns, cross-entropy's forward with gradient.
@@ -573,6 +594,7 @@ def l2_hint_cases():
 CASES = {
     "rms_norm": rms_norm_cases,
     "rms_norm_fwd": rms_norm_fwd_cases,
+    "cross_entropy_hold": cross_entropy_hold_cases,
     "swiglu": swiglu_cases,
     "fused_add_rms_norm": fused_add_rms_norm_cases,
     "layer_norm": layer_norm_cases,

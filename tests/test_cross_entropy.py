@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from conftest import DEVICE, ON_GPU
 
 import kernelwright.ops.cross_entropy as CE
+from kernelwright.ops._held import HOLD_FROM
 from kernelwright.ops.cross_entropy import (
     CrossEntropyLoss,
     cross_entropy,
@@ -691,6 +692,7 @@ def test_every_kernel_path_agrees():
     for cfg in [
         LaunchConfig(block_n=1024),  # one block, padded
         LaunchConfig(block_n=4096, num_warps=8),
+        LaunchConfig(block_n=HOLD_FROM),  # one block, the row held in its dtype (fp32 here)
         LaunchConfig(block_n=128),  # looped: 5 blocks and 60
         LaunchConfig(block_n=256),
         LaunchConfig(block_n=64, num_warps=2),
@@ -724,6 +726,38 @@ def test_every_kernel_path_agrees():
     ref.backward(s.to(F64))
     assert rel_norm_error(results[0][0], ref.detach()) < TOL[torch.float32].fwd
     assert rel_norm_error(results[0][3], xr.grad) < TOL[torch.float32].bwd
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_one_block_holds_16bit_rows(dtype):
+    # From HOLD_FROM columns one block keeps the row in its 16-bit dtype and converts it at
+    # each pass (ops/_held.py). With every option on, loss, lse, z-loss and gradient must match
+    # the looped kernel's (the same fp32 math on the same values; the gradient one rounding
+    # apart at most). Rows: random, all logits negative (max < 0), an ignored target.
+    V = 700
+    x = _logits((9,), V, torch.float32, 44)
+    x[1] = -x[1].abs() - 3.0
+    x = x.to(dtype)
+    t = _targets((9,), V, 44)
+    t[4] = -100
+    w = _class_weight(V, 44)
+    kw = dict(label_smoothing=0.1, lse_square_scale=1e-3, softcap=5.0)
+    results = []
+    for cfg in (LaunchConfig(block_n=HOLD_FROM), LaunchConfig(block_n=128)):
+        with poisoned():
+            outs = [torch.full((9,), float("nan"), device=DEVICE) for _ in range(3)]
+            grad = torch.full_like(x, float("nan"))
+            cross_entropy_fwd_launch(x, t, outs[0], outs[1], weight=w,
+                                     weight_sum=w.sum().reshape(1), z_loss=outs[2], grad=grad,
+                                     config=cfg, **kw)  # fmt: skip
+        results.append((*outs, grad))
+    held, looped = results
+    for a, b in zip(held[:3], looped[:3], strict=True):
+        assert rel_norm_error(a, b) < 1e-5
+    ulp = torch.finfo(dtype).eps
+    g, ref = held[3].float(), looped[3].float()
+    assert torch.isfinite(g).all() and (g[4] == 0).all()
+    assert ((g - ref).abs() <= ulp * ref.abs() + 1e-12).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -955,3 +989,26 @@ def test_torch_compile_fullgraph():
     out_r.backward()
     assert rel_norm_error(out, out_r) < 1e-6
     assert rel_norm_error(x.grad, xr.grad) < 1e-5
+
+
+def test_one_block_holds_at_most_128_kb_of_a_row(monkeypatch):
+    # A one-block row of 32768 fp32 logits (128 KB) is held; with a table that also held
+    # 65536-class rows, fp32 logits there (256 KB) would take the looped row instead, 16-bit
+    # ones the one block. An explicit config is taken as given.
+    from kernelwright.runtime import DeviceInfo
+    from kernelwright.runtime.tables import cross_entropy as table
+
+    h100 = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30, 232448)
+    monkeypatch.setattr(CE, "device_info", lambda device=None: h100)
+
+    def cfg(v, dtype, config=None):
+        return CE.forward_config(torch.empty(2, v, dtype=dtype), config)
+
+    assert cfg(32768, torch.float32).block_n == 32768
+    rows = table.TABLE["fwd"]["default"]
+    wide = [(65536, LaunchConfig(block_n=65536, num_warps=32)), rows[-1]]
+    monkeypatch.setitem(table.TABLE["fwd"], "default", rows[:-1] + wide)
+    assert cfg(65536, torch.bfloat16).block_n == 65536
+    assert cfg(65536, torch.float32) == rows[-1][1]
+    explicit = LaunchConfig(block_n=65536, num_warps=32)
+    assert cfg(65536, torch.float32, explicit) is explicit

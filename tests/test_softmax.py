@@ -5,8 +5,8 @@ import torch
 from conftest import DEVICE, ON_GPU
 
 from kernelwright.ops import softmax as softmax_module
+from kernelwright.ops._held import HOLD_FROM
 from kernelwright.ops.softmax import (
-    HOLD_FROM,
     LogSoftmax,
     Softmax,
     log_softmax,
@@ -247,7 +247,7 @@ def _assert_one_rounding(y, x, is_log):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_one_row_forward_holds_16bit_rows(dtype, is_log):
     # From HOLD_FROM columns the one-row forward keeps the row in its 16-bit dtype and converts
-    # it at each use (the conversions made to depend on the previous reduction, `_after`):
+    # it at each use (the conversions made to depend on the previous reduction, `again`):
     # every value must be the fp32 result rounded once. Rows: random, all negative (max < 0),
     # with -inf entries, all -inf (NaN, as in torch); 700 columns of the 16384-wide block.
     x = _x((6, 700), torch.float32, 21, std=4.0)

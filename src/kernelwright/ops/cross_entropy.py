@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
@@ -48,6 +49,15 @@ def _softcap(x, cap):
     # cap * tanh(x / cap), tanh(u) = 1 - 2 / (exp(2u) + 1) (no libdevice under the interpreter);
     # exp overflow / underflow give exactly +-cap. Absolute error about cap * 1e-7 near 0.
     return cap * (1.0 - 2.0 / (tl.exp(2.0 * x / cap) + 1.0))
+
+
+@triton.jit
+def _logits(x, mask, cap, SOFTCAP: tl.constexpr):
+    # A loaded block of logits in fp32, soft-capped if asked; padding lanes stay -inf.
+    z = x.to(tl.float32)
+    if SOFTCAP:
+        z = tl.where(mask, _softcap(z, cap), -float("inf"))
+    return z
 
 
 @triton.jit
@@ -112,12 +122,14 @@ def _ce_fwd_kernel(
             w_all = V * 1.0
         # ---- pass 1: lse (and sum_j w_j z_j for label smoothing)
         if ONE_BLOCK:
+            # From HOLD_FROM columns the row stays in registers in its own dtype and each pass
+            # converts it again (ops/_held.py): fp32 rows of 32K-64K fill or spill an SM.
+            hold: tl.constexpr = BLOCK_V >= HOLD_FROM
             cols = tl.arange(0, BLOCK_V)
             mask = cols < V
-            z = tl.load(x_row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-            if SOFTCAP:
-                z = tl.where(mask, _softcap(z, cap), -float("inf"))
-            m_row = tl.max(z, axis=0)
+            x = tl.load(x_row + cols, mask=mask, other=-float("inf"))
+            m_row = tl.max(_logits(x, mask, cap, SOFTCAP), axis=0)
+            z = _logits(again(x, m_row, hold), mask, cap, SOFTCAP)
             d_row = tl.sum(tl.exp(z - m_row), axis=0)
             if HAS_SMOOTH:
                 wz = tl.where(mask, z, 0.0)
@@ -175,6 +187,7 @@ def _ce_fwd_kernel(
                 a += 2.0 * zscale * lse
             b = (1.0 - eps) * w_t  # taken off at the target column
             if ONE_BLOCK:
+                z = _logits(again(x, d_row, hold), mask, cap, SOFTCAP)
                 g = a * tl.exp((z - m_row) - log_d)
                 if HAS_SMOOTH:
                     if HAS_WEIGHT:
@@ -237,6 +250,17 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
     return config or lookup(TABLE, "cross_entropy", kernel, device_info(x.device), x.shape[-1])
 
 
+def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
+    """The forward's launch config for logits `x`: the table's row for its vocabulary, or the
+    table's looped row where a one-block row would hold more than `_held.MAX_HELD_ROW_BYTES`
+    (fp32 logits past 32768 classes)."""
+    cfg = _config("fwd", x, config)
+    v = x.shape[-1]
+    if config is None and cfg.block_n >= v and not held_row_fits(v, x.element_size()):
+        cfg = lookup(TABLE, "cross_entropy", "fwd", device_info(x.device), 2**31 - 1)
+    return cfg
+
+
 def cross_entropy_fwd_launch(
     x: torch.Tensor,  # [M, V], stride(1) == 1
     target: torch.Tensor,  # [M] int32/int64, contiguous
@@ -257,7 +281,7 @@ def cross_entropy_fwd_launch(
     M, V = x.shape
     if M == 0:
         return
-    cfg = _config("fwd", x, config)
+    cfg = forward_config(x, config)
     compute_grad = grad is not None
     g = grad if compute_grad else x  # never written without COMPUTE_GRAD
     w = weight if weight is not None else loss  # dummies: never read without their flag

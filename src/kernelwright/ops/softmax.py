@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -36,24 +37,6 @@ from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
 from kernelwright.runtime.tables.softmax import TABLE
 
 # --------------------------------------------------------------------------- kernels
-
-
-# Rows of at least this many columns are held in registers in their own dtype by the one-row
-# forward; narrower ones as fp32, which leaves room for enough programs per SM and skips the
-# second conversion (4096 columns: 21.6 against 22.0 us held; benchmarks/softmax_hold_probe.py).
-HOLD_FROM = tl.constexpr(16384)
-
-
-@triton.jit
-def _after(x, s):
-    """x + 0, with the zero taken from s: the same values (a NaN where s is NaN, when what
-    follows is NaN anyway), but only computable once s is known. A 16-bit row held in
-    registers is then converted to fp32 afresh at each use instead of once into an fp32 copy
-    that stays live across the reduction in between (twice the registers). The add stays in
-    the row's dtype, on packed pairs; |0 * s| is +0, whose bits the interpreter's 16-bit
-    arithmetic also leaves as they are (adding -0 there flips the sign bit). An integer add
-    on the bits was tried: it unpacks the pairs, 1.5x slower at 32768 columns."""
-    return x + tl.abs(s * 0.0).to(x.dtype)
 
 
 @triton.jit
@@ -77,18 +60,14 @@ def _softmax_fwd_kernel(
         row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
         col_mask = cols < N
         # Padding columns are -inf: they add exp(-inf) = 0 to the sum and never win the max.
+        # From HOLD_FROM columns the row stays in its own dtype, converted at each pass (_held):
+        # held as fp32, a bf16 row of 32768 filled half an SM's registers (74% of copy) and
+        # 65536 spilled; held as bf16: 92% and 77% (H200, NOTES 28).
+        hold: tl.constexpr = BLOCK_N >= HOLD_FROM
         x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-        if BLOCK_N >= HOLD_FROM:
-            # The row stays in its own dtype; each pass converts it to fp32 as it goes. Held as
-            # fp32, a bf16 row of 32768 filled half an SM's registers (one program per SM, 74%
-            # of copy) and 65536 spilled; held as bf16: 92% and 77% (H200, NOTES 28).
-            m = tl.max(x.to(tl.float32), axis=0)  # -inf for a row of all -inf -> NaN below
-            d = tl.sum(tl.exp(_after(x, m).to(tl.float32) - m), axis=0)
-            x = _after(x, d).to(tl.float32)
-        else:
-            x = x.to(tl.float32)
-            m = tl.max(x, axis=0)
-            d = tl.sum(tl.exp(x - m), axis=0)
+        m = tl.max(x.to(tl.float32), axis=0)  # -inf for a row of all -inf -> NaN, as in torch
+        d = tl.sum(tl.exp(again(x, m, hold).to(tl.float32) - m), axis=0)
+        x = again(x, d, hold).to(tl.float32)
         y = x - m - tl.log(d) if IS_LOG else tl.exp(x - m) * (1.0 / d)
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
     else:
@@ -246,18 +225,12 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
 
 
-# The most bytes of one row the one-row forward holds in registers: 65536 bf16/fp16 values, or
-# 32768 fp32 ones (half of an SM's 256 KB register file). Wider rows of a wider dtype take the
-# table's looped row instead (fp32 rows of 65536 spill).
-MAX_HELD_ROW_BYTES = 128 * 1024
-
-
 def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
     """The forward's launch config for `x`: the table's row for its length, or the table's
-    looped row where a one-row config would hold more than MAX_HELD_ROW_BYTES."""
+    looped row where a one-row config would hold more than `_held.MAX_HELD_ROW_BYTES`."""
     cfg = _config("fwd", x, config)
     n = x.shape[-1]
-    if config is None and cfg.block_n >= n and n * x.element_size() > MAX_HELD_ROW_BYTES:
+    if config is None and cfg.block_n >= n and not held_row_fits(n, x.element_size()):
         cfg = lookup(TABLE, "softmax", "fwd", device_info(x.device), 2**31 - 1)
     return cfg
 

@@ -30,7 +30,7 @@ TABLE = {
             # benchmarks/softmax_hold_probe.py, H200, 4096 rows, NOTES 28): 16384 74.7 -> 70.8
             # us with 16 warps; 32768 0.146 (persistent, loads staged ahead) -> 0.139 ms; 65536
             # 0.371 (looped, two reads) -> 0.330 ms. fp32 rows past 32768 take the looped row
-            # (softmax.MAX_HELD_ROW_BYTES).
+            # (ops/_held.py, MAX_HELD_ROW_BYTES).
             (16384, C(block_n=16384, rows=1, num_warps=16)),
             (32768, C(block_n=32768, rows=1, num_warps=32)),
             (65536, C(block_n=65536, rows=1, num_warps=32)),
