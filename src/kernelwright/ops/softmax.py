@@ -9,8 +9,9 @@ backward (the input is never needed):
     softmax:      dx = y * (dy - sum(dy * y))
     log_softmax:  dx = dy - exp(y) * sum(dy)
 
-A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds it
-in its own dtype (half the registers of fp32 for bf16/fp16, so rows up to 65536 fit); longer rows
+A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds rows
+of 16384 and more in their own dtype (ops/_held.py: half the registers of fp32 for bf16/fp16,
+so rows up to 65536 fit); longer rows
 (vocabularies up to 262144 and beyond) take an online pass — running max and rescaled running
 sum in one read — and a second read of the row to write y. Rows of 128K-256K elements do not
 all stay in L2 between the passes: at worst this form moves 3/2 of the minimal bytes. The
