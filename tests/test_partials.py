@@ -44,6 +44,9 @@ def test_pdl_only_on_sm90_cuda_and_not_when_turned_off(monkeypatch):
     assert use_pdl(hopper)
     assert not use_pdl(ampere)  # griddepcontrol is sm_90+
     assert not use_pdl(device_info(torch.device("cpu")))  # the interpreter
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: no griddepcontrol
+    assert not use_pdl(hopper)
+    monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv("KERNELWRIGHT_PDL", "0")
     assert not use_pdl(hopper)
 

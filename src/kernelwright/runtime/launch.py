@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+import torch
+
 from kernelwright.runtime.device import DeviceInfo
 
 
@@ -49,8 +51,9 @@ def use_pdl(device: DeviceInfo) -> bool:
     """Whether a kernel that consumes the previous kernel's output may be launched with
     programmatic dependent launch (PDL, sm_90 and later): the GPU stages its launch while the
     previous kernel drains, and the kernel's `griddepcontrol.wait` holds its loads until that
-    kernel has finished and its writes are visible. `KERNELWRIGHT_PDL=0` turns it off."""
-    if os.environ.get("KERNELWRIGHT_PDL", "1") == "0":
+    kernel has finished and its writes are visible. `KERNELWRIGHT_PDL=0` turns it off. Not on
+    ROCm, whose GPUs also report a "cuda" device (an MI300's capability reads 9.4)."""
+    if os.environ.get("KERNELWRIGHT_PDL", "1") == "0" or torch.version.hip is not None:
         return False
     capability = device.capability or (0, 0)
     return device.backend == "cuda" and capability >= (9, 0)
