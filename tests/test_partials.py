@@ -9,7 +9,7 @@ from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm_bwd_launch
 from kernelwright.ops.layer_norm import layer_norm_bwd_launch
 from kernelwright.ops.rms_norm import rms_norm_bwd_launch
 from kernelwright.runtime import DeviceInfo, device_info
-from kernelwright.runtime.launch import use_pdl
+from kernelwright.runtime.launch import pdl_args, use_pdl
 from kernelwright.testing import generator, rand
 
 # One ulp of the output dtype: the fp32 sum is cast once. The interpreter truncates
@@ -44,6 +44,8 @@ def test_pdl_only_on_sm90_cuda_and_not_when_turned_off(monkeypatch):
     assert use_pdl(hopper)
     assert not use_pdl(ampere)  # griddepcontrol is sm_90+
     assert not use_pdl(device_info(torch.device("cpu")))  # the interpreter
+    assert pdl_args(hopper) == {"GDC_WAIT": True, "launch_pdl": True}
+    assert pdl_args(ampere) == {"GDC_WAIT": False}  # no launch_pdl argument at all
     monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm: no griddepcontrol
     assert not use_pdl(hopper)
     monkeypatch.setattr(torch.version, "hip", None)
@@ -52,24 +54,33 @@ def test_pdl_only_on_sm90_cuda_and_not_when_turned_off(monkeypatch):
 
 
 def _norm_backwards(m, n, gen):
-    """(name, call) for each norm's backward launcher; each call returns its outputs."""
-    x, dy = (rand((m, n), torch.bfloat16, DEVICE, gen=gen, std=2.0) for _ in range(2))
+    """(name, call) for each norm's backward launcher; each call returns its outputs. Each call
+    first rewrites dy (zeroed, then copied in): the backward kernel, launched with PDL, must
+    wait for that copy kernel before it reads dy."""
+    x, dy_values = (rand((m, n), torch.bfloat16, DEVICE, gen=gen, std=2.0) for _ in range(2))
+    dy = torch.empty_like(dy_values)
     w = rand((n,), torch.bfloat16, DEVICE, gen=gen)
     xf = x.float()
     mean, var = xf.mean(-1), xf.var(-1, unbiased=False)
     rstd, rstd_rms = torch.rsqrt(var + 1e-5), torch.rsqrt(xf.pow(2).mean(-1) + 1e-6)
 
     def ln():
+        dy.zero_()
+        dy.copy_(dy_values)
         dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
         layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db)
         return dx, dw, db
 
     def rms():
+        dy.zero_()
+        dy.copy_(dy_values)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
         rms_norm_bwd_launch(dy, x, w, rstd_rms, dx, dw, 0.0, "llama")
         return dx, dw
 
     def fused_add():
+        dy.zero_()
+        dy.copy_(dy_values)
         ds, dw = torch.empty_like(x), torch.empty_like(w)
         fused_add_rms_norm_bwd_launch(dy, dy, x, w, rstd_rms, ds, dw, 0.0, "llama")
         return ds, dw
@@ -81,10 +92,11 @@ def _norm_backwards(m, n, gen):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4096, 3000), (1031, 4096), (512, 16384)], ids=str)
 def test_norm_backwards_same_with_pdl_and_under_cuda_graphs(shape, monkeypatch):
-    # With PDL the sum kernel's launch overlaps the backward kernel and its griddepcontrol.wait
-    # is all that orders its loads after the partial rows' stores: without it they could read
-    # them half-written. Every output must match the two plain launches bit for bit, rep after
-    # rep, and under CUDA graph replay (the dependency captured as a programmatic edge).
+    # With PDL the backward kernel's launch overlaps the copy that writes dy, and the sum
+    # kernel's the backward kernel; their griddepcontrol.wait is all that orders their loads
+    # after those stores: without it they could read dy or the partial rows half-written. Every
+    # output must match plain launches bit for bit, rep after rep, and under CUDA graph replay
+    # (the dependencies captured as programmatic edges).
     if not use_pdl(device_info(DEVICE)):
         pytest.skip("PDL needs an sm_90+ GPU")
     for name, call in _norm_backwards(*shape, generator(7)):

@@ -7,11 +7,11 @@ layer_norm) — on the H200 a few µs each, which is 5–15% of a backward at 81
 kernel sums every partial row of one column tile in a fixed order (deterministic) and casts
 once to the gradient's dtype; dW and dB go in the same launch.
 
-On sm_90+ it is launched with programmatic dependent launch (`runtime.launch.use_pdl`): its
-launch is processed while the backward kernel before it runs, and it waits in
-`griddepcontrol.wait` until that kernel has finished and its partial rows are visible. On the
-H200 that took 0.4–2 µs off each norm backward (benchmarks/pdl_probe.py; NOTES 29). Letting the
-backward kernels signal early (`griddepcontrol.launch_dependents` at their start) was slower.
+On sm_90+ it is launched with programmatic dependent launch (ops/_pdl.py): its launch is
+processed while the backward kernel before it runs, and it waits in `griddepcontrol.wait`
+until that kernel has finished and its partial rows are visible. On the H200 that took 0.4–2
+µs off each norm backward (benchmarks/pdl_probe.py; NOTES 29). Letting the backward kernels
+signal early (`griddepcontrol.launch_dependents` at their start) was slower.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info
-from kernelwright.runtime.launch import use_pdl
+from kernelwright.runtime.launch import pdl_args
 
 _BLOCK_N = 32  # columns per program: N / 32 programs, enough to spread 4096 columns over SMs
 _MAX_BLOCK_P = 256  # partial rows per load step (sm_count * programs_per_sm, usually <= 264)
@@ -40,8 +41,7 @@ def _sum_partials_kernel(
     BLOCK_P: tl.constexpr,
     GDC_WAIT: tl.constexpr,  # launched with PDL: wait for the kernel that wrote a and b
 ):
-    if GDC_WAIT:
-        tl.extra.cuda.gdc_wait()
+    wait_for_inputs(GDC_WAIT)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc_a = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -69,7 +69,6 @@ def sum_partials(
     grid = (triton.cdiv(N, _BLOCK_N),)
     block_p = min(triton.next_power_of_2(P), _MAX_BLOCK_P)
     has_b = b is not None
-    pdl = use_pdl(device_info(a.device))
     _sum_partials_kernel[grid](
         a,
         out_a,
@@ -80,7 +79,6 @@ def sum_partials(
         HAS_B=has_b,
         BLOCK_N=_BLOCK_N,
         BLOCK_P=block_p,
-        GDC_WAIT=pdl,
         num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        **pdl_args(device_info(a.device)),
     )

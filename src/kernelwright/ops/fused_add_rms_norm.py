@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._pdl import wait_for_inputs
 
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
@@ -34,7 +35,7 @@ from kernelwright.ops.rms_norm import (
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, pdl_args
 from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 
 _OP = "fused_add_rms_norm"
@@ -173,6 +174,7 @@ def _fused_add_rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
     # s feeds both outputs, so its gradient is the residual gradient plus the norm's:
@@ -180,6 +182,7 @@ def _fused_add_rms_norm_bwd_kernel(
     # dW = sum_rows(dy * s_hat);  dx = d_residual = ds.
     # PREFETCH: the next block's s, dy, dres and rstd are loaded (in their own dtype) before
     # this block's reductions, so one block's memory latency hides behind the previous one's math.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
@@ -263,10 +266,12 @@ def _fused_add_rms_norm_bwd_looped_kernel(
     HAS_WEIGHT: tl.constexpr,
     HAS_DRES: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Long rows: pass 1 reduces sum(g * s_hat) over the row; pass 2 writes ds (adding dres,
     # read only here) and adds this row's dW contribution into the program's own fp32 partial
     # row (no atomics).
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     dw_row = dw_partial_ptr + pid.to(tl.int64) * N
     for row in range(pid, M, tl.num_programs(0)):
@@ -383,6 +388,7 @@ def fused_add_rms_norm_bwd_launch(
         HAS_WEIGHT=weight is not None,
         HAS_DRES=has_dres,
         BLOCK_N=cfg.block_n,
+        **pdl_args(device_info(ds.device)),  # its launch overlaps the kernel before it
     )
     if fits:
         _fused_add_rms_norm_bwd_kernel[(programs,)](

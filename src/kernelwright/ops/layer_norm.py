@@ -16,10 +16,11 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
+from kernelwright.runtime.launch import LaunchConfig, pdl_args, two_pass_flags
 from kernelwright.runtime.tables.layer_norm import TABLE
 
 # From this row length up (where a row fits one program), the backward leaves dW and dB to the
@@ -187,12 +188,14 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW/dB sums in registers.
     # g = dy * w;  dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
     # dW = sum_rows(dy * x_hat);  dB = sum_rows(dy)
     # PREFETCH: the next block's x, dy, mean and rstd are loaded (in their own dtype) before
     # this block's reductions, so one block's memory latency hides behind the previous one's math.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
@@ -272,9 +275,11 @@ def _layer_norm_bwd_looped_kernel(
     HAS_DW: tl.constexpr,
     HAS_DB: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Long rows: pass 1 reduces sum(g) and sum(g * x_hat) over the row, pass 2 writes dx and adds
     # this row's dW/dB contributions into the program's own fp32 partial rows (no atomics).
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     dw_row = dw_partial_ptr + pid.to(tl.int64) * N
     db_row = db_partial_ptr + pid.to(tl.int64) * N
@@ -332,11 +337,13 @@ def _layer_norm_dwdb_kernel(
     HAS_DB: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # dW and dB alone, for rows too wide for the fused backward to hold them (SPLIT_DWDB_FROM):
     # program (c, s) sums dy * x_hat and dy over the [ROWS, BLOCK_N] tiles of column block c in
     # row blocks s, s + splits, ... into row s of the fp32 partials. The sums stay [ROWS,
     # BLOCK_N] until the end: a sum over rows per tile would cross warps every step.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     split = tl.program_id(1)
@@ -448,6 +455,7 @@ def layer_norm_bwd_launch(
         HAS_DW=dw is not None,
         HAS_DB=db is not None,
         BLOCK_N=cfg.block_n,
+        **pdl_args(device_info(x.device)),  # its launch overlaps the kernel before it
     )
     if fits:
         _layer_norm_bwd_kernel[(programs,)](
@@ -509,6 +517,7 @@ def layer_norm_dwdb_launch(
         BLOCK_N=cfg.block_n,
         ROWS=cfg.rows,
         num_warps=cfg.num_warps,
+        **pdl_args(device_info(x.device)),
     )
     _sum_partials(dw_partial, dw, db_partial, db)
 

@@ -17,10 +17,11 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, pdl_args
 from kernelwright.runtime.tables.rms_norm import TABLE
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
@@ -155,11 +156,13 @@ def _rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
     # g = dy * (offset + w);  dx = rstd * (g - x_hat * mean(g * x_hat));  dW = sum_rows(dy * x_hat)
     # PREFETCH: the next block's x, dy and rstd are loaded (in their own dtype) before this
     # block's reductions, so one block's memory latency hides behind the previous block's math.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
@@ -228,9 +231,11 @@ def _rms_norm_bwd_looped_kernel(
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Long rows: pass 1 reduces sum(g * x_hat) over the row, pass 2 writes dx and adds this
     # row's dW contribution into the program's own fp32 partial row (no atomics).
+    wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     dw_row = dw_partial_ptr + pid.to(tl.int64) * N
     for row in range(pid, M, tl.num_programs(0)):
@@ -335,6 +340,7 @@ def rms_norm_bwd_launch(
     common = dict(
         CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
     )
+    common.update(pdl_args(device_info(x.device)))  # its launch overlaps the kernel before it
     if fits:
         _rms_norm_bwd_kernel[(programs,)](
             *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common

@@ -59,6 +59,13 @@ def use_pdl(device: DeviceInfo) -> bool:
     return device.backend == "cuda" and capability >= (9, 0)
 
 
+def pdl_args(device: DeviceInfo) -> dict[str, object]:
+    """Call arguments of a kernel with a `GDC_WAIT` constexpr (ops/_pdl.py) on `device`: the
+    wait, and `launch_pdl=True` with it, where `use_pdl` allows; otherwise neither."""
+    on = use_pdl(device)
+    return {"GDC_WAIT": True, "launch_pdl": True} if on else {"GDC_WAIT": False}
+
+
 Row = tuple[int, LaunchConfig]
 # Tables: {kernel name: {arch: [rows]}}. "default" serves any architecture not listed.
 Table = dict[str, dict[str, list[Row]]]
