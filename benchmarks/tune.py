@@ -509,56 +509,54 @@ def rope_cases():
             yield "fwd", shape, cfg, fwd, nbytes
 
 
+def _ce_forward(m: int, v: int, device: str = "cuda"):
+    """cross_entropy_fwd_launch on fresh [m, v] logits (std 4, a logits-like spread), ~5% of
+    the targets ignored, the gradient scaled by 1 / m: call it with config=."""
+    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
+
+    x = torch.randn(m, v, device=device, dtype=DT).mul_(4)
+    t = torch.randint(0, v, (m,), device=device)
+    t[torch.rand(m, device=device) < 0.05] = -100
+    loss, lse = (torch.empty(m, device=device, dtype=torch.float32) for _ in range(2))
+    scale = torch.full((1,), 1.0 / m, device=device)
+    return partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=torch.empty_like(x), scale=scale)
+
+
 def cross_entropy_cases():
     # The forward as training runs it: loss, lse and the gradient (scaled by 1 / token count)
     # in one launch, ~5% of the targets ignored. Bytes: read the logits, write the gradient.
-    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
 
     m = 8192
     for v in (32000, 128256, 262144):
-        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)  # logits-like spread
-        t = torch.randint(0, v, (m,), device="cuda")
-        t[torch.rand(m, device="cuda") < 0.05] = -100
-        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
-        grad = torch.empty_like(x)
-        scale = torch.full((1,), 1.0 / m, device="cuda")
+        f = _ce_forward(m, v)
         nbytes = 2 * m * v * 2 + m * 8
         blocks = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
         for block, nw in itertools.product(blocks, (4, 8, 16, 32)):
             if nw * 32 * 4 > block:  # under 4 elements a thread
                 continue
             cfg = C(block_n=block, num_warps=nw)
-            f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
             yield "fwd", (m, v), cfg, partial(f, config=cfg), nbytes
-        del x, grad
+        del f
 
 
 def cross_entropy_hold_cases():
     # Vocabularies of 16K-64K: the looped 2048-column form against one block with the row held
     # in its own dtype (ops/_held.py), forward with the gradient as cross_entropy_cases.
-    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
 
     m = 8192
     looped = C(block_n=2048, num_warps=8, evict_hints=True, reverse_pass=True)
     for v in (16384, 32000, 32768, 50257, 65536):
-        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)
-        t = torch.randint(0, v, (m,), device="cuda")
-        t[torch.rand(m, device="cuda") < 0.05] = -100
-        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
-        grad = torch.empty_like(x)
-        scale = torch.full((1,), 1.0 / m, device="cuda")
-        f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
+        f = _ce_forward(m, v)
         block = triton.next_power_of_2(v)
         for cfg in [looped] + [C(block_n=block, num_warps=nw) for nw in (8, 16, 32)]:
             yield "fwd", (m, v), cfg, partial(f, config=cfg), 2 * m * v * 2 + m * 8
-        del x, grad
+        del f
 
 
 def l2_hint_cases():
     # The two-pass kernels' L2 flags (LaunchConfig.evict_hints, reverse_pass) on the rows that
     # take the looped path: softmax past 65536 columns, cross-entropy's forward with gradient.
     from kernelwright.ops import softmax as sm
-    from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch
 
     flags = list(itertools.product((False, True), (False, True)))
     m = 4096
@@ -576,19 +574,13 @@ def l2_hint_cases():
         del x, y, dx
     m = 8192
     for v in (32000, 128256, 262144):
-        x = torch.randn(m, v, device="cuda", dtype=DT).mul_(4)
-        t = torch.randint(0, v, (m,), device="cuda")
-        t[torch.rand(m, device="cuda") < 0.05] = -100
-        loss, lse = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
-        grad = torch.empty_like(x)
-        scale = torch.full((1,), 1.0 / m, device="cuda")
-        f = partial(cross_entropy_fwd_launch, x, t, loss, lse, grad=grad, scale=scale)
+        f = _ce_forward(m, v)
         for (block, nw), (ev, rev) in itertools.product(
             ((2048, 8), (4096, 8), (4096, 16), (8192, 16)), flags
         ):
             cfg = C(block_n=block, num_warps=nw, evict_hints=ev, reverse_pass=rev)
             yield "ce_fwd", (m, v), cfg, partial(f, config=cfg), 2 * m * v * 2 + m * 8
-        del x, grad
+        del f
 
 
 CASES = {

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import kernelwright  # noqa: F401  (selects the backend before kernels are defined)
-from kernelwright.runtime import default_device, interpreter_mode
+from kernelwright.runtime import DeviceInfo, default_device, interpreter_mode
 
 DEVICE = default_device()
 ON_GPU = DEVICE.type == "cuda"
+# A Hopper GPU for tests of launch decisions that depend on the device (no GPU needed).
+H100 = DeviceInfo("cuda", "NVIDIA H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30)
 
 
 def pytest_report_header(config):
@@ -33,4 +35,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-__all__ = ["DEVICE", "ON_GPU", "interpreter_mode"]
+__all__ = ["DEVICE", "H100", "ON_GPU", "interpreter_mode"]

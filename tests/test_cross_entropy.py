@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, H100, ON_GPU
 
 import kernelwright.ops.cross_entropy as CE
 from kernelwright.ops._held import HOLD_FROM
@@ -995,11 +995,9 @@ def test_one_block_holds_at_most_128_kb_of_a_row(monkeypatch):
     # A one-block row of 32768 fp32 logits (128 KB) is held; with a table that also held
     # 65536-class rows, fp32 logits there (256 KB) would take the looped row instead, 16-bit
     # ones the one block. An explicit config is taken as given.
-    from kernelwright.runtime import DeviceInfo
     from kernelwright.runtime.tables import cross_entropy as table
 
-    h100 = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30, 232448)
-    monkeypatch.setattr(CE, "device_info", lambda device=None: h100)
+    monkeypatch.setattr(CE, "device_info", lambda device=None: H100)
 
     def cfg(v, dtype, config=None):
         return CE.forward_config(torch.empty(2, v, dtype=dtype), config)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, H100, ON_GPU
 
 from kernelwright.ops._partials import sum_partials
 from kernelwright.ops.fused_add_rms_norm import fused_add_rms_norm_bwd_launch
@@ -38,7 +38,7 @@ def test_sums_every_partial_row_and_casts_once(p, dtype):
 
 
 def test_pdl_only_on_sm90_cuda_and_not_when_turned_off(monkeypatch):
-    hopper = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30)
+    hopper = H100
     ampere = DeviceInfo("cuda", "A100", "ampere", (8, 0), 108, 40 << 20, 80 << 30)
     monkeypatch.delenv("KERNELWRIGHT_PDL", raising=False)
     assert use_pdl(hopper)

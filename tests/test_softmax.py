@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, H100, ON_GPU
 
 from kernelwright.ops import softmax as softmax_module
 from kernelwright.ops._held import HOLD_FROM
@@ -18,7 +18,7 @@ from kernelwright.ops.softmax import (
     softmax_fwd_launch,
     softmax_ref,
 )
-from kernelwright.runtime import DeviceInfo, LaunchConfig
+from kernelwright.runtime import LaunchConfig
 from kernelwright.testing import (
     Tolerance,
     check_op,
@@ -272,8 +272,7 @@ def test_one_row_forward_int64_offsets(is_log):
 def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
     # The table's 65536 row holds a 16-bit row (128 KB); an fp32 row of that length would
     # spill, so it takes the table's looped row. An explicit config is taken as given.
-    h100 = DeviceInfo("cuda", "H100", "hopper", (9, 0), 132, 50 << 20, 80 << 30, 232448)
-    monkeypatch.setattr(softmax_module, "device_info", lambda device=None: h100)
+    monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
 
     def cfg(n, dtype, config=None):
         return softmax_module.forward_config(torch.empty(2, n, dtype=dtype), config)

@@ -42,8 +42,6 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     total_memory_bytes: int
-    # Shared memory one program may opt in to (0: unknown). The interpreter has no limit.
-    smem_bytes: int = 0
 
     @property
     def torch_device(self) -> torch.device:
@@ -67,7 +65,6 @@ def _cuda_info(index: int) -> DeviceInfo:
         sm_count=p.multi_processor_count,
         l2_bytes=int(getattr(p, "L2_cache_size", 0)),
         total_memory_bytes=int(p.total_memory),
-        smem_bytes=int(getattr(p, "shared_memory_per_block_optin", 0)),
     )
 
 
@@ -81,7 +78,6 @@ _INTERPRETER = DeviceInfo(
     sm_count=4,
     l2_bytes=0,
     total_memory_bytes=0,
-    smem_bytes=2**62,
 )
 
 
