@@ -357,6 +357,40 @@ def softmax_mid_cases():
         del x, y, dx
 
 
+def softmax_split_cases():
+    # Past 32768 columns: the row split over programs that wait for each other (ops/_split.py,
+    # NOTES 31) at several chunk widths and warp counts, against the table's current rows
+    # (block_n=0: the held one-row forward at 65536, the looped kernels past it).
+    from kernelwright.ops import softmax as sm
+
+    m = 4096
+    for n in (65536, 131072, 262144):
+        x = torch.randn(m, n, device="cuda", dtype=DT).mul_(4.0)
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        dy = torch.randn_like(x)
+        sm.softmax_fwd_launch(x, y, False)
+        fwd = [C(block_n=0)] + [
+            C(block_n=b, num_warps=w, split_row=True)
+            for b, w in itertools.product((8192, 16384, 32768), (4, 8, 16, 32))
+            if 16 <= b // (w * 32) <= 128
+        ]
+        bwd = [C(block_n=0)] + [
+            C(block_n=b, num_warps=w, split_row=True)
+            for b, w in itertools.product((4096, 8192, 16384), (4, 8, 16, 32))
+            if 8 <= b // (w * 32) <= 64
+        ]
+        for cfg in fwd:
+            c = None if cfg.block_n == 0 else cfg
+            f = partial(sm.softmax_fwd_launch, x, y, False, config=c)
+            yield "fwd", (m, n), cfg, f, 2 * m * n * 2
+        sm.softmax_fwd_launch(x, y, False)
+        for cfg in bwd:
+            c = None if cfg.block_n == 0 else cfg
+            f = partial(sm.softmax_bwd_launch, dy, y, dx, False, config=c)
+            yield "bwd", (m, n), cfg, f, 3 * m * n * 2
+        del x, y, dx, dy
+
+
 def softmax_bwd_small_cases():
     # 4096-16384 columns, backward: the one-pass kernel (row in registers) against the looped
     # two-pass one with the L2 flags, which is how torch.compile's kernel works there (a read
@@ -595,6 +629,7 @@ CASES = {
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     "softmax": softmax_cases,
     "softmax_mid": softmax_mid_cases,
+    "softmax_split": softmax_split_cases,
     "softmax_bwd_small": softmax_bwd_small_cases,
     "jagged_mean_balance": jagged_mean_balance_cases,
     "layer_norm_fwd_looped": layer_norm_fwd_looped_cases,
@@ -635,6 +670,7 @@ def main() -> None:
                     cfg.num_stages,
                     int(cfg.evict_hints),
                     int(cfg.reverse_pass),
+                    int(cfg.split_row),
                     f"{ms:.5f}",
                     f"{gbps:.0f}",
                     f"{100 * gbps / bw:.1f}",
@@ -662,6 +698,7 @@ def main() -> None:
                 "num_stages",
                 "evict_hints",
                 "reverse_pass",
+                "split_row",
                 "ms",
                 "gbps",
                 "pct_copy_bw",

@@ -6,6 +6,7 @@ from conftest import DEVICE, H100, ON_GPU
 
 from kernelwright.ops import softmax as softmax_module
 from kernelwright.ops._held import HOLD_FROM
+from kernelwright.ops._split import MAX_SPLITS, split_count
 from kernelwright.ops.softmax import (
     LogSoftmax,
     Softmax,
@@ -91,8 +92,8 @@ def test_non_contiguous_input(op, ref, layout):
 
 @pytest.mark.parametrize("is_log", [False, True])
 def test_every_kernel_path_agrees(is_log):
-    # The same rows through the multi-row, one-row and looped kernels (chunks of 128, with and
-    # without a partial last chunk, each L2 flag on and off) must agree.
+    # The same rows through the multi-row, one-row, looped and split kernels (chunks of 128,
+    # with and without a partial last chunk, each L2 flag on and off) must agree.
     x = _x((13, 700), torch.float32, 3, std=5.0)
     x[2, 100:600] = float("-inf")  # a lane range that sees only -inf in the looped kernel
     dy = _x((13, 700), torch.float32, 4)
@@ -106,6 +107,10 @@ def test_every_kernel_path_agrees(is_log):
         LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
         LaunchConfig(block_n=256, reverse_pass=True),
         LaunchConfig(block_n=256, evict_hints=True),
+        # the row split over programs (ops/_split.py): 6 chunks of 128 (cols 128-255 of row 2
+        # only -inf), 3 of 256 (a partial last chunk)
+        LaunchConfig(block_n=128, split_row=True),
+        LaunchConfig(block_n=256, split_row=True),
     ]
     results = []
     for cfg in configs:
@@ -284,6 +289,102 @@ def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
     assert looped.block_n < 65536 and looped == cfg(131072, torch.bfloat16)
     explicit = LaunchConfig(block_n=65536, rows=1, num_warps=32)
     assert cfg(65536, torch.float32, explicit) is explicit
+
+
+def _split_launches(x, dy, is_log, block_n, num_warps=4):
+    # The split kernels (ops/_split.py) on fresh poisoned buffers: on a GPU one launch whose
+    # programs wait for each other, under the interpreter two launches.
+    cfg = LaunchConfig(block_n=block_n, num_warps=num_warps, split_row=True)
+    with poisoned():
+        y = torch.full_like(x, float("nan"))
+        dx = torch.full_like(x, float("nan"))
+        softmax_fwd_launch(x, y, is_log, config=cfg)
+        softmax_bwd_launch(dy, y, dx, is_log, config=cfg)
+    return y, dx
+
+
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_split_row_holds_16bit_chunks(dtype, is_log):
+    # Chunks of HOLD_FROM columns are held in their 16-bit dtype, as the one-row forward's rows:
+    # every value the fp32 result rounded once. Two chunks per row, the second partial; rows
+    # as in the one-row test, and a row whose second chunk is all -inf.
+    n = HOLD_FROM + 300
+    x = _x((5, n), torch.float32, 22, std=4.0)
+    x[1] = -x[1].abs() - 3.0
+    x[2, ::3] = float("-inf")
+    x[3] = float("-inf")
+    x[4, HOLD_FROM:] = float("-inf")
+    x = x.to(dtype)
+    dy = _x((5, n), dtype, 23)
+    y, dx = _split_launches(x, dy, is_log, HOLD_FROM)
+    _assert_one_rounding(y, x, is_log)
+    # the backward against fp32 math on the y it reads, rows that are not all -inf
+    rows = [0, 1, 2, 4]
+    yr, dyr = y[rows].float(), dy[rows].float()
+    s = (dyr if is_log else dyr * yr).sum(-1, keepdim=True)
+    dx_ref = dyr - yr.exp() * s if is_log else yr * (dyr - s)
+    assert rel_norm_error(dx[rows], dx_ref) < TOL[dtype].bwd
+
+
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+def test_split_row_int64_offsets(is_log):
+    # Row 2 starts past 2^31 elements: an int32 offset would wrap and read/write elsewhere.
+    x = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(24))
+    y = large_offset_rows(300, 3, torch.float32, DEVICE, gen=generator(25))
+    y.fill_(float("nan"))
+    softmax_fwd_launch(x, y, is_log, config=LaunchConfig(block_n=128, split_row=True))
+    _assert_one_rounding(y, x, is_log)
+
+
+def test_split_row_chosen_only_where_it_can_split(monkeypatch):
+    # The table's split rows (an H100's) take rows past the one-row widths; a row of more than
+    # MAX_SPLITS chunks, or more chunks in all than int32 tickets, takes the looped row.
+    monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
+
+    def cfgs(n, dtype=torch.bfloat16, m=2):
+        x = torch.empty(1, n, dtype=dtype).expand(m, n)  # a shape, no memory
+        return softmax_module.forward_config(x), softmax_module.backward_config(x)
+
+    for n in (131072, 262144):
+        for cfg in cfgs(n):
+            assert cfg.split_row and cfg.block_n < n
+            assert split_count(n, cfg.block_n, 2, H100) >= 2
+    for cfg in (*cfgs(MAX_SPLITS * 2**20), *cfgs(262144, m=2**31 // 2)):
+        assert not cfg.split_row and cfg.block_n < 262144  # the looped row
+    assert split_count(1000, 128, 4, H100) == 8
+    assert split_count(1000, 1000, 4, H100) == 0  # one chunk: nothing to split
+    assert split_count(MAX_SPLITS * 128 + 1, 128, 4, H100) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
+    # On the GPU a row's programs wait for each other's partials (one launch). A program that
+    # read its siblings' slots before they were written would read the poisoned workspace or a
+    # stale value: bit for bit against the two-launch form (nothing waits there), over 4096
+    # rows of 8 chunks, plain and replayed in a CUDA graph (the counters zeroed in the graph).
+    x = _x((4096, 131072), torch.bfloat16, 26, std=4.0)
+    dy = _x((4096, 131072), torch.bfloat16, 27)
+    y, dx = _split_launches(x, dy, is_log, 16384, num_warps=16)
+    graph = torch.cuda.CUDAGraph()
+    yg, dxg = torch.empty_like(y), torch.empty_like(dx)
+    cfg = LaunchConfig(block_n=16384, num_warps=16, split_row=True)
+    softmax_fwd_launch(x, yg, is_log, config=cfg)  # compiled before the capture
+    softmax_bwd_launch(dy, yg, dxg, is_log, config=cfg)
+    with torch.cuda.graph(graph):
+        softmax_fwd_launch(x, yg, is_log, config=cfg)
+        softmax_bwd_launch(dy, yg, dxg, is_log, config=cfg)
+    monkeypatch.setattr(softmax_module, "phases", lambda device: (1, 2))
+    y2, dx2 = _split_launches(x, dy, is_log, 16384, num_warps=16)
+    assert torch.equal(y, y2) and torch.equal(dx, dx2)
+    for _ in range(3):
+        yg.fill_(float("nan"))
+        dxg.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(yg, y2) and torch.equal(dxg, dx2)
+    ref = (log_softmax_ref if is_log else softmax_ref)(x[:64])
+    assert rel_norm_error(y[:64], ref) < TOL[torch.bfloat16].fwd
 
 
 def test_zero_rows():

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
+from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket, workspace
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -136,6 +137,58 @@ def _softmax_fwd_looped_kernel(
 
 
 @triton.jit
+def _softmax_fwd_split_kernel(
+    x_ptr,
+    y_ptr,
+    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max)
+    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (ops/_split.py)
+    M,
+    N,
+    stride_x,
+    stride_y,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # one chunk: BLOCK_N < N <= SPLITS * BLOCK_N
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
+    PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
+):
+    # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
+    # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
+    if PHASE == 0:
+        t = ticket(sync_ptr)  # (row, chunk) in start order: nobody waits on a program not started
+    else:
+        t = tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
+    j = t % SPLITS
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
+    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
+    part = part_ptr + (row * SPLITS) * 2
+    if PHASE != 2:
+        m = tl.max(x.to(tl.float32), axis=0)
+        # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
+        # `again` waits on the finite shift: |0 * -inf| would be NaN).
+        shift = tl.where(m == -float("inf"), 0.0, m)
+        d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
+        tl.store(part + j * 2, m)
+        tl.store(part + j * 2 + 1, d)
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for
+        # an all -inf chunk; a row of only -inf gives NaN, as in torch).
+        k = tl.arange(0, SPLITS_P2)
+        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        m_row = tl.max(ms, axis=0)
+        d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
+        x = again(x, d_row, hold).to(tl.float32)
+        y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
 def _softmax_bwd_kernel(
     dy_ptr,
     y_ptr,
@@ -219,6 +272,47 @@ def _softmax_bwd_looped_kernel(
         tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND)
 
 
+@triton.jit
+def _softmax_bwd_split_kernel(
+    dy_ptr,
+    y_ptr,
+    dx_ptr,
+    part_ptr,  # [M, SPLITS] fp32: each chunk's sum(dy * y) (softmax) or sum(dy) (log_softmax)
+    sync_ptr,  # [1 + M] int32, zeroed, as in the forward
+    M,
+    N,
+    stride_dy,
+    stride_y,
+    stride_dx,
+    IS_LOG: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    PHASE: tl.constexpr,
+):
+    # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
+    if PHASE == 0:
+        t = ticket(sync_ptr)
+    else:
+        t = tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
+    j = t % SPLITS
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
+    part = part_ptr + row * SPLITS
+    if PHASE != 2:
+        tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        k = tl.arange(0, SPLITS_P2)
+        s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
+        dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -226,14 +320,62 @@ def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> Launch
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
 
 
+def _looped_row(kernel: str, x: torch.Tensor) -> LaunchConfig:
+    return lookup(TABLE, "softmax", kernel, device_info(x.device), 2**31 - 1)
+
+
+def _split_count(x: torch.Tensor, cfg: LaunchConfig) -> int:
+    """Programs per row of `x` ([M, N]) under a split row `cfg`; 0: not split."""
+    M, N = x.shape
+    return split_count(N, cfg.block_n, M, device_info(x.device)) if cfg.split_row else 0
+
+
 def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
-    """The forward's launch config for `x`: the table's row for its length, or the table's
-    looped row where a one-row config would hold more than `_held.MAX_HELD_ROW_BYTES`."""
+    """The forward's launch config for `x` ([M, N]): the table's row for its length; the table's
+    looped row instead where a one-row config would hold more than `_held.MAX_HELD_ROW_BYTES`
+    or a split row could not be split (`_split.split_count`). An explicit `config` is taken as
+    given, but a split row that cannot be split runs looped at its `block_n`."""
     cfg = _config("fwd", x, config)
     n = x.shape[-1]
-    if config is None and cfg.block_n >= n and not held_row_fits(n, x.element_size()):
-        cfg = lookup(TABLE, "softmax", "fwd", device_info(x.device), 2**31 - 1)
+    if config is None:
+        one_row = cfg.block_n >= n
+        if (one_row and not held_row_fits(n, x.element_size())) or (
+            not one_row and cfg.split_row and not _split_count(x, cfg)
+        ):
+            cfg = _looped_row("fwd", x)
     return cfg
+
+
+def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
+    """The backward's launch config for `y` ([M, N]), chosen as the forward's (the one-row
+    backward's rows are the table's own: it holds dy and y as fp32 up to 32768 columns)."""
+    cfg = _config("bwd", y, config)
+    if config is None and cfg.block_n < y.shape[-1] and cfg.split_row and not _split_count(y, cfg):
+        cfg = _looped_row("bwd", y)
+    return cfg
+
+
+def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, slots: int, **constexprs):
+    """Launch a split-row kernel (ops/_split.py) over [M, N] `tensors` (`scalars`: M, N, the row
+    strides): `cdiv(N, block_n)` programs per row, in one launch that waits (GPU) or in two that
+    do not (the interpreter), with `slots` fp32 partials per chunk."""
+    M, N = scalars[0], scalars[1]
+    device = tensors[0].device
+    splits = split_count(N, cfg.block_n, M, device_info(device))
+    partials, sync = workspace(M, splits, slots, device)
+    for phase in phases(device_info(device)):
+        kernel[(M * splits,)](
+            *tensors,
+            partials,
+            sync,
+            *scalars,
+            BLOCK_N=cfg.block_n,
+            SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits),
+            PHASE=phase,
+            num_warps=cfg.num_warps,
+            **constexprs,
+        )
 
 
 def softmax_fwd_launch(
@@ -252,6 +394,8 @@ def softmax_fwd_launch(
         _softmax_fwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
+    elif _split_count(x, cfg):
+        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, 2, IS_LOG=is_log)
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -272,13 +416,15 @@ def softmax_bwd_launch(
     M, N = y.shape
     if M == 0:
         return
-    cfg = _config("bwd", y, config)
+    cfg = backward_config(y, config)
     args = (dy, y, dx, M, N, dy.stride(0), y.stride(0), dx.stride(0))
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
         _softmax_bwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
+    elif _split_count(y, cfg):
+        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, 1, IS_LOG=is_log)
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,

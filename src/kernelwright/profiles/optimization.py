@@ -42,6 +42,7 @@ class ConfigRow(Part):
     programs_per_sm: int = 1
     evict_hints: bool = False  # two-pass kernels' L2 flags (see LaunchConfig)
     reverse_pass: bool = False
+    split_row: bool = False  # a row over programs that wait for each other (see LaunchConfig)
 
 
 class Timing(Part):

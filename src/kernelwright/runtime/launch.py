@@ -29,6 +29,10 @@ class LaunchConfig:
     # row from its end, so it starts on the chunks read last (the likeliest still in L2).
     evict_hints: bool = False
     reverse_pass: bool = False
+    # Row kernels with a split form (softmax): a row wider than `block_n` is split over
+    # cdiv(n, block_n) programs that each hold one chunk and wait for each other's statistics
+    # (ops/_split.py: one read of the row) instead of one program reading it twice.
+    split_row: bool = False
 
     def with_(self, **changes) -> LaunchConfig:
         return replace(self, **changes)

@@ -54,7 +54,9 @@ def kernel_ms(kernel: str, cfg: LaunchConfig, m: int, n: int, itemsize: int, gpu
     fits = cfg.block_n >= n
     rows = cfg.rows if fits else 1
     nbytes = (3 if bwd else 2) * m * n * itemsize  # fwd: x in, y out; bwd: x, dy in, dx out
-    if not fits:
+    if not fits and cfg.split_row:
+        nbytes *= 1.05  # one read, a row's programs waiting for each other's statistics
+    elif not fits:
         # the second pass over each row, partly served from L2 (more with the L2 flags)
         nbytes *= 1.3 - 0.05 * cfg.evict_hints - 0.05 * cfg.reverse_pass
     programs = math.ceil(m / rows)

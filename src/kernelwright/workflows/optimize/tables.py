@@ -102,6 +102,7 @@ def to_config_rows(rows: list[Row]) -> list[ConfigRow]:
             programs_per_sm=c.programs_per_sm,
             evict_hints=c.evict_hints,
             reverse_pass=c.reverse_pass,
+            split_row=c.split_row,
         )
         for m, c in rows
     ]

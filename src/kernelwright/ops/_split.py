@@ -1,0 +1,79 @@
+"""Rows split across programs that wait for each other (softmax's rows past 32768 columns).
+
+A row too wide to hold in one program's registers is read twice by a looped kernel: once for
+its statistics, once to write the output, and rows of 128K-256K values do not stay in L2
+between the two. Split instead: the row's `splits` chunks go to `splits` programs; each holds
+its chunk, reduces it, stores the partial result to an fp32 slot and counts itself in on the
+row's counter (`arrive_and_wait`); once the row's every chunk is in, each merges the slots and
+writes its own chunk. One read and one write of the row.
+
+Waiting on other programs is safe only if they are running or can start. Programs do not take
+their (row, chunk) from their program id but from a ticket (`ticket`, one atomic counter), so
+tickets are handed out in the order programs start: while the lowest unfinished row still has
+a chunk without a ticket, every running program belongs to that row (all earlier rows are done,
+no later ticket is out), so fewer than `splits` programs are resident and another one can
+start. The only condition: `splits` programs fit on the GPU at once (`MAX_SPLITS`, well under
+one per SM).
+
+The Triton interpreter runs program instances one after another, so nothing may wait there:
+the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: merge and
+write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.
+H200 numbers: benchmarks/NOTES.md 31.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.device import DeviceInfo
+
+# At most this many programs share a row: far fewer than any GPU's SMs (the ticket argument
+# above needs `splits` programs resident at once, and a chunk program fits on any SM).
+MAX_SPLITS = 32
+
+
+@triton.jit
+def ticket(sync_ptr):
+    """This program's place in start order: 0, 1, 2, ... over the launch (sync_ptr[0])."""
+    return tl.atomic_add(sync_ptr, 1, sem="relaxed")
+
+
+@triton.jit
+def arrive_and_wait(count_ptr, SPLITS: tl.constexpr):
+    """Count this program in on its row's counter, then spin until all `SPLITS` are in. The
+    barrier before orders every thread's slot stores before the (acq_rel) count; the one after
+    holds every thread until the count is complete, so their slot loads come after it (as CUDA's
+    grid sync does: barrier, one thread's fenced atomic and spin, barrier)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
+    while arrived < SPLITS:
+        arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
+    """How many programs share each of `m` rows of `n` values at `block_n` per program, or 0
+    where the split form must not be used: a single chunk (nothing to split), more than
+    `MAX_SPLITS` (or than the device's SMs), or more programs than a grid's int32 tickets."""
+    splits = triton.cdiv(n, block_n)
+    limit = min(MAX_SPLITS, device.sm_count) if device.backend == "cuda" else MAX_SPLITS
+    if splits < 2 or splits > limit or m * splits >= 2**31:
+        return 0
+    return splits
+
+
+def phases(device: DeviceInfo) -> tuple[int, ...]:
+    """The kernel's `PHASE` per launch: (0,) waits in one launch (a GPU); (1, 2) is two launches,
+    statistics then write (the interpreter, where programs run one after another)."""
+    return (0,) if device.backend == "cuda" else (1, 2)
+
+
+def workspace(m: int, splits: int, slots: int, device: torch.device):
+    """The split kernels' scratch: fp32 partials [m, splits, slots] (each written before it is
+    read) and int32 counters [1 + m], zeroed: the ticket, then one per row."""
+    partials = empty((m, splits, slots), dtype=torch.float32, device=device)
+    sync = torch.zeros(1 + m, dtype=torch.int32, device=device)
+    return partials, sync
