@@ -154,10 +154,8 @@ def _softmax_fwd_split_kernel(
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    if PHASE == 0:
-        t = ticket(sync_ptr)  # (row, chunk) in start order: nobody waits on a program not started
-    else:
-        t = tl.program_id(0)
+    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started
+    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -291,10 +289,7 @@ def _softmax_bwd_split_kernel(
     PHASE: tl.constexpr,
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
-    if PHASE == 0:
-        t = ticket(sync_ptr)
-    else:
-        t = tl.program_id(0)
+    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
