@@ -48,14 +48,14 @@ OP_IDS = ["softmax", "log_softmax"]
 # table switches to the looped kernel above 4096.
 if ON_GPU:
     # (33, 20001): the one-row forward's masked rows at an odd row stride (no 16-byte
-    # alignment); (17, 65535): the widest row the forward holds (16-bit dtypes; fp32 rows take
-    # the looped kernel there). They go last: SHAPES[2] and SHAPES[4] are the one-row and
-    # looped widths the tests below pick by index.
+    # alignment); (17, 65535): split rows (4 chunks forward, 8 backward), the last partial;
+    # (5, 262144) split, (3, 600000) looped. They go last: SHAPES[2] and SHAPES[4] are the
+    # one-row and the wider widths the tests below pick by index.
     SHAPES = [
         (4099, 64), (3, 1000, 257), (1023, 4096), (257, 32768), (9, 32769), (5, 262144),
-        (33, 20001), (17, 65535),
+        (33, 20001), (17, 65535), (3, 600000),
     ]  # fmt: skip
-    LONG = 262144
+    LONG = 600000  # past the split rows: the looped kernels
 else:
     SHAPES = [(37, 64), (2, 3, 257), (5, 1000), (1, 4096), (3, 4097), (2, 1, 2, 5001)]
     LONG = 70000
@@ -275,25 +275,28 @@ def test_one_row_forward_int64_offsets(is_log):
 
 
 def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
-    # The table's 65536 row holds a 16-bit row (128 KB); an fp32 row of that length would
-    # spill, so it takes the table's looped row. An explicit config is taken as given.
+    # A table whose one-row forward holds 65536 values: a 16-bit row (128 KB) is held, an fp32
+    # row of that length would spill, so it takes the table's looped row. An explicit config is
+    # taken as given.
     monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
+    looped_row = LaunchConfig(block_n=4096, num_warps=16, evict_hints=True, reverse_pass=True)
+    rows = [(65536, LaunchConfig(block_n=65536, num_warps=32)), (2**31 - 1, looped_row)]
+    monkeypatch.setattr(softmax_module, "TABLE", {"fwd": {"default": rows}})
 
     def cfg(n, dtype, config=None):
         return softmax_module.forward_config(torch.empty(2, n, dtype=dtype), config)
 
     assert cfg(65536, torch.bfloat16).block_n == 65536
     assert cfg(65536, torch.float16).block_n == 65536
-    assert cfg(32768, torch.float32).block_n == 32768
-    looped = cfg(65536, torch.float32)
-    assert looped.block_n < 65536 and looped == cfg(131072, torch.bfloat16)
+    assert cfg(32768, torch.float32).block_n == 65536
+    assert cfg(65536, torch.float32) == looped_row
     explicit = LaunchConfig(block_n=65536, rows=1, num_warps=32)
     assert cfg(65536, torch.float32, explicit) is explicit
 
 
 def _split_launches(x, dy, is_log, block_n, num_warps=4):
-    # The split kernels (ops/_split.py) on fresh poisoned buffers: on a GPU one launch whose
-    # programs wait for each other, under the interpreter two launches.
+    # The split kernels (ops/_split.py) on fresh poisoned outputs. Under the interpreter the
+    # first program of each row finds its siblings' words unpublished and computes them itself.
     cfg = LaunchConfig(block_n=block_n, num_warps=num_warps, split_row=True)
     with poisoned():
         y = torch.full_like(x, float("nan"))
@@ -339,52 +342,57 @@ def test_split_row_int64_offsets(is_log):
 
 def test_split_row_chosen_only_where_it_can_split(monkeypatch):
     # The table's split rows (an H100's) take rows past the one-row widths; a row of more than
-    # MAX_SPLITS chunks, or more chunks in all than int32 tickets, takes the looped row.
+    # MAX_SPLITS chunks, or more programs in all than an int32 program id, takes the looped row.
     monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
 
     def cfgs(n, dtype=torch.bfloat16, m=2):
         x = torch.empty(1, n, dtype=dtype).expand(m, n)  # a shape, no memory
         return softmax_module.forward_config(x), softmax_module.backward_config(x)
 
-    for n in (131072, 262144):
+    for n in (65536, 131072, 262144):
         for cfg in cfgs(n):
             assert cfg.split_row and cfg.block_n < n
-            assert split_count(n, cfg.block_n, 2, H100) >= 2
+            assert split_count(n, cfg.block_n, 2) >= 2
+    assert cfgs(65536, torch.float32)[0].split_row  # no longer the looped row for fp32
     for cfg in (*cfgs(MAX_SPLITS * 2**20), *cfgs(262144, m=2**31 // 2)):
         assert not cfg.split_row and cfg.block_n < 262144  # the looped row
-    assert split_count(1000, 128, 4, H100) == 8
-    assert split_count(1000, 1000, 4, H100) == 0  # one chunk: nothing to split
-    assert split_count(MAX_SPLITS * 128 + 1, 128, 4, H100) == 0
+    assert split_count(1000, 128, 4) == 8
+    assert split_count(1000, 1000, 4) == 0  # one chunk: nothing to split
+    assert split_count(MAX_SPLITS * 128 + 1, 128, 4) == 0
+    assert split_count(MAX_SPLITS * 128, 128, 2**31 // MAX_SPLITS) == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
-def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
-    # On the GPU a row's programs wait for each other's partials (one launch). A program that
-    # read its siblings' slots before they were written would read the poisoned workspace or a
-    # stale value: bit for bit against the two-launch form (nothing waits there), over 4096
-    # rows of 8 chunks, plain and replayed in a CUDA graph (the counters zeroed in the graph).
+def test_split_row_on_gpu_every_row_and_bit_for_bit(monkeypatch, is_log):
+    # On the GPU a row's programs poll each other's words. 4096 rows of 8 chunks: every row
+    # against the fp32 reference (a program that merged an unpublished word, read as 0, would
+    # be off by a chunk's share); bit for bit against the same launch with no polling (every
+    # word not yet published computed by the reader: the fallback gives the owner's bits) and
+    # against CUDA-graph replays (the zeroed words in the graph).
     x = _x((4096, 131072), torch.bfloat16, 26, std=4.0)
     dy = _x((4096, 131072), torch.bfloat16, 27)
     y, dx = _split_launches(x, dy, is_log, 16384, num_warps=16)
-    graph = torch.cuda.CUDAGraph()
-    yg, dxg = torch.empty_like(y), torch.empty_like(dx)
+    ref = (log_softmax_ref if is_log else softmax_ref)(x)
+    err = (y.float() - ref).abs().amax(dim=1) / ref.abs().amax(dim=1)
+    assert err.max().item() < 1e-2
+    del ref, err
     cfg = LaunchConfig(block_n=16384, num_warps=16, split_row=True)
+    yg, dxg = torch.empty_like(y), torch.empty_like(dx)
     softmax_fwd_launch(x, yg, is_log, config=cfg)  # compiled before the capture
     softmax_bwd_launch(dy, yg, dxg, is_log, config=cfg)
+    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         softmax_fwd_launch(x, yg, is_log, config=cfg)
         softmax_bwd_launch(dy, yg, dxg, is_log, config=cfg)
-    monkeypatch.setattr(softmax_module, "phases", lambda device: (1, 2))
-    y2, dx2 = _split_launches(x, dy, is_log, 16384, num_warps=16)
-    assert torch.equal(y, y2) and torch.equal(dx, dx2)
     for _ in range(3):
         yg.fill_(float("nan"))
         dxg.fill_(float("nan"))
         graph.replay()
-        assert torch.equal(yg, y2) and torch.equal(dxg, dx2)
-    ref = (log_softmax_ref if is_log else softmax_ref)(x[:64])
-    assert rel_norm_error(y[:64], ref) < TOL[torch.bfloat16].fwd
+        assert torch.equal(yg, y) and torch.equal(dxg, dx)
+    monkeypatch.setattr(softmax_module, "spins", lambda device: 0)
+    y0, dx0 = _split_launches(x, dy, is_log, 16384, num_warps=16)
+    assert torch.equal(y0, y) and torch.equal(dx0, dx)
 
 
 def test_zero_rows():

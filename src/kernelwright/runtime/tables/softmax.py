@@ -1,9 +1,10 @@
 """Launch configs for softmax / log_softmax. Rewritten by the optimize workflow; kernels read.
 
 "fwd" and "bwd": a row fits one program when `block_n >= n` (the row stays in registers; `rows`
-rows per program); otherwise the looped kernels walk the row in `block_n` chunks, one program
-per row (forward: an online max/sum pass, then a write pass; backward: a reduction pass, then a
-write pass).
+rows per program); otherwise, with `split_row`, the row's `block_n` chunks go to programs that
+share their statistics (ops/_split.py), and without it the looped kernels walk the row in
+`block_n` chunks, one program per row (forward: an online max/sum pass, then a write pass;
+backward: a reduction pass, then a write pass).
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
@@ -11,10 +12,10 @@ from kernelwright.runtime.launch import LaunchConfig as C
 # "default" rows for 4096 and up: swept with benchmarks/tune.py on an H200 (bf16, 4096 rows,
 # 2026-11-22; benchmarks/results/tune_softmax_1d_h200.csv, after the one-row kernels became 1-D
 # with a reciprocal instead of a division per element: 32768 went from 63% to 75% of copy).
-# The one-row forward holds up to 128 KB of a row (65536 bf16 values), the backward up to 32768
-# values as fp32. Past that the looped kernels read each row twice, so their ceiling is 2/3
-# (forward) and 3/5 (backward) of copy bandwidth by the minimal byte count if the second read
-# misses L2; they reached 61-63%.
+# The one-row forward holds rows up to 32768 values, the backward up to 32768 values as fp32.
+# Past that rows are split over programs (`split_row`) up to 32 chunks; past those the looped
+# kernels read each row twice, so their ceiling is 2/3 (forward) and 3/5 (backward) of copy
+# bandwidth by the minimal byte count if the second read misses L2; they reached 61-63%.
 # With the L2 flags (evict_last / evict_first hints, second pass from the row's end: benchmarks/
 # tune.py l2_hints, H200, 2026-11-22, results/tune_l2_hints_h200.csv) part of the second read
 # hits L2: forward 0.845 -> 0.778 ms at 4096 x 131072 (-8%), 1.669 -> 1.615 at 262144 (-3%);
@@ -26,15 +27,16 @@ TABLE = {
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
             (8192, C(block_n=8192, rows=1, num_warps=16)),
-            # 16384-65536: the row held in its own dtype (bf16: half the registers of fp32;
+            # 16384-32768: the row held in its own dtype (bf16: half the registers of fp32;
             # benchmarks/softmax_hold_probe.py, H200, 4096 rows, NOTES 28): 16384 74.7 -> 70.8
-            # us with 16 warps; 32768 0.146 (persistent, loads staged ahead) -> 0.139 ms; 65536
-            # 0.371 (looped, two reads) -> 0.330 ms. fp32 rows past 32768 take the looped row
-            # (ops/_held.py, MAX_HELD_ROW_BYTES).
+            # us with 16 warps; 32768 0.146 (persistent, loads staged ahead) -> 0.139 ms.
             (16384, C(block_n=16384, rows=1, num_warps=16)),
             (32768, C(block_n=32768, rows=1, num_warps=32)),
-            (65536, C(block_n=65536, rows=1, num_warps=32)),
-            # Past 65536: the looped kernel with the L2 flags.
+            # Past 32768: the row split over programs in 16384-wide chunks that share their
+            # statistics (ops/_split.py; tune.py softmax_split, H200, 4096 rows, NOTES 31):
+            # one read of the row instead of two. At most 32 chunks (524288 columns).
+            (524288, C(block_n=16384, rows=1, num_warps=16, split_row=True)),
+            # Past that: the looped kernel with the L2 flags.
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, evict_hints=True, reverse_pass=True)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs
@@ -53,6 +55,9 @@ TABLE = {
             (8192, C(block_n=8192, rows=1, num_warps=16)),
             (16384, C(block_n=16384, rows=1, num_warps=4)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
+            # Past 32768: split rows as in the forward, 8192-wide chunks (dy and y held as
+            # fp32; NOTES 31), at most 32 of them; past that the looped kernel.
+            (262144, C(block_n=8192, rows=1, num_warps=8, split_row=True)),
             (
                 2**31 - 1,
                 C(block_n=16384, rows=1, num_warps=32, evict_hints=True, reverse_pass=True),
