@@ -1,5 +1,7 @@
 """softmax / log_softmax: forward and backward against the fp32 reference, paths, properties."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import DEVICE, H100, ON_GPU
@@ -295,8 +297,8 @@ def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
 
 
 def _split_launches(x, dy, is_log, block_n, num_warps=4):
-    # The split kernels (ops/_split.py) on fresh poisoned outputs. Under the interpreter the
-    # first program of each row finds its siblings' words unpublished and computes them itself.
+    # The split kernels (ops/_split.py) on fresh poisoned outputs and partials: on a GPU one
+    # launch whose programs wait for each other, under the interpreter two launches.
     cfg = LaunchConfig(block_n=block_n, num_warps=num_warps, split_row=True)
     with poisoned():
         y = torch.full_like(x, float("nan"))
@@ -342,7 +344,8 @@ def test_split_row_int64_offsets(is_log):
 
 def test_split_row_chosen_only_where_it_can_split(monkeypatch):
     # The table's split rows (an H100's) take rows past the one-row widths; a row of more than
-    # MAX_SPLITS chunks, or more programs in all than an int32 program id, takes the looped row.
+    # MAX_SPLITS chunks (or than the GPU's SMs), or more programs in all than int32 tickets,
+    # takes the looped row.
     monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
 
     def cfgs(n, dtype=torch.bfloat16, m=2):
@@ -352,24 +355,26 @@ def test_split_row_chosen_only_where_it_can_split(monkeypatch):
     for n in (65536, 131072, 262144):
         for cfg in cfgs(n):
             assert cfg.split_row and cfg.block_n < n
-            assert split_count(n, cfg.block_n, 2) >= 2
+            assert split_count(n, cfg.block_n, 2, H100) >= 2
     assert cfgs(65536, torch.float32)[0].split_row  # no longer the looped row for fp32
     for cfg in (*cfgs(MAX_SPLITS * 2**20), *cfgs(262144, m=2**31 // 2)):
         assert not cfg.split_row and cfg.block_n < 262144  # the looped row
-    assert split_count(1000, 128, 4) == 8
-    assert split_count(1000, 1000, 4) == 0  # one chunk: nothing to split
-    assert split_count(MAX_SPLITS * 128 + 1, 128, 4) == 0
-    assert split_count(MAX_SPLITS * 128, 128, 2**31 // MAX_SPLITS) == 0
+    assert split_count(1000, 128, 4, H100) == 8
+    assert split_count(1000, 1000, 4, H100) == 0  # one chunk: nothing to split
+    assert split_count(MAX_SPLITS * 128 + 1, 128, 4, H100) == 0
+    assert split_count(MAX_SPLITS * 128, 128, 2**31 // MAX_SPLITS, H100) == 0
+    small = dataclasses.replace(H100, sm_count=8)  # a row's programs must fit at once
+    assert split_count(1000, 128, 4, small) == 8 and split_count(1100, 128, 4, small) == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
-def test_split_row_on_gpu_every_row_and_bit_for_bit(monkeypatch, is_log):
-    # On the GPU a row's programs poll each other's words. 4096 rows of 8 chunks: every row
-    # against the fp32 reference (a program that merged an unpublished word, read as 0, would
-    # be off by a chunk's share); bit for bit against the same launch with no polling (every
-    # word not yet published computed by the reader: the fallback gives the owner's bits) and
-    # against CUDA-graph replays (the zeroed words in the graph).
+def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
+    # On the GPU a row's programs wait for each other's partials (one launch). 4096 rows of 8
+    # chunks: every row against the fp32 reference (a program that read a sibling's slot before
+    # it was written would read the poisoned workspace, NaN, or a stale value); bit for bit
+    # against the two-launch form (nothing waits there) and against CUDA-graph replays (the
+    # counters zeroed in the graph).
     x = _x((4096, 131072), torch.bfloat16, 26, std=4.0)
     dy = _x((4096, 131072), torch.bfloat16, 27)
     y, dx = _split_launches(x, dy, is_log, 16384, num_warps=16)
@@ -390,9 +395,9 @@ def test_split_row_on_gpu_every_row_and_bit_for_bit(monkeypatch, is_log):
         dxg.fill_(float("nan"))
         graph.replay()
         assert torch.equal(yg, y) and torch.equal(dxg, dx)
-    monkeypatch.setattr(softmax_module, "spins", lambda device: 0)
-    y0, dx0 = _split_launches(x, dy, is_log, 16384, num_warps=16)
-    assert torch.equal(y0, y) and torch.equal(dx0, dx)
+    monkeypatch.setattr(softmax_module, "phases", lambda device: (1, 2))
+    y2, dx2 = _split_launches(x, dy, is_log, 16384, num_warps=16)
+    assert torch.equal(y2, y) and torch.equal(dx2, dx)
 
 
 def test_zero_rows():

@@ -1,22 +1,24 @@
-"""Rows split across programs that share their statistics (softmax's rows past 32768 columns).
+"""Rows split across programs that wait for each other (softmax's rows past 32768 columns).
 
 A row too wide to hold in one program's registers is read twice by a looped kernel: once for
 its statistics, once to write the output, and rows of 128K-256K values do not stay in L2
 between the two. Split instead: the row's `splits` chunks go to `splits` programs; each holds
-its chunk, reduces it to its statistics (softmax: max and sum of exp; its backward: one sum),
-publishes them in the row's word for that chunk, reads the row's other words, merges and writes
-its own chunk. One read and one write of the row.
+its chunk, reduces it, stores the partial result to an fp32 slot and counts itself in on the
+row's counter (`arrive_and_wait`); once the row's every chunk is in, each merges the slots and
+writes its own chunk. One read and one write of the row.
 
-A word is the statistics packed in 64 bits (`pack2`, `pack1`), written in one store: its own
-flag (a published word is never 0), so a reader needs no ordering between a flag and the data.
-Waiting on another program is safe only if that program runs. Nothing guarantees that the
-programs of one row are resident together (CUDA does not promise to start programs in order,
-and under the interpreter they run one after another), so a program that still finds a word
-of 0 after `spins` polls computes that chunk's statistics itself, with the owner's code — the
-same values bit for bit — and goes on: progress never depends on scheduling. On a GPU a row's
-programs have consecutive ids and start together, so the fallback is for the worst case only;
-under the interpreter (`spins` 0) the first program of each row always takes it, which puts it
-under the CPU tests. H200 numbers: benchmarks/NOTES.md 31.
+Waiting on other programs is safe only if they are running or can start. Programs do not take
+their (row, chunk) from their program id but from a ticket (`ticket`, one atomic counter), so
+tickets are handed out in the order programs start: while the lowest unfinished row still has
+a chunk without a ticket, every running program belongs to that row (all earlier rows are done,
+no later ticket is out), so fewer than `splits` programs are resident and another one can
+start. The only condition: `splits` programs fit on the GPU at once (`MAX_SPLITS`, well under
+one per SM).
+
+The Triton interpreter runs program instances one after another, so nothing may wait there:
+the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: merge and
+write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.
+H200 numbers: benchmarks/NOTES.md 31.
 """
 
 from __future__ import annotations
@@ -25,75 +27,53 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.device import DeviceInfo
 
-# At most this many programs share a row (a row's fallback reads at most this many chunks).
+# At most this many programs share a row: far fewer than any GPU's SMs (the ticket argument
+# above needs `splits` programs resident at once, and a chunk program fits on any SM).
 MAX_SPLITS = 32
 
-# Polls of the row's words before a program computes the missing chunks itself: ~1 us each on
-# an H100/H200 (an L2 round trip), a row's other programs need a few us.
-SPINS = 4096
+
+@triton.jit
+def ticket(sync_ptr):
+    """This program's place in start order: 0, 1, 2, ... over the launch (sync_ptr[0])."""
+    return tl.atomic_add(sync_ptr, 1, sem="relaxed")
 
 
 @triton.jit
-def pack2(hi, lo):
-    """Two fp32 values as one int64 word (hi's bits above lo's)."""
-    hi_bits = hi.to(tl.int32, bitcast=True).to(tl.int64)
-    lo_bits = lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    return (hi_bits << 32) | lo_bits
+def arrive_and_wait(count_ptr, SPLITS: tl.constexpr):
+    """Count this program in on its row's counter, then spin until all `SPLITS` are in. The
+    barrier before orders every thread's slot stores before the (acq_rel) count; the one after
+    holds every thread until the count is complete, so their slot loads come after it (as CUDA's
+    grid sync does: barrier, one thread's fenced atomic and spin, barrier)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
+    while arrived < SPLITS:
+        arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
 
 
-@triton.jit
-def unpack_hi(word):
-    return (word >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def unpack_lo(word):
-    return word.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def pack1(value):
-    """One fp32 value as a word that is never 0 (a set bit above it)."""
-    return (value.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (1 << 32)
-
-
-@triton.jit
-def unpublished(words):
-    """How many of `words` are still 0 (a packed word may be negative: test for 0, not < 1)."""
-    return tl.sum((words == 0).to(tl.int32), axis=0)
-
-
-@triton.jit
-def poll(words_ptr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, spins):
-    """The row's `SPLITS` words, re-read until none is 0 or `spins` polls have passed (padding
-    lanes past SPLITS read as 1)."""
-    k = tl.arange(0, SPLITS_P2)
-    words = tl.load(words_ptr + k, mask=k < SPLITS, other=1, volatile=True)
-    n = 0
-    while (unpublished(words) > 0) & (n < spins):
-        words = tl.load(words_ptr + k, mask=k < SPLITS, other=1, volatile=True)
-        n += 1
-    return words
-
-
-def split_count(n: int, block_n: int, m: int) -> int:
+def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
     """How many programs share each of `m` rows of `n` values at `block_n` per program, or 0
     where the split form must not be used: a single chunk (nothing to split), more than
-    `MAX_SPLITS`, or more programs than an int32 program id."""
+    `MAX_SPLITS` (or than the device's SMs), or more programs than a grid's int32 tickets."""
     splits = triton.cdiv(n, block_n)
-    if splits < 2 or splits > MAX_SPLITS or m * splits >= 2**31:
+    limit = min(MAX_SPLITS, device.sm_count) if device.backend == "cuda" else MAX_SPLITS
+    if splits < 2 or splits > limit or m * splits >= 2**31:
         return 0
     return splits
 
 
-def spins(device: DeviceInfo) -> int:
-    """Polls before the fallback: `SPINS` on a GPU, none under the interpreter (its programs
-    run one after another: a word still 0 is one whose program has not run)."""
-    return SPINS if device.backend == "cuda" else 0
+def phases(device: DeviceInfo) -> tuple[int, ...]:
+    """The kernel's `PHASE` per launch: (0,) waits in one launch (a GPU); (1, 2) is two launches,
+    statistics then write (the interpreter, where programs run one after another)."""
+    return (0,) if device.backend == "cuda" else (1, 2)
 
 
-def zeroed_words(m: int, splits: int, device: torch.device) -> torch.Tensor:
-    """The split kernels' scratch: one int64 word per chunk, [m, splits], zeroed (unpublished)."""
-    return torch.zeros((m, splits), dtype=torch.int64, device=device)
+def workspace(m: int, splits: int, slots: int, device: torch.device):
+    """The split kernels' scratch: fp32 partials [m, splits, slots] (each written before it is
+    read) and int32 counters [1 + m], zeroed: the ticket, then one per row."""
+    partials = empty((m, splits, slots), dtype=torch.float32, device=device)
+    sync = torch.zeros(1 + m, dtype=torch.int32, device=device)
+    return partials, sync

@@ -12,12 +12,11 @@ backward (the input is never needed):
 A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds rows
 of 16384 and more in their own dtype (ops/_held.py: half the registers of fp32 for bf16/fp16).
 Longer rows, up to 32 chunks (524288 columns forward, 262144 backward), are split over programs
-that each hold one chunk and share their statistics through one 64-bit word per chunk
-(ops/_split.py): one read and one write of the row. Past that (vocabularies beyond and any row
-length) an online pass — running max and rescaled running sum in one read — and a second read
-of the row to write y; rows that long do not all stay in L2 between the passes: at worst this
-form moves 3/2 of the minimal bytes. The table's L2 flags (eviction hints, the write pass from
-the row's end) serve part of the second read from L2.
+that each hold one chunk and wait for each other's statistics (ops/_split.py): one read and one
+write of the row. Past that an online pass — running max and rescaled running sum in one
+read — and a second read of the row to write y; rows that long do not all stay in L2 between
+the passes: at worst this form moves 3/2 of the minimal bytes. The table's L2 flags (eviction
+hints, the write pass from the row's end) serve part of the second read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
@@ -32,17 +31,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._split import (
-    pack1,
-    pack2,
-    poll,
-    spins,
-    split_count,
-    unpack_hi,
-    unpack_lo,
-    unpublished,
-    zeroed_words,
-)
+from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket, workspace
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -148,60 +137,53 @@ def _softmax_fwd_looped_kernel(
 
 
 @triton.jit
-def _fwd_chunk_stats(x_row, j, N, BLOCK_N: tl.constexpr, HOLD: tl.constexpr):
-    """Chunk j of a row: its values as loaded (held), their max m and sum of exp(x - m)."""
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    x = tl.load(x_row + cols, mask=cols < N, other=-float("inf"))
-    m = tl.max(x.to(tl.float32), axis=0)
-    # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and `again`
-    # waits on the finite shift: |0 * -inf| would be NaN).
-    shift = tl.where(m == -float("inf"), 0.0, m)
-    d = tl.sum(tl.exp(again(x, shift, HOLD).to(tl.float32) - shift), axis=0)
-    return x, m, d
-
-
-@triton.jit
 def _softmax_fwd_split_kernel(
     x_ptr,
     y_ptr,
-    words_ptr,  # [M, SPLITS] int64, zeroed: each chunk's max and sum, packed (ops/_split.py)
+    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max)
+    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (ops/_split.py)
     M,
     N,
     stride_x,
     stride_y,
-    spins,  # polls of the row's words before computing a missing chunk's statistics here
     IS_LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,  # one chunk: BLOCK_N < N <= SPLITS * BLOCK_N
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
+    PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    pid = tl.program_id(0)
-    row = (pid // SPLITS).to(tl.int64)
-    j = pid % SPLITS
-    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
-    x_row = x_ptr + row * stride_x
-    x, m, d = _fwd_chunk_stats(x_row, j, N, BLOCK_N, hold)
-    row_words = words_ptr + row * SPLITS
-    tl.store(row_words + j, pack2(m, d))
-    words = poll(row_words, SPLITS, SPLITS_P2, spins)
-    k = tl.arange(0, SPLITS_P2)
-    if unpublished(words) > 0:  # a chunk whose program has not published: computed here
-        for c in range(SPLITS):
-            if tl.sum(tl.where(k == c, words, 0), axis=0) == 0:
-                _, m_c, d_c = _fwd_chunk_stats(x_row, c, N, BLOCK_N, hold)
-                words = tl.where(k == c, pack2(m_c, d_c), words)
-    # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for an
-    # all -inf chunk; a row of only -inf gives NaN, as in torch).
-    ms = tl.where(k < SPLITS, unpack_hi(words), -float("inf"))
-    ds = tl.where(k < SPLITS, unpack_lo(words), 0.0)
-    m_row = tl.max(ms, axis=0)
-    d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
-    x = again(x, d_row, hold).to(tl.float32)
-    y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
+    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started
+    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
+    j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=cols < N)
+    col_mask = cols < N
+    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
+    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
+    part = part_ptr + (row * SPLITS) * 2
+    if PHASE != 2:
+        m = tl.max(x.to(tl.float32), axis=0)
+        # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
+        # `again` waits on the finite shift: |0 * -inf| would be NaN).
+        shift = tl.where(m == -float("inf"), 0.0, m)
+        d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
+        tl.store(part + j * 2, m)
+        tl.store(part + j * 2 + 1, d)
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for
+        # an all -inf chunk; a row of only -inf gives NaN, as in torch).
+        k = tl.arange(0, SPLITS_P2)
+        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        m_row = tl.max(ms, axis=0)
+        d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
+        x = again(x, d_row, hold).to(tl.float32)
+        y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -289,52 +271,41 @@ def _softmax_bwd_looped_kernel(
 
 
 @triton.jit
-def _bwd_chunk_sum(dy_row, y_row, j, N, IS_LOG: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Chunk j of a row's dy and y (fp32) and its share of the backward's row sum."""
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    dy = tl.load(dy_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-    y = tl.load(y_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-    s = tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0)
-    return dy, y, s
-
-
-@triton.jit
 def _softmax_bwd_split_kernel(
     dy_ptr,
     y_ptr,
     dx_ptr,
-    words_ptr,  # [M, SPLITS] int64, zeroed: each chunk's sum(dy * y) or sum(dy), packed
+    part_ptr,  # [M, SPLITS] fp32: each chunk's sum(dy * y) (softmax) or sum(dy) (log_softmax)
+    sync_ptr,  # [1 + M] int32, zeroed, as in the forward
     M,
     N,
     stride_dy,
     stride_y,
     stride_dx,
-    spins,
     IS_LOG: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
+    PHASE: tl.constexpr,
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
-    pid = tl.program_id(0)
-    row = (pid // SPLITS).to(tl.int64)
-    j = pid % SPLITS
-    dy_row = dy_ptr + row * stride_dy
-    y_row = y_ptr + row * stride_y
-    dy, y, s_j = _bwd_chunk_sum(dy_row, y_row, j, N, IS_LOG, BLOCK_N)
-    row_words = words_ptr + row * SPLITS
-    tl.store(row_words + j, pack1(s_j))
-    words = poll(row_words, SPLITS, SPLITS_P2, spins)
-    k = tl.arange(0, SPLITS_P2)
-    if unpublished(words) > 0:
-        for c in range(SPLITS):
-            if tl.sum(tl.where(k == c, words, 0), axis=0) == 0:
-                _, _, s_c = _bwd_chunk_sum(dy_row, y_row, c, N, IS_LOG, BLOCK_N)
-                words = tl.where(k == c, pack1(s_c), words)
-    s = tl.sum(tl.where(k < SPLITS, unpack_lo(words), 0.0), axis=0)
-    dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
+    j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=cols < N)
+    col_mask = cols < N
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
+    part = part_ptr + row * SPLITS
+    if PHASE != 2:
+        tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        k = tl.arange(0, SPLITS_P2)
+        s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
+        dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -351,7 +322,7 @@ def _looped_row(kernel: str, x: torch.Tensor) -> LaunchConfig:
 def _split_count(x: torch.Tensor, cfg: LaunchConfig) -> int:
     """Programs per row of `x` ([M, N]) under a split row `cfg`; 0: not split."""
     M, N = x.shape
-    return split_count(N, cfg.block_n, M) if cfg.split_row else 0
+    return split_count(N, cfg.block_n, M, device_info(x.device)) if cfg.split_row else 0
 
 
 def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
@@ -379,23 +350,27 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
     return cfg
 
 
-def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, **constexprs):
+def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, slots: int, **constexprs):
     """Launch a split-row kernel (ops/_split.py) over [M, N] `tensors` (`scalars`: M, N, the row
-    strides): `cdiv(N, block_n)` programs per row, one word of statistics per chunk."""
+    strides): `cdiv(N, block_n)` programs per row, in one launch that waits (GPU) or in two that
+    do not (the interpreter), with `slots` fp32 partials per chunk."""
     M, N = scalars[0], scalars[1]
     device = tensors[0].device
-    splits = split_count(N, cfg.block_n, M)
-    kernel[(M * splits,)](
-        *tensors,
-        zeroed_words(M, splits, device),
-        *scalars,
-        spins(device_info(device)),
-        BLOCK_N=cfg.block_n,
-        SPLITS=splits,
-        SPLITS_P2=triton.next_power_of_2(splits),
-        num_warps=cfg.num_warps,
-        **constexprs,
-    )
+    splits = split_count(N, cfg.block_n, M, device_info(device))
+    partials, sync = workspace(M, splits, slots, device)
+    for phase in phases(device_info(device)):
+        kernel[(M * splits,)](
+            *tensors,
+            partials,
+            sync,
+            *scalars,
+            BLOCK_N=cfg.block_n,
+            SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits),
+            PHASE=phase,
+            num_warps=cfg.num_warps,
+            **constexprs,
+        )
 
 
 def softmax_fwd_launch(
@@ -415,7 +390,7 @@ def softmax_fwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif _split_count(x, cfg):
-        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, IS_LOG=is_log)
+        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, 2, IS_LOG=is_log)
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -444,7 +419,7 @@ def softmax_bwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif _split_count(y, cfg):
-        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, IS_LOG=is_log)
+        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, 1, IS_LOG=is_log)
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,
