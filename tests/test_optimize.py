@@ -404,9 +404,10 @@ def test_gpu_run_measures_for_real(tmp_path):
 
 
 def test_sweep_steps_the_l2_flags_where_rows_are_walked_twice(tmp_path):
-    # softmax at 70000 columns takes the looped kernel: the sweep times its table row with each
-    # L2 flag off and on (the placeholder clock models them as faster), and keeps them on; the
-    # fused regime (5000 columns) reads no flag, so none is stepped there
+    # softmax at 600000 columns takes the looped kernel (past the split rows): the sweep times
+    # its table row with each L2 flag off and on (the placeholder clock models them as faster),
+    # and keeps them on; the fused regime (5000 columns) and the split one (70000) read no
+    # flag, so none is stepped there
     from kernelwright.runtime.tables import softmax as sm_table
 
     before = copy.deepcopy(sm_table.TABLE)
@@ -418,7 +419,7 @@ def test_sweep_steps_the_l2_flags_where_rows_are_walked_twice(tmp_path):
         scope="forward",
         dry_run=True,
         gpu="hopper",
-        shapes=[{"rows": 2, "n": 5000}, {"rows": 2, "n": 70000}],
+        shapes=[{"rows": 2, "n": 5000}, {"rows": 2, "n": 70000}, {"rows": 2, "n": 600000}],
     )
     result = optimize(opts)
     assert before == sm_table.TABLE
@@ -426,10 +427,11 @@ def test_sweep_steps_the_l2_flags_where_rows_are_walked_twice(tmp_path):
         rows = list(csv.DictReader(f))
     looped = [r for r in rows if r["max_n"] == str(2**31 - 1)]
     fused = [r for r in rows if r["max_n"] == "8192"]
-    assert looped and fused
+    split = [r for r in rows if r["max_n"] == "524288"]
+    assert looped and fused and split
     for flag in ("evict_hints", "reverse_pass"):
         assert any(flag in r["config"] for r in looped)
         assert any(flag not in r["config"] for r in looped)
-        assert not any(flag in r["config"] for r in fused)
+        assert not any(flag in r["config"] for r in fused + split)
     kept = [r["config"] for r in looped if r["kept"] == "True"]
     assert len(kept) == 1 and "evict_hints" in kept[0] and "reverse_pass" in kept[0]

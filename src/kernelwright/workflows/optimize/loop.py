@@ -223,11 +223,12 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
             best = _pick(cur, timed, setup.opts.goal)
             # then one field at a time, around the three best so far — the best at one
             # partial-sum count need not be the best at another. The L2 flags only where the
-            # measured rows take the two-pass path (elsewhere the launcher ignores them).
+            # measured rows take the two-pass path (elsewhere, split rows included, the
+            # launcher ignores them).
             for name, values in FIELD_STEPS:
                 if name in setup.varied[kernel] and not stopped:
                     for base in _top(cur, timed, setup.opts.goal, 3):
-                        if name in L2_FLAGS and base.block_n >= max(ns):
+                        if name in L2_FLAGS and (base.block_n >= max(ns) or base.split_row):
                             continue
                         for v in values:
                             cfg = base.with_(**{name: v})

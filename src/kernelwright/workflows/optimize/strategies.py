@@ -151,8 +151,10 @@ def _split_long_rows(ctx: EditContext) -> ArchRows:
 def _flag_on(name: str) -> Edit:
     def edit(ctx: EditContext) -> ArchRows:
         def f(k, cfg, ns):
-            # only regimes whose measured rows take the two-pass path read the flag
-            if name not in ctx.varied[k] or getattr(cfg, name) or cfg.block_n >= max(ns):
+            # only regimes whose measured rows take the two-pass path read the flag (a split
+            # row reads each row once: its kernels ignore it)
+            skip = cfg.block_n >= max(ns) or cfg.split_row
+            if name not in ctx.varied[k] or getattr(cfg, name) or skip:
                 return None
             return cfg.with_(**{name: True})
 
