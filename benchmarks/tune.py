@@ -391,42 +391,6 @@ def softmax_split_cases():
         del x, y, dx, dy
 
 
-def softmax_split_rows_cases():
-    # The split rows taking their chunk of `rows` consecutive rows in turn, the next row's chunk
-    # loaded before the wait on this row's statistics (NOTES 32), against the table's rows
-    # (block_n=0).
-    from kernelwright.ops import softmax as sm
-
-    m = 4096
-    for n in (65536, 131072, 262144):
-        x = torch.randn(m, n, device="cuda", dtype=DT).mul_(4.0)
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        dy = torch.randn_like(x)
-        rows = (1, 2, 4, 8, 16)
-        chunks = {
-            "fwd": ((16384, 16), (16384, 8), (8192, 8)),
-            "bwd": ((8192, 8), (8192, 4), (4096, 4)),
-        }
-        cfgs = {
-            kind: [C(block_n=0)]
-            + [
-                C(block_n=b, num_warps=w, rows=r, split_row=True)
-                for (b, w), r in itertools.product(c, rows)
-            ]
-            for kind, c in chunks.items()
-        }
-        for cfg in cfgs["fwd"]:
-            c = None if cfg.block_n == 0 else cfg
-            f = partial(sm.softmax_fwd_launch, x, y, False, config=c)
-            yield "fwd", (m, n), cfg, f, 2 * m * n * 2
-        sm.softmax_fwd_launch(x, y, False)
-        for cfg in cfgs["bwd"]:
-            c = None if cfg.block_n == 0 else cfg
-            f = partial(sm.softmax_bwd_launch, dy, y, dx, False, config=c)
-            yield "bwd", (m, n), cfg, f, 3 * m * n * 2
-        del x, y, dx, dy
-
-
 def softmax_bwd_small_cases():
     # 4096-16384 columns, backward: the one-pass kernel (row in registers) against the looped
     # two-pass one with the L2 flags, which is how torch.compile's kernel works there (a read
@@ -666,7 +630,6 @@ CASES = {
     "softmax": softmax_cases,
     "softmax_mid": softmax_mid_cases,
     "softmax_split": softmax_split_cases,
-    "softmax_split_rows": softmax_split_rows_cases,
     "softmax_bwd_small": softmax_bwd_small_cases,
     "jagged_mean_balance": jagged_mean_balance_cases,
     "layer_norm_fwd_looped": layer_norm_fwd_looped_cases,

@@ -150,55 +150,40 @@ def _softmax_fwd_split_kernel(
     BLOCK_N: tl.constexpr,  # one chunk: BLOCK_N < N <= SPLITS * BLOCK_N
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
-    ROWS: tl.constexpr,  # rows a program takes its chunk of, one after another
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    # A program takes its chunk of ROWS consecutive rows in turn, and loads the next row's chunk
-    # before it waits for this row's statistics, so a load is in flight during the wait.
-    # (group of rows, chunk) by ticket, in start order: nobody waits on a program not started.
+    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started
     t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
-    first = (t // SPLITS).to(tl.int64) * ROWS  # int64: row * stride may pass 2^31
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
-    k = tl.arange(0, SPLITS_P2)
-    first_mask = col_mask & (first + tl.zeros_like(cols) < M)  # (a tensor compare: interpreter)
-    x = tl.load(x_ptr + first * stride_x + cols, mask=first_mask, other=-float("inf"))
-    for i in range(ROWS):
-        row = first + i
-        if ROWS > 1:
-            nxt = row + 1
-            nxt_mask = col_mask & (nxt + tl.zeros_like(cols) < M) & (i + 1 < ROWS)
-            x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=nxt_mask, other=-float("inf"))
-        else:
-            x_next = x
-        if row < M:  # the same for every program of the row: they all wait, or none does
-            part = part_ptr + (row * SPLITS) * 2
-            if PHASE != 2:
-                m = tl.max(x.to(tl.float32), axis=0)
-                # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN
-                # (and `again` waits on the finite shift: |0 * -inf| would be NaN).
-                shift = tl.where(m == -float("inf"), 0.0, m)
-                d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
-                tl.store(part + j * 2, m)
-                tl.store(part + j * 2 + 1, d)
-            if PHASE == 0:
-                arrive_and_wait(sync_ptr + 1 + row, SPLITS)
-            if PHASE != 1:
-                # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row)
-                # = 0 for an all -inf chunk; a row of only -inf gives NaN, as in torch).
-                ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
-                ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
-                m_row = tl.max(ms, axis=0)
-                d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
-                xf = again(x, d_row, hold).to(tl.float32)
-                y = xf - m_row - tl.log(d_row) if IS_LOG else tl.exp(xf - m_row) * (1.0 / d_row)
-                y_ptrs = y_ptr + row * stride_y + cols
-                tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=col_mask)
-        x = x_next
+    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
+    part = part_ptr + (row * SPLITS) * 2
+    if PHASE != 2:
+        m = tl.max(x.to(tl.float32), axis=0)
+        # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
+        # `again` waits on the finite shift: |0 * -inf| would be NaN).
+        shift = tl.where(m == -float("inf"), 0.0, m)
+        d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
+        tl.store(part + j * 2, m)
+        tl.store(part + j * 2 + 1, d)
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for
+        # an all -inf chunk; a row of only -inf gives NaN, as in torch).
+        k = tl.arange(0, SPLITS_P2)
+        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        m_row = tl.max(ms, axis=0)
+        d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
+        x = again(x, d_row, hold).to(tl.float32)
+        y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -301,45 +286,26 @@ def _softmax_bwd_split_kernel(
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
-    ROWS: tl.constexpr,
     PHASE: tl.constexpr,
 ):
-    # The backward's rows split as the forward's: dy and y of a chunk held (fp32 once loaded),
-    # one read each; the next row's chunks loaded (raw) before the wait.
+    # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
     t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
-    first = (t // SPLITS).to(tl.int64) * ROWS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    k = tl.arange(0, SPLITS_P2)
-    mask = col_mask & (first + tl.zeros_like(cols) < M)  # (a tensor compare: interpreter)
-    dy = tl.load(dy_ptr + first * stride_dy + cols, mask=mask, other=0.0)
-    y = tl.load(y_ptr + first * stride_y + cols, mask=mask, other=0.0)
-    for i in range(ROWS):
-        row = first + i
-        if ROWS > 1:
-            nxt = row + 1
-            nxt_mask = col_mask & (nxt + tl.zeros_like(cols) < M) & (i + 1 < ROWS)
-            dy_next = tl.load(dy_ptr + nxt * stride_dy + cols, mask=nxt_mask, other=0.0)
-            y_next = tl.load(y_ptr + nxt * stride_y + cols, mask=nxt_mask, other=0.0)
-        else:
-            dy_next = dy
-            y_next = y
-        if row < M:
-            dyf = dy.to(tl.float32)
-            yf = y.to(tl.float32)
-            part = part_ptr + row * SPLITS
-            if PHASE != 2:
-                tl.store(part + j, tl.sum(dyf, axis=0) if IS_LOG else tl.sum(dyf * yf, axis=0))
-            if PHASE == 0:
-                arrive_and_wait(sync_ptr + 1 + row, SPLITS)
-            if PHASE != 1:
-                s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
-                dx = dyf - tl.exp(yf) * s if IS_LOG else yf * (dyf - s)
-                dx_ptrs = dx_ptr + row * stride_dx + cols
-                tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
-        dy = dy_next
-        y = y_next
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
+    part = part_ptr + row * SPLITS
+    if PHASE != 2:
+        tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
+    if PHASE == 0:
+        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+    if PHASE != 1:
+        k = tl.arange(0, SPLITS_P2)
+        s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
+        dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -386,14 +352,14 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
 
 def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, slots: int, **constexprs):
     """Launch a split-row kernel (ops/_split.py) over [M, N] `tensors` (`scalars`: M, N, the row
-    strides): `cdiv(N, block_n)` programs per group of `cfg.rows` rows, in one launch that waits
-    (GPU) or in two that do not (the interpreter), with `slots` fp32 partials per chunk."""
+    strides): `cdiv(N, block_n)` programs per row, in one launch that waits (GPU) or in two that
+    do not (the interpreter), with `slots` fp32 partials per chunk."""
     M, N = scalars[0], scalars[1]
     device = tensors[0].device
     splits = split_count(N, cfg.block_n, M, device_info(device))
     partials, sync = workspace(M, splits, slots, device)
     for phase in phases(device_info(device)):
-        kernel[(triton.cdiv(M, cfg.rows) * splits,)](
+        kernel[(M * splits,)](
             *tensors,
             partials,
             sync,
@@ -401,7 +367,6 @@ def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, slots: int, **con
             BLOCK_N=cfg.block_n,
             SPLITS=splits,
             SPLITS_P2=triton.next_power_of_2(splits),
-            ROWS=cfg.rows,
             PHASE=phase,
             num_warps=cfg.num_warps,
             **constexprs,
