@@ -1,14 +1,13 @@
 """Programmatic dependent launch (PDL, sm_90+) for kernels that consume the previous kernel's
-output: the norms' forward and backward kernels (after whatever ran before them) and the
-partial-row sum after the backward.
+output: the norms' backward kernels (after the forward, or whatever ran before them) and the
+partial-row sum after them.
 
 A kernel launched with `runtime.launch.pdl_args(device)` has its launch processed while the
 kernel before it in the stream still runs; its first statement, `wait_for_inputs(GDC_WAIT)`,
 then holds every load and store until that kernel has finished and its writes are visible.
 Nothing is read or written before the wait, so any predecessor is safe, including one that
 still reads what this kernel overwrites (dx over dy). On the H200 the sum kernel's launch was
-worth 0.4-2 µs per norm backward this way (benchmarks/pdl_probe.py; NOTES 29; the forwards:
-NOTES 33).
+worth 0.4-2 µs per norm backward this way (benchmarks/pdl_probe.py; NOTES 29).
 """
 
 from __future__ import annotations

@@ -63,9 +63,7 @@ def _fused_add_rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # One program adds and normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     # s = round(x + r) to the input dtype (fp32 add, one rounding: what torch's add does);
     # the norm then reads the rounded s, exactly as the unfused model code does.
@@ -124,9 +122,7 @@ def _fused_add_rms_norm_fwd_looped_kernel(
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # Rows too long for registers: pass 1 reduces sum(s^2); pass 2 re-reads x and r (mostly
     # from L2), recomputes the same rounded s and writes s and y. Writing s in pass 2, not
     # pass 1, keeps each output written once and never reads back what the program stored.
@@ -337,7 +333,6 @@ def fused_add_rms_norm_fwd_launch(
     common = dict(
         CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
     )
-    common.update(pdl_args(device_info(x.device)))  # its launch overlaps the kernel before it
     args = (x, residual, weight if weight is not None else x, y, residual_out, rstd, M, N)
     args += (x.stride(0), residual.stride(0), y.stride(0), residual_out.stride(0), eps, offset)
     if cfg.block_n >= N:

@@ -49,9 +49,7 @@ def _layer_norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -125,9 +123,7 @@ def _layer_norm_fwd_looped_kernel(
     EVICT_1ST: tl.constexpr,  # the L2 flags (LaunchConfig.evict_hints / reverse_pass)
     EVICT_2ND: tl.constexpr,
     REVERSE: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # Rows walked in BLOCK_N chunks, two reads. Pass 1: every lane keeps a running (count,
     # mean, M2) of the values it sees (Welford: no E[x^2] - E[x]^2 cancellation), and the lanes
     # merge exactly at the end (Chan et al.): mean = sum(c_j m_j) / N, M2 = sum(M2_j) +
@@ -395,7 +391,6 @@ def layer_norm_fwd_launch(
         return
     cfg = _config("fwd", x, config)
     common = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=cfg.block_n)
-    common.update(pdl_args(device_info(x.device)))  # its launch overlaps the kernel before it
     w = weight if weight is not None else x  # never read when absent
     b = bias if bias is not None else x
     args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)

@@ -67,9 +67,7 @@ def _rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -117,9 +115,7 @@ def _rms_norm_fwd_looped_kernel(
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
-    wait_for_inputs(GDC_WAIT)  # before any load or store
     # Rows too long for registers: one pass for sum(x^2), a second (mostly from L2) to write y.
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -296,7 +292,6 @@ def rms_norm_fwd_launch(
     common = dict(
         CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
     )
-    common.update(pdl_args(device_info(x.device)))  # its launch overlaps the kernel before it
     args = (x, weight if weight is not None else x, y, rstd, M, N, x.stride(0), y.stride(0))
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
