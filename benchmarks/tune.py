@@ -147,13 +147,13 @@ BWD_SHAPES = NORM_SHAPES + [(32768, 4096)]
 _NORMS = ("rms_norm", "fused_add_rms_norm", "layer_norm")
 
 
-def norm_bwd_stage_cases(op: str):
+def norm_bwd_stage_cases(op: str, shapes=BWD_SHAPES):
     # One norm's backward kernel with and without the prefetch (benchmarks/NOTES 17).
     from kernelwright.ops import fused_add_rms_norm as fa
     from kernelwright.ops import layer_norm as ln
     from kernelwright.ops import rms_norm as rn
 
-    for m, n in BWD_SHAPES:
+    for m, n in shapes:
         x, dy, dr, dx = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(4))
         w, b, dw, db = (torch.randn(n, device="cuda", dtype=DT) for _ in range(4))
         mean, rstd = (torch.rand(m, device="cuda", dtype=torch.float32) for _ in range(2))
@@ -627,6 +627,10 @@ CASES = {
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
+    # the 4096-column row alone, after PDL (NOTES 30, 34)
+    "layer_norm_bwd_4096": partial(
+        norm_bwd_stage_cases, "layer_norm", [(m, 4096) for m in (2048, 8192, 16384, 32768)]
+    ),
     "softmax": softmax_cases,
     "softmax_mid": softmax_mid_cases,
     "softmax_split": softmax_split_cases,
