@@ -41,10 +41,7 @@ TABLE = {
             (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
             (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
             (2048, C(block_n=2048, rows=2, num_warps=8, programs_per_sm=2, num_stages=2)),
-            # 4096: re-swept after PDL (tune.py layer_norm_bwd_4096, H200, NOTES 34): 8 warps,
-            # one row a step, two programs per SM: 1.7-4.2% faster from 8192 tokens (63.9 vs
-            # 65.0 us at 8192 x 4096), 7.8% slower at 2048 (26.9 vs 25.0 us).
-            (4096, C(block_n=4096, rows=1, num_warps=8, programs_per_sm=2, num_stages=2)),
+            (4096, C(block_n=4096, rows=2, num_warps=16, programs_per_sm=1, num_stages=2)),
             (8192, C(block_n=8192, rows=1, num_warps=16, programs_per_sm=1, num_stages=2)),
             # 16384 up: dx alone here, dW and dB in "bwd_dwdb" (layer_norm.SPLIT_DWDB_FROM); dx
             # alone is fastest with 16 warps (0.218 ms at 8192 x 16384 on the H200).
