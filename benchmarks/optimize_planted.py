@@ -6,8 +6,9 @@ tuned and the recovered tables back to back and prints, per shape and pass, the 
 tuned speed recovered. Goal: >= 95% everywhere within 8 variants.
 
     PYTHONPATH=src python benchmarks/optimize_planted.py     # rms_norm on this GPU, CSV to $OUT
-    python benchmarks/optimize_planted.py softmax --dims rows,n --tokens 4096 \
-        --hidden 131072,262144 --plant l2_flags_off         # the L2 flags taken off
+    python benchmarks/optimize_planted.py softmax --dims rows,n --tokens 1024 \
+        --hidden 600000,1048576 --plant l2_flags_off        # the L2 flags taken off (rows
+                                                            # past softmax's split rows)
     python benchmarks/optimize_planted.py --dry-run          # CPU: placeholder timings
 
 Writes optimize_planted_<op>.csv and the workflow's workspace (notebooks, report) under

@@ -342,8 +342,9 @@ def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> Launc
 
 
 def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
-    """The backward's launch config for `y` ([M, N]), chosen as the forward's (the one-row
-    backward's rows are the table's own: it holds dy and y as fp32 up to 32768 columns)."""
+    """The backward's launch config for `y` ([M, N]): the table's row for its length, or the
+    table's looped row where a split row could not be split. An explicit `config` is taken as
+    given (a split row that cannot be split runs looped at its `block_n`)."""
     cfg = _config("bwd", y, config)
     if config is None and cfg.block_n < y.shape[-1] and cfg.split_row and not _split_count(y, cfg):
         cfg = _looped_row("bwd", y)
