@@ -9,7 +9,8 @@ of copy where the one-row kernel of 16384 columns reaches ~90%. This probe times
 split kernel with parts of that protocol taken out, in one process at the same shape:
 
 - `lib`: the library's launch (the table's split row);
-- `ticket_wait`: the copy, whole (should equal `lib`);
+- `ticket_wait`: the copy, whole (should equal `lib`); `ticket_wait_cg`: its partials read with
+  ld.global.cg (cached at L2 only) instead of ld.volatile;
 - `pid_wait`: (row, chunk) from the program id instead of a ticket (unsafe in general: it
   assumes programs start in order; timed only);
 - `ticket_nowait` / `pid_nowait`: no counter and no wait — the partials are still stored and
@@ -44,7 +45,7 @@ from kernelwright.ops.softmax import softmax_fwd_launch
 def _split_fwd_probe(
     x_ptr, y_ptr, part_ptr, sync_ptr, M, N, stride_x, stride_y,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-    TICKET: tl.constexpr, WAIT: tl.constexpr, EXCHANGE: tl.constexpr,
+    TICKET: tl.constexpr, WAIT: tl.constexpr, EXCHANGE: tl.constexpr, CG: tl.constexpr,
 ):  # fmt: skip
     t = ticket(sync_ptr) if TICKET else tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
@@ -63,8 +64,12 @@ def _split_fwd_probe(
         if WAIT:
             arrive_and_wait(sync_ptr + 1 + row, SPLITS)
         k = tl.arange(0, SPLITS_P2)
-        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
-        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        if CG:  # read at L2 (ld.global.cg) instead of ld.volatile
+            ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), cache_modifier=".cg")
+            ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, cache_modifier=".cg")
+        else:
+            ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+            ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
         m_row = tl.max(ms, axis=0)
         d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
     else:
@@ -75,7 +80,7 @@ def _split_fwd_probe(
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
-def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange):
+def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange, cg=False):
     m, n = x.shape
     splits = triton.cdiv(n, block_n)
     part = torch.empty(m, splits, 2, device=x.device, dtype=torch.float32)
@@ -83,7 +88,7 @@ def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange):
     _split_fwd_probe[(m * splits,)](
         x, y, part, sync, m, n, x.stride(0), y.stride(0),
         BLOCK_N=block_n, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-        TICKET=ticket_on, WAIT=wait, EXCHANGE=exchange, num_warps=warps,
+        TICKET=ticket_on, WAIT=wait, EXCHANGE=exchange, CG=cg, num_warps=warps,
     )  # fmt: skip
 
 
@@ -123,6 +128,9 @@ def main() -> None:
             }[(tk, wait, exch)]
             fn = functools.partial(_probe_launch, x, y, 16384, warps, tk, wait, exch)
             variants[f"{name}_w{warps}"] = (fn, tk and wait)
+            if tk and wait:
+                fn = functools.partial(_probe_launch, x, y, 16384, warps, True, True, True, True)
+                variants[f"ticket_wait_cg_w{warps}"] = (fn, True)
         for name, (fn, exact) in variants.items():
             y.fill_(float("nan"))
             fn()
