@@ -10,7 +10,8 @@ split kernel with parts of that protocol taken out, in one process at the same s
 
 - `lib`: the library's launch (the table's split row);
 - `ticket_wait`: the copy, whole (should equal `lib`); `ticket_wait_cg`: its partials read with
-  ld.global.cg (cached at L2 only) instead of ld.volatile;
+  ld.global.cg (cached at L2 only) instead of ld.volatile; `ticket_wait_rel`: the count a
+  release add whose result is not waited for, only the spin reading the counter;
 - `pid_wait`: (row, chunk) from the program id instead of a ticket (unsafe in general: it
   assumes programs start in order; timed only);
 - `ticket_nowait` / `pid_nowait`: no counter and no wait — the partials are still stored and
@@ -42,10 +43,23 @@ from kernelwright.ops.softmax import softmax_fwd_launch
 
 
 @triton.jit
+def _arrive_release_then_wait(count_ptr, SPLITS: tl.constexpr):
+    # As _split.arrive_and_wait, but the count is a release add whose result is not used (a
+    # reduction the program need not wait for), and only the spin reads the counter.
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+    arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while arrived < SPLITS:
+        arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
 def _split_fwd_probe(
     x_ptr, y_ptr, part_ptr, sync_ptr, M, N, stride_x, stride_y,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
     TICKET: tl.constexpr, WAIT: tl.constexpr, EXCHANGE: tl.constexpr, CG: tl.constexpr,
+    REL: tl.constexpr,
 ):  # fmt: skip
     t = ticket(sync_ptr) if TICKET else tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
@@ -61,7 +75,9 @@ def _split_fwd_probe(
         part = part_ptr + (row * SPLITS) * 2
         tl.store(part + j * 2, m)
         tl.store(part + j * 2 + 1, d)
-        if WAIT:
+        if WAIT and REL:
+            _arrive_release_then_wait(sync_ptr + 1 + row, SPLITS)
+        elif WAIT:
             arrive_and_wait(sync_ptr + 1 + row, SPLITS)
         k = tl.arange(0, SPLITS_P2)
         if CG:  # read at L2 (ld.global.cg) instead of ld.volatile
@@ -80,7 +96,7 @@ def _split_fwd_probe(
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
-def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange, cg=False):
+def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange, cg=False, rel=False):
     m, n = x.shape
     splits = triton.cdiv(n, block_n)
     part = torch.empty(m, splits, 2, device=x.device, dtype=torch.float32)
@@ -88,7 +104,7 @@ def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange, cg=False):
     _split_fwd_probe[(m * splits,)](
         x, y, part, sync, m, n, x.stride(0), y.stride(0),
         BLOCK_N=block_n, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-        TICKET=ticket_on, WAIT=wait, EXCHANGE=exchange, CG=cg, num_warps=warps,
+        TICKET=ticket_on, WAIT=wait, EXCHANGE=exchange, CG=cg, REL=rel, num_warps=warps,
     )  # fmt: skip
 
 
@@ -131,6 +147,10 @@ def main() -> None:
             if tk and wait:
                 fn = functools.partial(_probe_launch, x, y, 16384, warps, True, True, True, True)
                 variants[f"ticket_wait_cg_w{warps}"] = (fn, True)
+                fn = functools.partial(
+                    _probe_launch, x, y, 16384, warps, True, True, True, False, True
+                )
+                variants[f"ticket_wait_rel_w{warps}"] = (fn, True)
         for name, (fn, exact) in variants.items():
             y.fill_(float("nan"))
             fn()
