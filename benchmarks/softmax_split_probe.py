@@ -17,7 +17,9 @@ split kernel with parts of that protocol taken out, in one process at the same s
 - `ticket_nowait` / `pid_nowait`: no counter and no wait — the partials are still stored and
   read back, so the merge reads whatever is there (wrong output; timed only);
 - `local`: no partials at all, each chunk normalized by its own statistics (wrong; timed only);
-- `onerow_16384`: the library's one-row kernel over the same bytes as [rows·n/16384, 16384].
+- `onerow_16384`: the library's one-row kernel over the same bytes as [rows·n/16384, 16384];
+- `rowsR`: each program its chunk of R rows in turn, the next row's chunk loaded between
+  this row's arrive and its spin (NOTES 35).
 
 Which of these close the gap says what the split costs: the ticket, the wait, or the partials.
 
@@ -96,6 +98,62 @@ def _split_fwd_probe(
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
+@triton.jit
+def _split_fwd_rows_probe(
+    x_ptr, y_ptr, part_ptr, sync_ptr, M, N, stride_x, stride_y,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    # NOTES 35: each program its chunk of ROWS consecutive rows in turn (M a multiple of ROWS),
+    # the next row's chunk loaded after this row's arrive (whose release would otherwise wait
+    # for it) and before the spin, so the load is in flight during the wait.
+    t = ticket(sync_ptr)
+    j = t % SPLITS
+    first = (t // SPLITS).to(tl.int64) * ROWS
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
+    k = tl.arange(0, SPLITS_P2)
+    x = tl.load(x_ptr + first * stride_x + cols, mask=col_mask, other=-float("inf"))
+    for i in tl.static_range(ROWS):
+        row = first + i
+        m = tl.max(x.to(tl.float32), axis=0)
+        shift = tl.where(m == -float("inf"), 0.0, m)
+        d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
+        part = part_ptr + (row * SPLITS) * 2
+        tl.store(part + j * 2, m)
+        tl.store(part + j * 2 + 1, d)
+        tl.debug_barrier()
+        tl.atomic_add(sync_ptr + 1 + row, 1, sem="release")
+        if i + 1 < ROWS:
+            x_next = tl.load(x_ptr + (row + 1) * stride_x + cols, mask=col_mask, other=0.0)
+        else:
+            x_next = x
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        while arrived < SPLITS:
+            arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        tl.debug_barrier()
+        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        m_row = tl.max(ms, axis=0)
+        d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
+        xf = again(x, d_row, hold).to(tl.float32)
+        y = tl.exp(xf - m_row) * (1.0 / d_row)
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        x = x_next
+
+
+def _rows_launch(x, y, block_n, warps, rows):
+    m, n = x.shape
+    splits = triton.cdiv(n, block_n)
+    part = torch.empty(m, splits, 2, device=x.device, dtype=torch.float32)
+    sync = torch.zeros(1 + m, device=x.device, dtype=torch.int32)
+    _split_fwd_rows_probe[(m // rows * splits,)](
+        x, y, part, sync, m, n, x.stride(0), y.stride(0),
+        BLOCK_N=block_n, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), ROWS=rows,
+        num_warps=warps,
+    )  # fmt: skip
+
+
 def _probe_launch(x, y, block_n, warps, ticket_on, wait, exchange, cg=False, rel=False):
     m, n = x.shape
     splits = triton.cdiv(n, block_n)
@@ -151,6 +209,9 @@ def main() -> None:
                     _probe_launch, x, y, 16384, warps, True, True, True, False, True
                 )
                 variants[f"ticket_wait_rel_w{warps}"] = (fn, True)
+        for rows_each, warps in itertools.product((1, 2, 4, 8), (8, 16)):
+            fn = functools.partial(_rows_launch, x, y, 16384, warps, rows_each)
+            variants[f"rows{rows_each}_w{warps}"] = (fn, True)
         for name, (fn, exact) in variants.items():
             y.fill_(float("nan"))
             fn()
