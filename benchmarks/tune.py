@@ -359,8 +359,8 @@ def softmax_mid_cases():
 
 def softmax_split_cases():
     # Past 32768 columns: the row split over programs that wait for each other (ops/_split.py,
-    # NOTES 31) at several chunk widths and warp counts, against the table's current rows
-    # (block_n=0: the held one-row forward at 65536, the looped kernels past it).
+    # NOTES 31) at several chunk widths and warp counts, against the table's rows (block_n=0;
+    # when this ran first, a881506: the held one-row forward at 65536, looped kernels past it).
     from kernelwright.ops import softmax as sm
 
     m = 4096

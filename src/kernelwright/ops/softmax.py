@@ -351,13 +351,14 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
     return cfg
 
 
-def _launch_split(kernel, tensors, scalars, cfg: LaunchConfig, slots: int, **constexprs):
+def _launch_split(
+    kernel, tensors, scalars, cfg: LaunchConfig, splits: int, slots: int, **constexprs
+):
     """Launch a split-row kernel (ops/_split.py) over [M, N] `tensors` (`scalars`: M, N, the row
-    strides): `cdiv(N, block_n)` programs per row, in one launch that waits (GPU) or in two that
-    do not (the interpreter), with `slots` fp32 partials per chunk."""
-    M, N = scalars[0], scalars[1]
+    strides): `splits` programs per row (`_split_count`), in one launch that waits (GPU) or in
+    two that do not (the interpreter), with `slots` fp32 partials per chunk."""
+    M = scalars[0]
     device = tensors[0].device
-    splits = split_count(N, cfg.block_n, M, device_info(device))
     partials, sync = workspace(M, splits, slots, device)
     for phase in phases(device_info(device)):
         kernel[(M * splits,)](
@@ -385,13 +386,14 @@ def softmax_fwd_launch(
         return
     cfg = forward_config(x, config)
     args = (x, y, M, N, x.stride(0), y.stride(0))
+    splits = _split_count(x, cfg) if cfg.block_n < N else 0
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
         _softmax_fwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
-    elif _split_count(x, cfg):
-        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, 2, IS_LOG=is_log)
+    elif splits:
+        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2, IS_LOG=is_log)
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -414,13 +416,14 @@ def softmax_bwd_launch(
         return
     cfg = backward_config(y, config)
     args = (dy, y, dx, M, N, dy.stride(0), y.stride(0), dx.stride(0))
+    splits = _split_count(y, cfg) if cfg.block_n < N else 0
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
         _softmax_bwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
-    elif _split_count(y, cfg):
-        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, 1, IS_LOG=is_log)
+    elif splits:
+        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1, IS_LOG=is_log)
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,
