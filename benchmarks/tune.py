@@ -509,6 +509,35 @@ def jagged_mean_balance_cases():
             yield f"fwd_{name}", (total, d), cfg, fwd, nbytes
 
 
+def jagged_mean_staged_cases():
+    # The forward's row-chunk loop staged (tl.range num_stages: the next chunks' loads go to
+    # shared memory by cp.async while this one is summed). Stages 1 is the loop unstaged, the
+    # kernel as it was. D = 64 sat at 67% of copy with 2 loads' latency per program exposed.
+    from kernelwright.ops import jagged_mean as jm
+
+    gen = torch.Generator().manual_seed(77)
+    lengths = torch.randint(1, 513, (4096,), generator=gen)
+    offsets = torch.zeros(4097, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    total = int(offsets[-1])
+    offsets = offsets.cuda()
+    grid = {  # D: (column tiles, rows per chunk, warps, stages); 256 and 1024 already ~copy
+        64: ((64,), (16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4, 5)),
+        256: ((128,), (16, 32, 64), (2, 4, 8), (1, 3, 4)),
+        1024: ((512,), (8, 16, 32), (4, 8), (1, 3, 4)),
+    }
+    for d, (blocks, rows_list, warps, stages) in grid.items():
+        v = torch.randn(total, d, device="cuda", dtype=DT)
+        out = torch.empty(4096, d, device="cuda", dtype=DT)
+        nbytes = total * d * 2 + 4096 * d * 2
+        for block, rows, nw, st in itertools.product(blocks, rows_list, warps, stages):
+            if block * rows > 16384 or nw * 32 * 2 > block * rows:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw, num_stages=st)
+            fwd = partial(jm.jagged_mean_fwd_launch, v, offsets, out, config=cfg)
+            yield "fwd", (total, d), cfg, fwd, nbytes
+
+
 def rope_cases():
     # q, k as HF attention hands them over: [B, H, S, D] transposes of [B, S, H, D] projections.
     from kernelwright.ops import rope as rp
@@ -636,6 +665,7 @@ CASES = {
     "softmax_split": softmax_split_cases,
     "softmax_bwd_small": softmax_bwd_small_cases,
     "jagged_mean_balance": jagged_mean_balance_cases,
+    "jagged_mean_staged": jagged_mean_staged_cases,
     "layer_norm_fwd_looped": layer_norm_fwd_looped_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,

@@ -50,13 +50,16 @@ def _jagged_mean_fwd_kernel(
     D, stride_v, stride_out,
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     seg, cols, col_mask, start, end = _segment_tile(offsets_ptr, D, BLOCK_D)
     n = end - start
     # Row chunks summed element-wise into a [BLOCK_R, BLOCK_D] fp32 tile, reduced over rows
     # once at the end: one add per element in the loop, one tree reduction per program.
+    # STAGES > 1: the compiler stages the next STAGES - 1 chunks' loads in shared memory
+    # (cp.async) while this one is summed, so a program keeps loads in flight through its loop.
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    for r in range(0, n, BLOCK_R):
+    for r in tl.range(0, n, BLOCK_R, num_stages=STAGES):
         rows = start + r + tl.arange(0, BLOCK_R)  # int64
         mask = (rows < end)[:, None] & col_mask[None, :]
         x = tl.load(v_ptr + rows[:, None] * stride_v + cols[None, :], mask=mask, other=0.0)
@@ -115,7 +118,7 @@ def jagged_mean_fwd_launch(
     cfg = _config("fwd", values, D, config)
     _jagged_mean_fwd_kernel[_grid(B, D, cfg)](
         values, offsets, out, D, values.stride(0), out.stride(0),
-        BLOCK_D=cfg.block_n, BLOCK_R=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_D=cfg.block_n, BLOCK_R=cfg.rows, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
     )  # fmt: skip
 
 

@@ -12,18 +12,19 @@ _LAST = 2**31 - 1
 TABLE = {
     # Swept with benchmarks/tune.py on an H200 (bf16, 4096 segments of 1..512 rows, 2026-11-22;
     # benchmarks/results/tune_softmax_jagged_mean_h200.csv). Forward: 65% of copy bandwidth at
-    # D = 64 (128-byte rows: latency-bound), 95% at D = 256, 105% at D = 1024; num_stages=2 lets
-    # the compiler prefetch the next row chunk during the sum. Narrower column tiles than D give
-    # a 4096-segment batch more programs to spread over 132 SMs.
+    # D = 64 (128-byte rows: latency-bound), 95% at D = 256, 105% at D = 1024. num_stages: the
+    # forward's row-chunk loop staged that deep (1: not staged; that sweep's num_stages was a
+    # launch option the loop ignored, so it ran unstaged). Narrower column tiles than D give a
+    # 4096-segment batch more programs to spread over 132 SMs.
     "fwd": {
         "default": [
             # D = 64: 128-row chunks of 4 warps, 0.0464 against 0.0505 ms with 32-row chunks of 8
             # (70% of copy; equal segment lengths reach only 71%: each program's own latency,
             # not the long segments' tail; benchmarks/results/tune_jagged_mean_balance_h200.csv)
-            (64, C(block_n=64, rows=128, num_warps=4, num_stages=2)),
-            (256, C(block_n=128, rows=64, num_warps=4, num_stages=2)),
-            (1024, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
-            (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=2)),
+            (64, C(block_n=64, rows=128, num_warps=4, num_stages=1)),
+            (256, C(block_n=128, rows=64, num_warps=4, num_stages=1)),
+            (1024, C(block_n=512, rows=16, num_warps=4, num_stages=1)),
+            (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=1)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
