@@ -37,7 +37,7 @@ def timer(mode: str, fn, reps: int = 200) -> float:
         if mode == "zero":
             dirty.zero_()
         elif mode == "read":
-            torch.sum(clean, dtype=torch.int64, out=sink)
+            torch.sum(clean, dim=0, dtype=torch.int64, out=sink)
 
     fn()
     torch.cuda.synchronize()
