@@ -355,6 +355,10 @@ def test_kernels_compile_for_hopper():
         f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
     ]
     assert not failures, "\n".join(failures)
+    # the staged forward's chunks fit the shared memory set aside for them, fp32 included
+    too_big = [r for r in results if r.shared > J.STAGED_BYTES + 4096]
+    assert not too_big, [(dict(r.launch.constexprs), r.shared) for r in too_big]
+    assert any(dict(r.launch.constexprs).get("STAGES", 1) > 1 for r in results)
     # one compile per distinct config, kernel and (dtype, offsets dtype) pair at least
     distinct = sum(len({cfg for _, cfg in TABLE[k]["default"]}) for k in ("fwd", "bwd"))
     assert len(results) >= 2 * distinct

@@ -14,8 +14,14 @@ on an H200, SwiGLU fwd+bwd with an in-place backward timed 1.21 ms instead of 0.
 On CUDA, `cuda_timer` measures as `triton.testing.do_bench` does — CUDA events around each
 rep, L2 flushed before each rep (so inputs need no rotation), warm-up and rep counts from
 time budgets, p20/p50/p80 — plus that per-rep setup, which do_bench cannot run outside its
-timed region (its `grad_to_none` is also skipped during its warm-up). Under the interpreter
-a perf_counter fallback runs a few reps and the rows say so: those numbers are not speeds.
+timed region (its `grad_to_none` is also skipped during its warm-up). One difference: the
+flush reads a buffer larger than L2 instead of zeroing one. Zeros stay in L2 as dirty lines,
+and the timed kernel then pays to write them back to DRAM as it evicts them: up to ~6 us, a
+tax that grows with the kernel's footprint up to L2's size, so small kernels looked slower
+against the 1 GB copy than they are (H200: a 128 MB copy at 88% of the 1 GB copy's bandwidth
+with the zeroing flush, 96% with the reading one; `benchmarks/flush_probe.py`). CSV rows say
+which flush timed them (`timing`). Under the interpreter a perf_counter fallback runs a few
+reps and the rows say so: those numbers are not speeds.
 
 Losses (`BenchSpec.backward_once`) allow one backward per graph: in "backward" mode every rep
 gets a fresh forward in its untimed setup instead of re-walking one retained graph.
@@ -140,7 +146,9 @@ class RunContext:
     commit: str
     timestamp: str
     copy_gbps: float
-    timing: str  # "cuda_events" | "cuda_events_gpu_only" (hide_host) | "interpreter"
+    # "cuda_events" | "cuda_events_gpu_only" (hide_host), + "_read_flush" with the default
+    # timer's flush (cuda_timer) | "interpreter"
+    timing: str
     hide_host: bool = False  # see cuda_timer
 
     @property
@@ -160,11 +168,14 @@ def make_context(
     `hide_host`: time GPU work alone, without host overhead (see `cuda_timer`).
     """
     device = device or default_device()
+    own_timer = timer is None
     timer = timer or default_timer(device, hide_host=hide_host)
     on_cuda = device.type == "cuda"
     timing = "interpreter"
     if on_cuda:
         timing = "cuda_events_gpu_only" if hide_host else "cuda_events"
+        if own_timer:  # cuda_timer's default flush (rows before 2026-11-22 zeroed instead)
+            timing += "_read_flush"
     if copy_gbps is None:
         copy_gbps = measure_copy_bandwidth(device, timer=timer)
     return RunContext(
@@ -194,11 +205,15 @@ def cuda_timer(
     *,
     hide_host: bool = False,
     flush_bytes: int = 2**28,
+    flush: str = "read",
 ) -> Timer:
     """CUDA-event timer, do_bench's method with a per-rep setup outside the timed region.
 
-    Each rep: setup(), L2 flush (zeroing a `flush_bytes` buffer, larger than any L2 so far),
-    start event, fn(), end event. Rep counts come from a 5-rep estimate and the time budgets.
+    Each rep: setup(), L2 flush, start event, fn(), end event. Rep counts come from a 5-rep
+    estimate and the time budgets. The flush goes through a `flush_bytes` buffer, larger than
+    any L2 so far: `flush="read"` sums it, leaving L2 full of clean lines (the default);
+    `"zero"` zeroes it, as do_bench does and as this timer did before 2026-11-22 (the results
+    committed before then): the dirty zeros are then written back inside the timed region.
 
     `hide_host`: before the start event, the GPU also sleeps for twice the CPU time fn takes
     to issue, so all of fn's kernels are queued before the clock starts: the times are GPU
@@ -206,16 +221,25 @@ def cuda_timer(
     and how the published numbers were taken) a launch-bound call also times its Python and
     launch overhead.
     """
-    flush: list[torch.Tensor] = []
+    if flush not in ("read", "zero"):
+        raise ValueError(f"cuda_timer: flush must be 'read' or 'zero', got {flush!r}")
+    buffers: list[torch.Tensor] = []  # the flush buffer, then the read's 0-d sum
+
+    def flush_l2() -> None:
+        if flush == "zero":
+            buffers[0].zero_()
+        else:
+            torch.sum(buffers[0], dim=0, dtype=torch.int64, out=buffers[1])
 
     def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
-        if not flush:
-            flush.append(torch.empty(flush_bytes, dtype=torch.int8, device="cuda"))
+        if not buffers:
+            buffers.append(torch.ones(flush_bytes // 4, dtype=torch.int32, device="cuda"))
+            buffers.append(torch.empty((), dtype=torch.int64, device="cuda"))
         sleep_cycles = 0
 
         def prepare() -> None:
             setup()
-            flush[0].zero_()
+            flush_l2()
             if sleep_cycles:
                 torch.cuda._sleep(sleep_cycles)
 

@@ -27,6 +27,9 @@ from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.jagged_mean import TABLE
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
+# The forward's staged row chunks take at most this much shared memory (`_stages`): well under
+# any CUDA GPU's per-block limit (99 KB on sm_86/89, 227 KB on sm_90).
+STAGED_BYTES = 48 * 1024
 
 # --------------------------------------------------------------------------- kernels
 
@@ -118,8 +121,17 @@ def jagged_mean_fwd_launch(
     cfg = _config("fwd", values, D, config)
     _jagged_mean_fwd_kernel[_grid(B, D, cfg)](
         values, offsets, out, D, values.stride(0), out.stride(0),
-        BLOCK_D=cfg.block_n, BLOCK_R=cfg.rows, STAGES=cfg.num_stages, num_warps=cfg.num_warps,
+        BLOCK_D=cfg.block_n, BLOCK_R=cfg.rows, STAGES=_stages(cfg, values.element_size()),
+        num_warps=cfg.num_warps,
     )  # fmt: skip
+
+
+def _stages(cfg: LaunchConfig, itemsize: int) -> int:
+    """The forward loop's staging depth: the table's, cut so that the chunks staged ahead
+    (STAGES - 1 of rows x block_n values) fit STAGED_BYTES of shared memory whatever the dtype
+    and GPU (fp32 values need twice the bytes the bf16-tuned rows planned for)."""
+    chunk = cfg.rows * cfg.block_n * itemsize
+    return max(1, min(cfg.num_stages, 1 + STAGED_BYTES // chunk))
 
 
 def jagged_mean_bwd_launch(

@@ -103,6 +103,7 @@ class CompileResult:
     launch: Launch
     ok: bool
     error: str
+    shared: int = 0  # bytes of shared memory per program (0 when it did not compile)
 
 
 def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResult]:
@@ -132,9 +133,10 @@ def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResu
     )
     if proc.returncode != 0:
         raise RuntimeError(f"compile subprocess failed:\n{proc.stderr[-4000:]}")
-    errors = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
     return [
-        CompileResult(launch, not err, err) for launch, err in zip(unique, errors, strict=False)
+        CompileResult(launch, not err, err, shared)
+        for launch, (err, shared) in zip(unique, results, strict=False)
     ]
 
 
@@ -154,7 +156,7 @@ def _compile_main(arch: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    errors = []
+    results = []  # [error or "", shared memory bytes] per launch
     for item in json.loads(sys.stdin.read()):
         try:
             kernel = getattr(importlib.import_module(item["module"]), item["name"])
@@ -162,11 +164,11 @@ def _compile_main(arch: int) -> None:
             consts = {(names.index(k),): v for k, v in item["constexprs"].items()}
             src = ASTSource(kernel, item["signature"], constexprs=consts)
             options = {"num_warps": item["num_warps"], "num_stages": item["num_stages"]}
-            triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-            errors.append("")
+            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+            results.append(["", int(compiled.metadata.shared)])
         except Exception as e:  # reported per launch to the caller, which fails the test
-            errors.append(f"{type(e).__name__}: {e}"[-2000:])
-    print(json.dumps(errors))
+            results.append([f"{type(e).__name__}: {e}"[-2000:], 0])
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -18,13 +18,16 @@ TABLE = {
     # 4096-segment batch more programs to spread over 132 SMs.
     "fwd": {
         "default": [
-            # D = 64: 128-row chunks of 4 warps, 0.0464 against 0.0505 ms with 32-row chunks of 8
-            # (70% of copy; equal segment lengths reach only 71%: each program's own latency,
-            # not the long segments' tail; benchmarks/results/tune_jagged_mean_balance_h200.csv)
-            (64, C(block_n=64, rows=128, num_warps=4, num_stages=1)),
-            (256, C(block_n=128, rows=64, num_warps=4, num_stages=1)),
-            (1024, C(block_n=512, rows=16, num_warps=4, num_stages=1)),
-            (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=1)),
+            # The loop staged (tune.py jagged_mean_staged, H200, results/
+            # tune_jagged_mean_staged_h200.csv, against the unstaged rows before in one run):
+            # D = 64 0.0470 -> 0.0446 ms with 64-row chunks of 2 warps, 3 stages (before: 128-row
+            # chunks of 4 warps; equal segment lengths were no faster, so not the long segments'
+            # tail, tune_jagged_mean_balance_h200.csv); D = 256 0.1369 -> 0.1337; D = 1024
+            # 0.4918 -> 0.4878. Stages are cut where fp32 chunks would not fit (`_stages`).
+            (64, C(block_n=64, rows=64, num_warps=2, num_stages=3)),
+            (256, C(block_n=128, rows=32, num_warps=2, num_stages=3)),
+            (1024, C(block_n=512, rows=16, num_warps=4, num_stages=4)),
+            (_LAST, C(block_n=512, rows=16, num_warps=4, num_stages=4)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
