@@ -235,6 +235,34 @@ def layer_norm_wide_cases():
         del x, dy, y, dx
 
 
+def layer_norm_split_cases():
+    # The backward with rows split over programs that exchange their chunk sums (split_row,
+    # ops/_split.py): one read of x and dy where the table's 16384 row (dx, then the dwdb
+    # kernel) reads them twice. "lib" rows: the table's config, timed in the same run.
+    from kernelwright.ops import layer_norm as ln
+
+    for m, n in ((8192, 16384), (8192, 8192), (4096, 32768)):
+        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        dw, db = torch.empty_like(w), torch.empty_like(b)
+        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
+        bwd = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db)
+        nbytes = 3 * m * n * 2
+        yield "lib", (m, n), C(block_n=0), bwd, nbytes
+        wide = n == 16384
+        tiles = ((2048, 1), (2048, 2), (2048, 4), (4096, 1), (4096, 2), (8192, 1))
+        for (block, rows), nw, pps in itertools.product(
+            tiles if wide else ((4096, 1), (4096, 2)), (4, 8, 16), (1, 2, 4) if wide else (1, 2)
+        ):
+            if block >= n or nw * 32 * 8 > block * rows:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw, programs_per_sm=pps, split_row=True)
+            yield "split", (m, n), cfg, partial(bwd, config=cfg), nbytes
+        del x, dy, y, dx
+
+
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -655,6 +683,7 @@ CASES = {
     "layer_norm": layer_norm_cases,
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
+    "layer_norm_split": layer_norm_split_cases,
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     # the 4096-column row alone, after PDL (NOTES 30, 34)
     "layer_norm_bwd_4096": partial(

@@ -142,6 +142,13 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # num_stages=2: the backward prefetches the next row block; 4 programs (the interpreter's
     # SM count) walk 7 and 13 blocks, so every program prefetches real rows and a masked tail.
     configs += [LaunchConfig(block_n=1024, rows=r, num_stages=2) for r in (2, 1)]
+    # the split-row backward (ops/_split.py): 3, 6 and 2 chunks (a partial last one), one to
+    # four rows per block (13 rows: a masked last block); the forward runs looped at block_n
+    configs += [
+        LaunchConfig(block_n=256, rows=1, split_row=True),
+        LaunchConfig(block_n=128, rows=2, split_row=True, programs_per_sm=3),
+        LaunchConfig(block_n=512, rows=4, split_row=True),
+    ]
     # the looped forward (chunks of 128 and 256, a partial last chunk) with each L2 flag
     configs += [
         LaunchConfig(block_n=128, evict_hints=True, reverse_pass=True),
@@ -164,6 +171,66 @@ def test_every_kernel_path_agrees(monkeypatch, split):
             assert rel_norm_error(a, c) < 1e-6
     assert rel_norm_error(results[0][0], layer_norm_ref(x, w, b)) < 1e-6
     assert rel_norm_error(results[0][1], x.mean(-1)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_split_row_backward(monkeypatch, has_weight, has_bias, dtype):
+    # Rows split over programs that exchange their chunk sums (on the GPU in one launch that
+    # waits; here in two launches): dx, dW and dB against the fp32 reference, and the split path
+    # must be the one that ran.
+    calls = []
+    real = ln._bwd_split_launch
+    monkeypatch.setattr(ln, "_bwd_split_launch", lambda *a: calls.append(a[-1]) or real(*a))
+    m, n = (517, 16390) if ON_GPU else (11, 1000)
+    cfg = LaunchConfig(block_n=4096 if ON_GPU else 256, rows=2, split_row=True, programs_per_sm=2)
+    gen = generator(8)
+    x = rand((m, n), dtype, DEVICE, gen=gen, mean=0.5)
+    w = rand((n,), dtype, DEVICE, gen=gen, mean=1.0, std=0.5) if has_weight else None
+    b = rand((n,), dtype, DEVICE, gen=gen, std=0.5) if has_bias else None
+    dy = rand((m, n), dtype, DEVICE, gen=gen)
+    y, mean, rstd = torch.empty_like(x), *(torch.empty(m, device=DEVICE) for _ in "mr")
+    layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
+    with poisoned():
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full_like(w, float("nan")) if has_weight else None
+        db = torch.full_like(b, float("nan")) if has_bias else None
+        layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db, config=cfg)
+    assert calls == [5 if ON_GPU else 4]  # chunks per row
+    leaves = [t.float().requires_grad_() if t is not None else None for t in (x, w, b)]
+    layer_norm_ref(*leaves).backward(dy.float())
+    tol = TOL[dtype].bwd
+    assert rel_norm_error(dx, leaves[0].grad) < tol
+    for got, leaf in ((dw, leaves[1]), (db, leaves[2])):
+        if got is not None:
+            assert rel_norm_error(got, leaf.grad) < tol
+
+
+@pytest.mark.gpu
+def test_split_row_waits_for_every_chunk(monkeypatch):
+    # The waiting form (one launch, programs take tickets and spin on each row block's counter)
+    # against the two-launch form, bit for bit: the same sums in the same order. 8192 rows of
+    # 16384 columns: many groups, every program through ~60 row blocks of waits.
+    m, n = 8192, 16384
+    gen = generator(9)
+    x = rand((m, n), torch.bfloat16, DEVICE, gen=gen)
+    w = rand((n,), torch.bfloat16, DEVICE, gen=gen, mean=1.0, std=0.5)
+    dy = rand((m, n), torch.bfloat16, DEVICE, gen=gen)
+    y, mean, rstd = torch.empty_like(x), *(torch.empty(m, device=DEVICE) for _ in "mr")
+    layer_norm_fwd_launch(x, w, w, y, mean, rstd, 1e-5)
+    cfg = LaunchConfig(block_n=4096, rows=1, num_warps=8, split_row=True, programs_per_sm=2)
+    outs = []
+    for two_launches in (False, True):
+        if two_launches:
+            monkeypatch.setattr(ln, "phases", lambda device: (1, 2))
+        dx, dw, db = torch.empty_like(x), torch.empty_like(w), torch.empty_like(w)
+        layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db, config=cfg)
+        outs.append((dx, dw, db))
+    for a, c in zip(*outs, strict=True):
+        assert torch.equal(a, c)
+    leaves = [t.float().requires_grad_() for t in (x, w, w.clone())]
+    layer_norm_ref(*leaves).backward(dy.float())
+    assert rel_norm_error(outs[0][0], leaves[0].grad) < TOL[torch.bfloat16].bwd
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
@@ -322,6 +323,89 @@ def _layer_norm_bwd_looped_kernel(
 
 
 @triton.jit
+def _layer_norm_bwd_split_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_partial_ptr,
+    db_partial_ptr,  # dw_partial, db_partial: [groups, N] fp32
+    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's sum(g) and sum(g * x_hat) per row
+    sync_ptr,  # [1 + cdiv(M, ROWS)] int32, zeroed: the ticket, then one counter per row block
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    GROUPS,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: one launch that waits; 1 / 2: statistics, then the rest (ops/_split)
+):
+    # Rows too wide for one program to hold w, dW and dB (three fp32 rows) are split in SPLITS
+    # column chunks (ops/_split.py). A group of SPLITS programs, one per chunk, walks row blocks
+    # g, g + GROUPS, ...: each holds its chunk of w and its fp32 dW/dB sums, reduces its chunk of
+    # every row of the block, publishes the two sums, waits for the block's other chunks, then
+    # writes its chunk of dx and adds to dW/dB. One read of x and dy, one write of dx (the
+    # two-kernel form, dx then dW/dB, reads x and dy twice).
+    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    group = t // SPLITS
+    j = t % SPLITS
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    k = tl.arange(0, SPLITS_P2)
+    for block in range(group, tl.cdiv(M, ROWS), GROUPS):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)  # 0 outside the mask, so every product with dy below is too
+        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        x_hat = (x - mean) * rstd
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        part = part_ptr + rows * (SPLITS * 2)  # [ROWS] row bases
+        if PHASE != 2:
+            tl.store(part + j * 2, tl.sum(g, axis=1), mask=row_mask)
+            tl.store(part + j * 2 + 1, tl.sum(g * x_hat, axis=1), mask=row_mask)
+        if PHASE == 0:
+            arrive_and_wait(sync_ptr + 1 + block, SPLITS)
+        if PHASE != 1:
+            slots = part[:, None] + k[None, :] * 2  # [ROWS, SPLITS_P2]
+            smask = row_mask[:, None] & (k < SPLITS)[None, :]
+            c1 = tl.sum(tl.load(slots, mask=smask, other=0.0, volatile=True), axis=1) / N
+            c2 = tl.sum(tl.load(slots + 1, mask=smask, other=0.0, volatile=True), axis=1) / N
+            dx = (g - c1[:, None] - x_hat * c2[:, None]) * rstd
+            dx_ptrs = dx_ptr + rows[:, None] * stride_dx + cols[None, :]
+            tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_DW:
+                dw_acc += tl.sum(dy * x_hat, axis=0)
+            if HAS_DB:
+                db_acc += tl.sum(dy, axis=0)
+    if PHASE != 1:
+        out = group.to(tl.int64) * N + cols
+        if HAS_DW:
+            tl.store(dw_partial_ptr + out, dw_acc, mask=col_mask)
+        if HAS_DB:
+            tl.store(db_partial_ptr + out, db_acc, mask=col_mask)
+
+
+@triton.jit
 def _layer_norm_dwdb_kernel(
     dy_ptr,
     x_ptr,
@@ -422,6 +506,11 @@ def layer_norm_bwd_launch(
         return
     cfg = _config("bwd", x, config)
     fits = cfg.block_n >= N
+    if not fits and cfg.split_row:
+        splits = split_count(N, cfg.block_n, M, device_info(x.device))
+        if splits:
+            _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg, splits)
+            return
     if fits and N >= SPLIT_DWDB_FROM and (dw is not None or db is not None):
         layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
         layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
@@ -467,6 +556,50 @@ def layer_norm_bwd_launch(
         )
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
+    _sum_partials(dw_partial, dw, db_partial, db)
+
+
+def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, splits: int):
+    """The split-row backward (`_layer_norm_bwd_split_kernel`): `splits` programs per group, about
+    sm_count * programs_per_sm programs in all, each group a partial dW/dB row."""
+    M, N = x.shape
+    dev = device_info(x.device)
+    blocks = triton.cdiv(M, cfg.rows)
+    groups = max(1, min(blocks, dev.sm_count * cfg.programs_per_sm // splits))
+    dw_partial, db_partial = (
+        empty((groups, N), dtype=torch.float32, device=x.device) if g is not None else None
+        for g in (dw, db)
+    )
+    part = empty((M, splits, 2), dtype=torch.float32, device=x.device)  # each written, then read
+    sync = torch.zeros(1 + blocks, dtype=torch.int32, device=x.device)  # ticket, block counters
+    for phase in phases(dev):
+        _layer_norm_bwd_split_kernel[(groups * splits,)](
+            dy,
+            x,
+            weight if weight is not None else x,
+            mean,
+            rstd,
+            dx,
+            dw_partial if dw_partial is not None else rstd,
+            db_partial if db_partial is not None else rstd,
+            part,
+            sync,
+            M,
+            N,
+            dy.stride(0),
+            x.stride(0),
+            dx.stride(0),
+            groups,
+            HAS_WEIGHT=weight is not None,
+            HAS_DW=dw is not None,
+            HAS_DB=db is not None,
+            BLOCK_N=cfg.block_n,
+            ROWS=cfg.rows,
+            SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits),
+            PHASE=phase,
+            num_warps=cfg.num_warps,
+        )
     _sum_partials(dw_partial, dw, db_partial, db)
 
 
