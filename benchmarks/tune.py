@@ -235,13 +235,15 @@ def layer_norm_wide_cases():
         del x, dy, y, dx
 
 
-def layer_norm_split_cases():
+def layer_norm_split_cases(shapes=((8192, 16384), (8192, 8192), (4096, 32768))):
     # The backward with rows split over programs that exchange their chunk sums (split_row,
     # ops/_split.py): one read of x and dy where the table's 16384 row (dx, then the dwdb
     # kernel) reads them twice. "lib" rows: the table's config, timed in the same run.
+    # layer_norm_split_wide: the rows where it won (32768) at other row counts, and past 32768
+    # (the looped kernel's rows, up to 32 chunks of 4096).
     from kernelwright.ops import layer_norm as ln
 
-    for m, n in ((8192, 16384), (8192, 8192), (4096, 32768)):
+    for m, n in shapes:
         x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
         w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
         y, dx = torch.empty_like(x), torch.empty_like(x)
@@ -684,6 +686,10 @@ CASES = {
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
     "layer_norm_split": layer_norm_split_cases,
+    "layer_norm_split_wide": partial(
+        layer_norm_split_cases,
+        ((1024, 32768), (4096, 32768), (8192, 32768), (4096, 20000), (2048, 65536), (1024, 131072)),
+    ),
     **{f"{op}_bwd_stages": partial(norm_bwd_stage_cases, op) for op in _NORMS},
     # the 4096-column row alone, after PDL (NOTES 30, 34)
     "layer_norm_bwd_4096": partial(
