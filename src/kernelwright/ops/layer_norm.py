@@ -6,6 +6,11 @@ rounded once, to x's dtype. The variance is the mean of squared deviations from 
 E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std (a second pass over the row
 held in registers; in the looped kernel, per-lane Welford sums merged exactly).
 
+The backward, by row length (the launch table): a row held by one program, which also keeps its
+fp32 dW/dB sums (from 16384 columns dx alone, then the `dwdb` kernel reads x and dy again);
+past 16384 columns, up to 32 chunks, the row split over a group of programs that exchange their
+chunk sums (ops/_split.py), one read of x and dy; past that a looped kernel.
+
 Layer order: kernels → launchers → custom ops → autograd Function → `layer_norm` → `LayerNorm`.
 """
 

@@ -6,7 +6,9 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sums of dW and dB.
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
 larger values act as 2 (one block ahead). `evict_hints` / `reverse_pass`: the looped forward's
-L2 flags (see LaunchConfig).
+L2 flags (see LaunchConfig). `split_row` (backward): the row's `block_n` chunks go to a group of
+programs that exchange their partial sums (ops/_split.py); where it cannot split (more than 32
+chunks, too few SMs) the looped kernel runs at `block_n`.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
@@ -46,7 +48,13 @@ TABLE = {
             # 16384 up: dx alone here, dW and dB in "bwd_dwdb" (layer_norm.SPLIT_DWDB_FROM); dx
             # alone is fastest with 16 warps (0.218 ms at 8192 x 16384 on the H200).
             (16384, C(block_n=16384, rows=1, num_warps=16, programs_per_sm=1)),
-            (32768, C(block_n=32768, rows=1, num_warps=32, programs_per_sm=1)),
+            # Past 16384: rows split over programs in 4096-wide chunks that exchange their sums
+            # (split_row; tune.py layer_norm_split_wide, H200, results/h200-ln-splitrow/):
+            # against the dx + dwdb kernels (32768) and the looped kernel (past it), 1024-8192
+            # rows: 32768 columns 1.65-1.82x, 20000 2.34x, 65536 2.42x, 131072 2.12x (32-46% of
+            # copy). At 8192 and 16384 columns it lost (0.24 vs 0.11 ms, 0.47 vs 0.34): each
+            # row block waits on its group's exchange, and little is in flight meanwhile.
+            (131072, C(block_n=4096, rows=2, num_warps=4, programs_per_sm=2, split_row=True)),
             (2**31 - 1, C(block_n=4096, rows=1, num_warps=16, programs_per_sm=1)),
         ],
         "interpreter": [
