@@ -265,28 +265,6 @@ def layer_norm_split_cases(shapes=((8192, 16384), (8192, 8192), (4096, 32768))):
         del x, dy, y, dx
 
 
-def layer_norm_dw_l2_cases():
-    # The fused backward at 16384 columns with its dW/dB sums added into L2-resident partial
-    # rows (evict_hints on a row-in-registers config: DW_IN_L2) instead of held in registers:
-    # one read of x and dy where the table's row (dx, then the dwdb kernel) reads them twice.
-    from kernelwright.ops import layer_norm as ln
-
-    for m, n in ((8192, 16384), (4096, 16384), (2048, 16384)):
-        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        dw, db = torch.empty_like(w), torch.empty_like(b)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
-        ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
-        bwd = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db)
-        nbytes = 3 * m * n * 2
-        yield "lib", (m, n), C(block_n=0), bwd, nbytes
-        for nw, pps, st in itertools.product((8, 16, 32), (1, 2), (1, 2)):
-            cfg = C(block_n=n, num_warps=nw, programs_per_sm=pps, num_stages=st, evict_hints=True)
-            yield "dw_in_l2", (m, n), cfg, partial(bwd, config=cfg), nbytes
-        del x, dy, y, dx
-
-
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -708,7 +686,6 @@ CASES = {
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
     "layer_norm_split": layer_norm_split_cases,
-    "layer_norm_dw_l2": layer_norm_dw_l2_cases,
     "layer_norm_split_wide": partial(
         layer_norm_split_cases,
         ((1024, 32768), (4096, 32768), (8192, 32768), (4096, 20000), (2048, 65536), (1024, 131072)),

@@ -139,12 +139,6 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # loop), with and without the backward's prefetch
     configs += [LaunchConfig(block_n=16384, rows=1), LaunchConfig(block_n=8192, rows=2)]
     configs += [LaunchConfig(block_n=16384, rows=1, num_stages=2)]
-    # evict_hints on a row-in-registers backward: with split, the dW/dB sums go through the
-    # programs' partial rows in memory (DW_IN_L2), with and without the prefetch
-    configs += [
-        LaunchConfig(block_n=1024, rows=2, evict_hints=True),
-        LaunchConfig(block_n=1024, rows=1, evict_hints=True, num_stages=2),
-    ]
     # num_stages=2: the backward prefetches the next row block; 4 programs (the interpreter's
     # SM count) walk 7 and 13 blocks, so every program prefetches real rows and a masked tail.
     configs += [LaunchConfig(block_n=1024, rows=r, num_stages=2) for r in (2, 1)]

@@ -194,7 +194,6 @@ def _layer_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
-    DW_IN_L2: tl.constexpr,  # dW/dB sums added into the (zeroed) partial rows, not held
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW/dB sums in registers.
@@ -202,10 +201,6 @@ def _layer_norm_bwd_kernel(
     # dW = sum_rows(dy * x_hat);  dB = sum_rows(dy)
     # PREFETCH: the next block's x, dy, mean and rstd are loaded (in their own dtype) before
     # this block's reductions, so one block's memory latency hides behind the previous one's math.
-    # DW_IN_L2 (wide rows, where w, dW and dB held as fp32 rows would fill the registers): each
-    # block's dW/dB terms are added into the program's partial rows in memory, kept in L2
-    # (evict_last; x and dy stream past with evict_first), instead of registers.
-    XY_EVICT: tl.constexpr = "evict_first" if DW_IN_L2 else ""
     wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
@@ -218,10 +213,10 @@ def _layer_norm_bwd_kernel(
     if PREFETCH:
         first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
         mask0 = (first < M)[:, None] & col_mask[None, :]
-        x_ptrs = x_ptr + first[:, None] * stride_x + cols[None, :]
-        x_next = tl.load(x_ptrs, mask=mask0, other=0.0, eviction_policy=XY_EVICT)
-        dy_ptrs = dy_ptr + first[:, None] * stride_dy + cols[None, :]
-        dy_next = tl.load(dy_ptrs, mask=mask0, other=0.0, eviction_policy=XY_EVICT)
+        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
+        dy_next = tl.load(
+            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
+        )
         mean_next = tl.load(mean_ptr + first, mask=first < M, other=0.0)
         rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
@@ -232,17 +227,15 @@ def _layer_norm_bwd_kernel(
             x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
             nxt = rows + step
             nmask = (nxt < M)[:, None] & col_mask[None, :]
-            x_ptrs = x_ptr + nxt[:, None] * stride_x + cols[None, :]
-            x_next = tl.load(x_ptrs, mask=nmask, other=0.0, eviction_policy=XY_EVICT)
+            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
             dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
-            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0, eviction_policy=XY_EVICT)
+            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
             mean_next = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
             rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
         else:
-            x_ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
-            x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=XY_EVICT)
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
             dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0, eviction_policy=XY_EVICT)
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x = x.to(tl.float32)
@@ -259,24 +252,13 @@ def _layer_norm_bwd_kernel(
         tl.store(
             dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
         )
-        if DW_IN_L2:
-            mine = pid.to(tl.int64) * N + cols
-            if HAS_DW:
-                dw = tl.load(dw_partial_ptr + mine, mask=col_mask, eviction_policy="evict_last")
-                dw += tl.sum(dy * x_hat, axis=0)
-                tl.store(dw_partial_ptr + mine, dw, mask=col_mask, eviction_policy="evict_last")
-            if HAS_DB:
-                db = tl.load(db_partial_ptr + mine, mask=col_mask, eviction_policy="evict_last")
-                db += tl.sum(dy, axis=0)
-                tl.store(db_partial_ptr + mine, db, mask=col_mask, eviction_policy="evict_last")
-        else:
-            if HAS_DW:
-                dw_acc += tl.sum(dy * x_hat, axis=0)
-            if HAS_DB:
-                db_acc += tl.sum(dy, axis=0)
-    if HAS_DW and not DW_IN_L2:
+        if HAS_DW:
+            dw_acc += tl.sum(dy * x_hat, axis=0)
+        if HAS_DB:
+            db_acc += tl.sum(dy, axis=0)
+    if HAS_DW:
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
-    if HAS_DB and not DW_IN_L2:
+    if HAS_DB:
         tl.store(db_partial_ptr + pid.to(tl.int64) * N + cols, db_acc, mask=col_mask)
 
 
@@ -534,18 +516,15 @@ def layer_norm_bwd_launch(
         if splits:
             _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg, splits)
             return
-    # Wide rows: dW/dB sums in L2-resident partial rows (`evict_hints`), or dx alone and then
-    # the dwdb kernel
-    dw_in_l2 = fits and N >= SPLIT_DWDB_FROM and cfg.evict_hints
-    if fits and N >= SPLIT_DWDB_FROM and not dw_in_l2 and (dw is not None or db is not None):
+    if fits and N >= SPLIT_DWDB_FROM and (dw is not None or db is not None):
         layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
         layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
         return
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     # One fp32 dW (dB) row per program, summed below: deterministic, no bf16 atomics. The fused
-    # kernel stores whole rows; the looped one and DW_IN_L2 add into them, so they start at zero.
-    alloc = empty if fits and not dw_in_l2 else torch.zeros
+    # kernel stores whole rows; the looped one adds into them, so they start at zero.
+    alloc = empty if fits else torch.zeros
     dw_partial, db_partial = (
         alloc((programs, N), dtype=torch.float32, device=x.device) if grad is not None else None
         for grad in (dw, db)
@@ -577,7 +556,6 @@ def layer_norm_bwd_launch(
             *args,
             ROWS=cfg.rows,
             PREFETCH=cfg.num_stages > 1,
-            DW_IN_L2=dw_in_l2,
             num_warps=cfg.num_warps,
             **common,
         )
