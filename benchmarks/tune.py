@@ -265,34 +265,6 @@ def layer_norm_split_cases(shapes=((8192, 16384), (8192, 8192), (4096, 32768))):
         del x, dy, y, dx
 
 
-def layer_norm_fwd_hold_cases():
-    # The one-row forward with x held in its own dtype (HOLD_FWD_FROM, ops/_held.py) against the
-    # fp32-held row ("kernel" fwd_fp32: HOLD_FWD_FROM raised past n), same configs, one run.
-    from kernelwright.ops import layer_norm as ln
-
-    def fp32_held(fn):
-        def run():
-            saved, ln.HOLD_FWD_FROM = ln.HOLD_FWD_FROM, 2**31
-            try:
-                fn()
-            finally:
-                ln.HOLD_FWD_FROM = saved
-
-        return run
-
-    for m, n in ((8192, 16384), (16384, 16384), (4096, 32768)):
-        x = torch.randn(m, n, device="cuda", dtype=DT)
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y = torch.empty_like(x)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
-        for nw in (4, 8, 16, 32):
-            cfg = C(block_n=n, num_warps=nw)
-            f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
-            yield "fwd_held", (m, n), cfg, f, 2 * m * n * 2
-            yield "fwd_fp32", (m, n), cfg, fp32_held(f), 2 * m * n * 2
-        del x, y
-
-
 def fused_add_rms_norm_cases():
     from kernelwright.ops import fused_add_rms_norm as fa
 
@@ -714,7 +686,6 @@ CASES = {
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
     "layer_norm_split": layer_norm_split_cases,
-    "layer_norm_fwd_hold": layer_norm_fwd_hold_cases,
     "layer_norm_split_wide": partial(
         layer_norm_split_cases,
         ((1024, 32768), (4096, 32768), (8192, 32768), (4096, 20000), (2048, 65536), (1024, 131072)),

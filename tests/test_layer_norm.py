@@ -173,31 +173,6 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     assert rel_norm_error(results[0][1], x.mean(-1)) < 1e-6
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_held_row_forward_is_the_same(monkeypatch, dtype):
-    # From HOLD_FWD_FROM the one-row forward holds x in its own dtype and converts it at each
-    # pass: y, mean and rstd bit for bit those of the fp32-held row. Rows of all-negative values
-    # among them (a -0 added by the interpreter's 16-bit arithmetic would flip their signs).
-    m, n = (64, 16384) if ON_GPU else (6, 1000)
-    gen = generator(10)
-    x = rand((m, n), dtype, DEVICE, gen=gen, mean=0.3)
-    x[1] = -x[1].abs() - 1
-    w = rand((n,), dtype, DEVICE, gen=gen, mean=1.0, std=0.5)
-    b = rand((n,), dtype, DEVICE, gen=gen, std=0.5)
-    cfg = LaunchConfig(block_n=16384, rows=1, num_warps=8)
-    outs = []
-    for hold_from in (ln.HOLD_FWD_FROM, 2**31):
-        monkeypatch.setattr(ln, "HOLD_FWD_FROM", hold_from)
-        with poisoned():
-            y = torch.full_like(x, float("nan"))
-            mean, rstd = (torch.full((m,), float("nan"), device=DEVICE) for _ in "mr")
-            layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5, config=cfg)
-        outs.append((y, mean, rstd))
-    for a, c in zip(*outs, strict=True):
-        assert torch.equal(a, c)
-    assert rel_norm_error(outs[0][0], layer_norm_ref(x, w, b)) < TOL[dtype].fwd
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
 def test_split_row_backward(monkeypatch, has_weight, has_bias, dtype):

@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._held import HOLD_FROM, again
 from kernelwright.ops._partials import sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket
@@ -35,8 +34,6 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # file, one program per SM. H200, 8192 x 16384: fused 0.409 ms; dx alone 0.218 + dW/dB 0.134
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
-# From this row length the one-row forward holds x in its own dtype (ops/_held.py).
-HOLD_FWD_FROM = HOLD_FROM.value
 
 # --------------------------------------------------------------------------- kernels
 
@@ -58,7 +55,6 @@ def _layer_norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    HOLD: tl.constexpr,  # one row held in its own dtype (ops/_held.py; HOLD_FWD_FROM)
 ):
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
@@ -74,21 +70,14 @@ def _layer_norm_fwd_kernel(
     if ROWS == 1:
         # One row: a 1-D block, no row mask (the grid has exactly M programs).
         row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
-        # HOLD: x stays in its own dtype and each pass converts it afresh (`again`), so no fp32
-        # copy of the row (x, or x - mean) is live across a reduction: half the registers.
-        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0)
-        if not HOLD:
-            x = x.to(tl.float32)
-        mean = tl.sum(x.to(tl.float32), axis=0) / N
-        xc = again(x, mean, HOLD).to(tl.float32) - mean
-        xc = tl.where(col_mask, xc, 0.0)  # padding must not add mean^2 to the variance
+        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=0) / N
+        xc = tl.where(col_mask, x - mean, 0.0)  # padding must not add mean^2 to the variance
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
         if HAS_WEIGHT and not EARLY_AFFINE:
             w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         if HAS_BIAS and not EARLY_AFFINE:
             b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        if HOLD:
-            xc = again(x, rstd, HOLD).to(tl.float32) - mean  # (padding is not stored)
         y = xc * rstd
         if HAS_WEIGHT:
             y = y * w
@@ -496,10 +485,7 @@ def layer_norm_fwd_launch(
     args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        hold = cfg.rows == 1 and cfg.block_n >= HOLD_FWD_FROM
-        _layer_norm_fwd_kernel[grid](
-            *args, ROWS=cfg.rows, HOLD=hold, num_warps=cfg.num_warps, **common
-        )
+        _layer_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
     else:
         _layer_norm_fwd_looped_kernel[(M,)](
             *args, num_warps=cfg.num_warps, **common, **two_pass_flags(cfg)
