@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import ON_GPU
 
 from kernelwright.bench.harness import BenchRow, run_spec
 from kernelwright.workflows.create import bench as B
@@ -66,9 +67,12 @@ def test_spec_runs_the_reference_and_the_generated_function_side_by_side():
         (p, m) for p in ("kernelwright", "torch") for m in ("forward", "full")
     }
     assert not any(r.error for r in rows), [r.error for r in rows]
-    assert calls[0] == [(4, 96), (), (96,), (1, 96)]  # the interpreter sweep's first shape
+    # the first shape of the sweep: the profile's points on a GPU, the interpreter's on the CPU
+    r, c = (1024, 4096) if ON_GPU else (4, 96)
+    assert calls[0] == [(r, c), (), (c,), (1, c)]
+    shapes = ("1024x4096", "8192x4096", "8192x2048") if ON_GPU else ("4x96", "9x96")
     comps = B.compare(rows)
-    assert {(c.shape, c.mode) for c in comps} == {(s, m) for s in ("4x96", "9x96")
+    assert {(c.shape, c.mode) for c in comps} == {(s, m) for s in shapes
                                                  for m in ("forward", "full")}  # fmt: skip
 
 
