@@ -93,8 +93,35 @@ def cases():
             )
 
 
+def flush_cost() -> None:
+    """How long each flush itself runs on the GPU (without hide_host it overlaps the host's
+    work, so a slow flush hides host time)."""
+    a = torch.ones(FLUSH // 4, dtype=torch.int32, device="cuda")
+    si = torch.empty((), dtype=torch.int64, device="cuda")
+    f = torch.ones(FLUSH // 4, dtype=torch.float32, device="cuda")
+    sf = torch.empty((), dtype=torch.float32, device="cuda")
+    z = torch.empty(FLUSH, dtype=torch.int8, device="cuda")
+    for name, fn in [
+        ("int32 sum into int64", lambda: torch.sum(a, dim=0, dtype=torch.int64, out=si)),
+        ("fp32 sum", lambda: torch.sum(f, dim=0, out=sf)),
+        ("zero_", z.zero_),
+    ]:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(50):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        ms = s.elapsed_time(e) / 50
+        print(f"flush {name}: {ms * 1e3:.1f} us, {FLUSH / ms / 1e6:.0f} GB/s", flush=True)
+
+
 def main() -> None:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    flush_cost()
     rows = []
     print(f"{'kernel':38s} {'zero':>9s} {'read':>9s} {'none':>9s}   GB/s zero / read")
     for name, nbytes, fn in cases():
