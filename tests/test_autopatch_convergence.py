@@ -26,7 +26,7 @@ from kernelwright.testing.convergence import (  # noqa: E402
     RUNS,
     TOLERANCES,
     Divergence,
-    _worst_control,
+    _worst,
     run_convergence,
     tiny_config,
 )
@@ -206,8 +206,8 @@ def test_worst_of_several_controls():
         )  # fmt: skip
 
     a, b = div([0.0, 3e-4, 1e-5], 1e-6, 0.2, 0.01), div([0.0, 1e-5, 2e-3], 3e-6, 0.1, 0.03)
-    w = _worst_control([a, b])
+    w = _worst([a, b])
     assert w.loss_diffs == [0.0, 3e-4, 2e-3]
     assert (w.grad_error, w.logprob_diff, w.logprob_where) == (3e-6, 0.2, "at 0.2")
     assert (w.param_error, w.param_errors) == (0.03, {"p": 0.03})
-    assert _worst_control([a]) is a
+    assert _worst([a]) is a

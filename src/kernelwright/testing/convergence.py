@@ -559,12 +559,12 @@ def run_convergence(
         losses_ref=losses["ref"],
         heldout_loss_ref=(heldout_before, heldout_after),
         patched=result["patched"],
-        control=_worst_control([result[name] for name in names]) if names else None,
+        control=_worst([result[name] for name in names]) if names else None,
         profile=applied,
     )
 
 
-def _worst_control(divs: list[Divergence]) -> Divergence:
+def _worst(divs: list[Divergence]) -> Divergence:
     """One Divergence holding, per quantity, the largest of `divs` (step by step for the loss);
     the per-tensor details come from the run with the largest parameter error."""
     if len(divs) == 1:
