@@ -475,7 +475,6 @@ def run_convergence(
     patch_fn: Callable[..., Any] | None = None,
     control: bool = True,
     topk: int = 5,
-    controls: int = 1,
 ) -> ConvergenceResult:
     """Train a reference, a patched copy and a control side by side; see the module doc.
 
@@ -484,8 +483,6 @@ def run_convergence(
     profile it applied; it defaults to `kernelwright.patch`. Parameters train in `dtype`
     (initialised in fp32, then cast: the bf16 and fp32 runs start from the same weights).
     `control=False` skips the control run; the table tolerances alone then bound the check.
-    `controls` > 1 trains that many controls, each jittered differently, and keeps the worst of
-    them per quantity: one chaotic run (MoE routing) is one sample of when a flip happens.
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig
 
@@ -507,12 +504,9 @@ def run_convergence(
     applied = (patch_fn or _default_patch)(patched, profile=profile, **dict(patch_kwargs or {}))
     patched.train()
     runs = {"ref": ref, "patched": patched}
-    if controls < 1:
-        raise ValueError(f"controls must be >= 1, got {controls}")
-    names = [f"control{i}" for i in range(controls)] if control else []
-    for i, name in enumerate(names):
-        runs[name] = copy.deepcopy(ref)
-        _jitter_embeddings(runs[name], seed + 10 * i)
+    if control:
+        runs["control"] = copy.deepcopy(ref)
+        _jitter_embeddings(runs["control"], seed)
 
     vocab = config.get_text_config().vocab_size
     *data, (heldout, _) = make_batches(vocab, count=steps + 1, batch=batch, seq=seq, seed=seed + 1)
@@ -559,29 +553,8 @@ def run_convergence(
         losses_ref=losses["ref"],
         heldout_loss_ref=(heldout_before, heldout_after),
         patched=result["patched"],
-        control=_worst([result[name] for name in names]) if names else None,
+        control=result.get("control"),
         profile=applied,
-    )
-
-
-def _worst(divs: list[Divergence]) -> Divergence:
-    """One Divergence holding, per quantity, the largest of `divs` (step by step for the loss);
-    the per-tensor details come from the run with the largest parameter error."""
-    if len(divs) == 1:
-        return divs[0]
-    lp = max(divs, key=lambda d: d.logprob_diff)
-    params = max(divs, key=lambda d: d.param_error)
-    grads = max(divs, key=lambda d: d.grad_error)
-    return Divergence(
-        losses=divs[0].losses,
-        loss_diffs=[max(step) for step in zip(*(d.loss_diffs for d in divs), strict=True)],
-        grad_error=grads.grad_error,
-        grad_errors=grads.grad_errors,
-        logprob_diff=lp.logprob_diff,
-        logprob_where=lp.logprob_where,
-        param_error=params.param_error,
-        param_errors=params.param_errors,
-        param_max_abs=params.param_max_abs,
     )
 
 
