@@ -570,24 +570,16 @@ def _spread_vectors(model: torch.nn.Module, seed: int) -> None:
 
 
 def _jitter_embeddings(model: torch.nn.Module, seed: int) -> None:
-    # The control computes the same math rounded differently: every embedding output, and every
-    # norm's output, is moved by one rounding step (x * (1 + eps) or x * (1 - eps), or kept, at
-    # random) on each forward — where a patch's kernels round differently too (its norms sit in
-    # every layer; with the embeddings alone, an fp32 MoE control flipped its routing four steps
-    # later than the patched run: benchmarks/NOTES.md, issue 5). The weights are untouched, so
-    # the parameter comparison sees only what training did.
+    # The control computes the same math rounded differently: every embedding output is moved by
+    # one rounding step (x * (1 + eps) or x * (1 - eps), or kept, at random) on each forward.
+    # The weights are untouched, so the parameter comparison sees only what training did.
     gen = torch.Generator().manual_seed(seed + 3)
 
     def hook(module, args, out):
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-            return out
         step = torch.randint(-1, 2, out.shape, generator=gen).to(out.device, out.dtype)
         return out * (1 + step * torch.finfo(out.dtype).eps)
 
     model.get_input_embeddings().register_forward_hook(hook)
-    for module in model.modules():
-        if "Norm" in type(module).__name__:
-            module.register_forward_hook(hook)
 
 
 def _pairs(ref: torch.nn.Module, other: torch.nn.Module):
