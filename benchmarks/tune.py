@@ -193,6 +193,16 @@ def norm_bwd_looped_cases():
             yield kernel, (m, n), cfg, partial(launch, config=cfg), nbytes * m * n * 2
 
 
+def _layer_norm_tensors(m: int, n: int) -> tuple:
+    """x, dy [m, n]; w, b [n]; y, dx like x; dw, db like w; mean, rstd [m] fp32 (all on the GPU)."""
+    x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+    w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    dw, db = torch.empty_like(w), torch.empty_like(b)
+    mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+    return x, dy, w, b, y, dx, dw, db, mean, rstd
+
+
 def layer_norm_wide_cases():
     # Wide rows, where the fused backward holds w, dW and dB as three fp32 rows (NOTES issue-3
     # 21): the forward's warps; the backward fused (ln.SPLIT_DWDB_FROM raised past n) and
@@ -244,11 +254,7 @@ def layer_norm_split_cases(shapes=((8192, 16384), (8192, 8192), (4096, 32768))):
     from kernelwright.ops import layer_norm as ln
 
     for m, n in shapes:
-        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        dw, db = torch.empty_like(w), torch.empty_like(b)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        x, dy, w, b, y, dx, dw, db, mean, rstd = _layer_norm_tensors(m, n)
         ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
         bwd = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx, dw, db)
         nbytes = 3 * m * n * 2
@@ -286,11 +292,7 @@ def layer_norm_cases():
     from kernelwright.ops import layer_norm as ln
 
     for m, n in NORM_SHAPES:
-        x, dy = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, dx = torch.empty_like(x), torch.empty_like(x)
-        dw, db = torch.empty_like(w), torch.empty_like(b)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        x, dy, w, b, y, dx, dw, db, mean, rstd = _layer_norm_tensors(m, n)
         for cfg in _norm_configs(n, bwd=False):
             f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
             yield "fwd", (m, n), cfg, f, 2 * m * n * 2
@@ -480,15 +482,19 @@ def relu_squared_cases():
     yield from _elementwise_cases(r.relu_squared_fwd_launch, r.relu_squared_bwd_launch, False)
 
 
-def jagged_mean_cases():
-    from kernelwright.ops import jagged_mean as jm
-
+def _jagged_offsets() -> tuple[torch.Tensor, int]:
+    # the bench's batch: 4096 segments of random lengths 1..512 (~1.05M rows); offsets on the GPU
     gen = torch.Generator().manual_seed(77)
     lengths = torch.randint(1, 513, (4096,), generator=gen)
     offsets = torch.zeros(4097, dtype=torch.int64)
     offsets[1:] = lengths.cumsum(0)
-    total = int(offsets[-1])
-    offsets = offsets.cuda()
+    return offsets.cuda(), int(offsets[-1])
+
+
+def jagged_mean_cases():
+    from kernelwright.ops import jagged_mean as jm
+
+    offsets, total = _jagged_offsets()
     for d in (64, 256, 1024):
         v = torch.randn(total, d, device="cuda", dtype=DT)
         dv = torch.empty_like(v)
@@ -545,12 +551,7 @@ def jagged_mean_staged_cases():
     # kernel as it was. D = 64 sat at 67% of copy with 2 loads' latency per program exposed.
     from kernelwright.ops import jagged_mean as jm
 
-    gen = torch.Generator().manual_seed(77)
-    lengths = torch.randint(1, 513, (4096,), generator=gen)
-    offsets = torch.zeros(4097, dtype=torch.int64)
-    offsets[1:] = lengths.cumsum(0)
-    total = int(offsets[-1])
-    offsets = offsets.cuda()
+    offsets, total = _jagged_offsets()
     grid = {  # D: (column tiles, rows per chunk, warps, stages); 256 and 1024 already ~copy
         64: ((64,), (16, 32, 64, 128), (1, 2, 4, 8), (1, 2, 3, 4, 5)),
         256: ((128,), (16, 32, 64), (2, 4, 8), (1, 3, 4)),

@@ -524,20 +524,9 @@ def layer_norm_bwd_launch(
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     # One fp32 dW (dB) row per program, summed below: deterministic, no bf16 atomics. The fused
     # kernel stores whole rows; the looped one adds into them, so they start at zero.
-    alloc = empty if fits else torch.zeros
-    dw_partial, db_partial = (
-        alloc((programs, N), dtype=torch.float32, device=x.device) if grad is not None else None
-        for grad in (dw, db)
-    )
+    dw_partial, db_partial = _partial_rows(programs, x, dw, db, zeroed=not fits)
     args = (
-        dy,
-        x,
-        weight if weight is not None else x,
-        mean,
-        rstd,
-        dx,
-        dw_partial if dw_partial is not None else rstd,
-        db_partial if db_partial is not None else rstd,
+        *_bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial),
         M,
         N,
         dy.stride(0),
@@ -545,10 +534,7 @@ def layer_norm_bwd_launch(
         dx.stride(0),
     )
     common = dict(
-        HAS_WEIGHT=weight is not None,
-        HAS_DW=dw is not None,
-        HAS_DB=db is not None,
-        BLOCK_N=cfg.block_n,
+        **_bwd_flags(weight, dw, db, cfg),
         **pdl_args(device_info(x.device)),  # its launch overlaps the kernel before it
     )
     if fits:
@@ -571,22 +557,12 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
     dev = device_info(x.device)
     blocks = triton.cdiv(M, cfg.rows)
     groups = max(1, min(blocks, dev.sm_count * cfg.programs_per_sm // splits))
-    dw_partial, db_partial = (
-        empty((groups, N), dtype=torch.float32, device=x.device) if g is not None else None
-        for g in (dw, db)
-    )
+    dw_partial, db_partial = _partial_rows(groups, x, dw, db)
     part = empty((M, splits, 2), dtype=torch.float32, device=x.device)  # each written, then read
     sync = torch.zeros(1 + blocks, dtype=torch.int32, device=x.device)  # ticket, block counters
     for phase in phases(dev):
         _layer_norm_bwd_split_kernel[(groups * splits,)](
-            dy,
-            x,
-            weight if weight is not None else x,
-            mean,
-            rstd,
-            dx,
-            dw_partial if dw_partial is not None else rstd,
-            db_partial if db_partial is not None else rstd,
+            *_bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial),
             part,
             sync,
             M,
@@ -595,10 +571,7 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
             x.stride(0),
             dx.stride(0),
             groups,
-            HAS_WEIGHT=weight is not None,
-            HAS_DW=dw is not None,
-            HAS_DB=db is not None,
-            BLOCK_N=cfg.block_n,
+            **_bwd_flags(weight, dw, db, cfg),
             ROWS=cfg.rows,
             SPLITS=splits,
             SPLITS_P2=triton.next_power_of_2(splits),
@@ -606,6 +579,39 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
             num_warps=cfg.num_warps,
         )
     _sum_partials(dw_partial, dw, db_partial, db)
+
+
+def _partial_rows(rows: int, x: torch.Tensor, dw, db, *, zeroed: bool = False):
+    """fp32 partial dW and dB rows, [rows, N] each (None for a gradient not wanted); zeroed
+    where a kernel adds into them."""
+    alloc = torch.zeros if zeroed else empty
+    return tuple(
+        alloc((rows, x.shape[1]), dtype=torch.float32, device=x.device) if g is not None else None
+        for g in (dw, db)
+    )
+
+
+def _bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial) -> tuple:
+    """The backward kernels' first eight arguments; an absent tensor passes a pointer the
+    kernel never reads (its HAS_* flag is off)."""
+    absent = rstd
+    return (
+        dy,
+        x,
+        weight if weight is not None else x,
+        mean,
+        rstd,
+        dx,
+        dw_partial if dw_partial is not None else absent,
+        db_partial if db_partial is not None else absent,
+    )
+
+
+def _bwd_flags(weight, dw, db, cfg: LaunchConfig) -> dict:
+    return dict(
+        HAS_WEIGHT=weight is not None, HAS_DW=dw is not None, HAS_DB=db is not None,
+        BLOCK_N=cfg.block_n,
+    )  # fmt: skip
 
 
 def _sum_partials(dw_partial, dw, db_partial, db) -> None:
