@@ -71,9 +71,10 @@ def phases(device: DeviceInfo) -> tuple[int, ...]:
     return (0,) if device.backend == "cuda" else (1, 2)
 
 
-def workspace(m: int, splits: int, slots: int, device: torch.device):
+def workspace(m: int, splits: int, slots: int, device: torch.device, counters: int | None = None):
     """The split kernels' scratch: fp32 partials [m, splits, slots] (each written before it is
-    read) and int32 counters [1 + m], zeroed: the ticket, then one per row."""
+    read) and int32 counters [1 + counters], zeroed: the ticket, then one per row (`counters`
+    defaults to m), or per block of rows where a program's step covers several."""
     partials = empty((m, splits, slots), dtype=torch.float32, device=device)
-    sync = torch.zeros(1 + m, dtype=torch.int32, device=device)
+    sync = torch.zeros(1 + (m if counters is None else counters), dtype=torch.int32, device=device)
     return partials, sync

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket
+from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket, workspace
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
@@ -558,8 +558,7 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
     blocks = triton.cdiv(M, cfg.rows)
     groups = max(1, min(blocks, dev.sm_count * cfg.programs_per_sm // splits))
     dw_partial, db_partial = _partial_rows(groups, x, dw, db)
-    part = empty((M, splits, 2), dtype=torch.float32, device=x.device)  # each written, then read
-    sync = torch.zeros(1 + blocks, dtype=torch.int32, device=x.device)  # ticket, block counters
+    part, sync = workspace(M, splits, 2, x.device, counters=blocks)  # a counter per row block
     for phase in phases(dev):
         _layer_norm_bwd_split_kernel[(groups * splits,)](
             *_bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial),
