@@ -27,8 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.runtime import device_info
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.device import DeviceInfo
+from kernelwright.runtime.launch import LaunchConfig
 
 # At most this many programs share a row: far fewer than any GPU's SMs (the ticket argument
 # above needs `splits` programs resident at once, and a chunk program fits on any SM).
@@ -78,3 +80,36 @@ def workspace(m: int, splits: int, slots: int, device: torch.device, counters: i
     partials = empty((m, splits, slots), dtype=torch.float32, device=device)
     sync = torch.zeros(1 + (m if counters is None else counters), dtype=torch.int32, device=device)
     return partials, sync
+
+
+def launch(
+    kernel,
+    tensors,
+    scalars,
+    cfg: LaunchConfig,
+    splits: int,
+    slots: int,
+    *,
+    programs: int,
+    counters: int | None = None,
+    **constexprs,
+) -> None:
+    """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
+    the first of them M): `programs` programs, `splits` per row, in one launch that waits (a
+    GPU) or in two that do not (the interpreter), with `slots` fp32 partials per chunk and
+    `counters` row counters (`workspace`)."""
+    device = tensors[0].device
+    partials, sync = workspace(scalars[0], splits, slots, device, counters)
+    for phase in phases(device_info(device)):
+        kernel[(programs,)](
+            *tensors,
+            partials,
+            sync,
+            *scalars,
+            BLOCK_N=cfg.block_n,
+            SPLITS=splits,
+            SPLITS_P2=triton.next_power_of_2(splits),
+            PHASE=phase,
+            num_warps=cfg.num_warps,
+            **constexprs,
+        )

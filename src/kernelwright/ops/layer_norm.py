@@ -22,7 +22,8 @@ import triton.language as tl
 
 from kernelwright.ops._partials import sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket, workspace
+from kernelwright.ops._split import arrive_and_wait, split_count, ticket
+from kernelwright.ops._split import launch as launch_split
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
@@ -534,7 +535,10 @@ def layer_norm_bwd_launch(
         dx.stride(0),
     )
     common = dict(
-        **_bwd_flags(weight, dw, db, cfg),
+        HAS_WEIGHT=weight is not None,
+        HAS_DW=dw is not None,
+        HAS_DB=db is not None,
+        BLOCK_N=cfg.block_n,
         **pdl_args(device_info(x.device)),  # its launch overlaps the kernel before it
     )
     if fits:
@@ -558,25 +562,20 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
     blocks = triton.cdiv(M, cfg.rows)
     groups = max(1, min(blocks, dev.sm_count * cfg.programs_per_sm // splits))
     dw_partial, db_partial = _partial_rows(groups, x, dw, db)
-    part, sync = workspace(M, splits, 2, x.device, counters=blocks)  # a counter per row block
-    for phase in phases(dev):
-        _layer_norm_bwd_split_kernel[(groups * splits,)](
-            *_bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial),
-            part,
-            sync,
-            M,
-            N,
-            dy.stride(0),
-            x.stride(0),
-            dx.stride(0),
-            groups,
-            **_bwd_flags(weight, dw, db, cfg),
-            ROWS=cfg.rows,
-            SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits),
-            PHASE=phase,
-            num_warps=cfg.num_warps,
-        )
+    launch_split(
+        _layer_norm_bwd_split_kernel,
+        _bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial),
+        (M, N, dy.stride(0), x.stride(0), dx.stride(0), groups),
+        cfg,
+        splits,
+        2,
+        programs=groups * splits,
+        counters=blocks,  # one per row block
+        HAS_WEIGHT=weight is not None,
+        HAS_DW=dw is not None,
+        HAS_DB=db is not None,
+        ROWS=cfg.rows,
+    )
     _sum_partials(dw_partial, dw, db_partial, db)
 
 
@@ -604,13 +603,6 @@ def _bwd_tensors(dy, x, weight, mean, rstd, dx, dw_partial, db_partial) -> tuple
         dw_partial if dw_partial is not None else absent,
         db_partial if db_partial is not None else absent,
     )
-
-
-def _bwd_flags(weight, dw, db, cfg: LaunchConfig) -> dict:
-    return dict(
-        HAS_WEIGHT=weight is not None, HAS_DW=dw is not None, HAS_DB=db is not None,
-        BLOCK_N=cfg.block_n,
-    )  # fmt: skip
 
 
 def _sum_partials(dw_partial, dw, db_partial, db) -> None:

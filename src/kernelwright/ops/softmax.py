@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._split import arrive_and_wait, phases, split_count, ticket, workspace
+from kernelwright.ops._split import arrive_and_wait, split_count, ticket
+from kernelwright.ops._split import launch as launch_split
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -351,30 +352,6 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
     return cfg
 
 
-def _launch_split(
-    kernel, tensors, scalars, cfg: LaunchConfig, splits: int, slots: int, **constexprs
-):
-    """Launch a split-row kernel (ops/_split.py) over [M, N] `tensors` (`scalars`: M, N, the row
-    strides): `splits` programs per row (`_split_count`), in one launch that waits (GPU) or in
-    two that do not (the interpreter), with `slots` fp32 partials per chunk."""
-    M = scalars[0]
-    device = tensors[0].device
-    partials, sync = workspace(M, splits, slots, device)
-    for phase in phases(device_info(device)):
-        kernel[(M * splits,)](
-            *tensors,
-            partials,
-            sync,
-            *scalars,
-            BLOCK_N=cfg.block_n,
-            SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits),
-            PHASE=phase,
-            num_warps=cfg.num_warps,
-            **constexprs,
-        )
-
-
 def softmax_fwd_launch(
     x: torch.Tensor,  # [M, N], stride(1) == 1
     y: torch.Tensor,  # [M, N], stride(1) == 1
@@ -393,7 +370,10 @@ def softmax_fwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        _launch_split(_softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2, IS_LOG=is_log)
+        launch_split(
+            _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
+            programs=M * splits, IS_LOG=is_log,
+        )  # fmt: skip
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -423,7 +403,10 @@ def softmax_bwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        _launch_split(_softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1, IS_LOG=is_log)
+        launch_split(
+            _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
+            programs=M * splits, IS_LOG=is_log,
+        )  # fmt: skip
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,
