@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import DEVICE, H100, ON_GPU
 
+from kernelwright.ops import _split
 from kernelwright.ops import softmax as softmax_module
 from kernelwright.ops._held import HOLD_FROM
 from kernelwright.ops._split import MAX_SPLITS, split_count
@@ -404,7 +405,7 @@ def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
         dxg.fill_(float("nan"))
         graph.replay()
         assert torch.equal(yg, y) and torch.equal(dxg, dx)
-    monkeypatch.setattr(softmax_module, "phases", lambda device: (1, 2))
+    monkeypatch.setattr(_split, "phases", lambda device: (1, 2))
     y2, dx2 = _split_launches(x, dy, is_log, 16384, num_warps=16)
     assert torch.equal(y2, y) and torch.equal(dx2, dx)
 

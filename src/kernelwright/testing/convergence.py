@@ -5,10 +5,11 @@ identical token batches (labels with ignored positions):
 
 - the reference, unpatched;
 - the patched copy (`kernelwright.patch`, or any `patch_fn`);
-- a control: unpatched, its embedding outputs moved by one rounding step at random on every
-  forward. It differs from the reference only by rounding and by the chaos training makes of
-  it (a bf16 router flipping a token's expert, Adam normalising a gradient that is pure
-  rounding noise): the noise floor of this model, dtype and run length, measured, not guessed.
+- a control: unpatched, on every forward its embedding outputs moved by one rounding step per
+  element and every norm's output rows scaled by one rounding step per row, at random. It
+  differs from the reference only by rounding and by the chaos training makes of it (a router
+  flipping a token's expert, Adam normalising a gradient that is pure rounding noise): the
+  noise floor of this model, dtype and run length, measured, not guessed.
 
 It compares with the reference the loss of every step, the gradients of the first step (same
 weights, so a gradient difference is the patch's alone), the log-probabilities of the
@@ -506,7 +507,7 @@ def run_convergence(
     runs = {"ref": ref, "patched": patched}
     if control:
         runs["control"] = copy.deepcopy(ref)
-        _jitter_embeddings(runs["control"], seed)
+        _jitter(runs["control"], seed)
 
     vocab = config.get_text_config().vocab_size
     *data, (heldout, _) = make_batches(vocab, count=steps + 1, batch=batch, seq=seq, seed=seed + 1)
@@ -569,17 +570,35 @@ def _spread_vectors(model: torch.nn.Module, seed: int) -> None:
                 p.add_(0.1 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
 
 
-def _jitter_embeddings(model: torch.nn.Module, seed: int) -> None:
-    # The control computes the same math rounded differently: every embedding output is moved by
-    # one rounding step (x * (1 + eps) or x * (1 - eps), or kept, at random) on each forward.
-    # The weights are untouched, so the parameter comparison sees only what training did.
+def _jitter(model: torch.nn.Module, seed: int) -> None:
+    # The control computes the same math rounded differently, without changing a weight (the
+    # parameter comparison then sees only what training did), in two ways on each forward:
+    # - every embedding output element is moved by one rounding step (x * (1 + eps), x *
+    #   (1 - eps) or kept, at random);
+    # - every norm's output row is scaled as a whole by 1 + eps, 1 - eps or 1, at random per row.
+    #   A norm that sums its row in another order (every norm kernel does) rounds the row's
+    #   statistic differently, and that moves the whole row one way, which element-wise noise
+    #   does not do. On the GPU (mixtral fp32, benchmarks/NOTES.md issue 5) a correct rms_norm
+    #   patch flipped a routing decision at step 6; controls with element-wise noise only, at
+    #   the embeddings or at every norm, first flipped at step 10-11, while row scaling flipped
+    #   at step 6 as well for two of three seeds (this one among them).
     gen = torch.Generator().manual_seed(seed + 3)
 
-    def hook(module, args, out):
+    def elements(module, args, out):
         step = torch.randint(-1, 2, out.shape, generator=gen).to(out.device, out.dtype)
         return out * (1 + step * torch.finfo(out.dtype).eps)
 
-    model.get_input_embeddings().register_forward_hook(hook)
+    def rows(module, args, out):
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point() or out.dim() < 1:
+            return out
+        shape = (*out.shape[:-1], 1)
+        step = torch.randint(-1, 2, shape, generator=gen).to(out.device, out.dtype)
+        return out * (1 + step * torch.finfo(out.dtype).eps)
+
+    model.get_input_embeddings().register_forward_hook(elements)
+    for module in model.modules():
+        if "Norm" in type(module).__name__:
+            module.register_forward_hook(rows)
 
 
 def _pairs(ref: torch.nn.Module, other: torch.nn.Module):
