@@ -245,6 +245,43 @@ def layer_norm_wide_cases():
         del x, dy, y, dx
 
 
+def layer_norm_small_m_cases(shapes=((1024, 4096), (2048, 4096), (4096, 4096), (2048, 8192))):
+    # Few rows (NOTES issue-3 41): the fused backward's fp32 partial rows (one per program) are
+    # a third of the peak at 1024 x 4096. Against it: dx alone, then the dwdb kernel with so few
+    # row splits that its partials vanish (1: no partials, stores straight into dW and dB),
+    # reading x and dy a second time, from L2 if they fit.
+    from kernelwright.ops import layer_norm as ln
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for m, n in shapes:
+        x, dy, w, b, y, dx, dw, db, mean, rstd = _layer_norm_tensors(m, n)
+        ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
+        nbytes = 3 * m * n * 2
+        bwd = partial(ln.layer_norm_bwd_launch, dy, x, w, mean, rstd, dx)
+        yield "table", (m, n), C(block_n=0), partial(bwd, dw, db), nbytes
+        yield "dx_only", (m, n), C(block_n=0), partial(bwd, None, None), nbytes
+        dwdb = partial(ln.layer_norm_dwdb_launch, dy, x, mean, rstd, dw, db)
+        for bn, rows, nw, stages, pps in itertools.product(
+            (16, 32, 64), (64, 128, 256), (2, 4, 8), (2, 3, 4), (1, 2)
+        ):
+            splits = max(1, min(triton.cdiv(m, rows), sms * pps // triton.cdiv(n, bn)))
+            if splits > 2 or (pps > 1 and splits == 1) or nw * 32 > rows * bn // 4:
+                continue
+            if rows * bn * stages * 2 * 2 > 96 * 1024:  # staged x and dy tiles in shared memory
+                continue
+            cfg = C(block_n=bn, rows=rows, num_warps=nw, num_stages=stages, programs_per_sm=pps)
+            both = _chain(partial(bwd, None, None), partial(dwdb, config=cfg))
+            yield f"dx+dwdb_s{splits}", (m, n), cfg, both, nbytes
+
+
+def _chain(*fns):
+    def run():
+        for fn in fns:
+            fn()
+
+    return run
+
+
 def layer_norm_split_cases(shapes=((8192, 16384), (8192, 8192), (4096, 32768))):
     # The backward with rows split over programs that exchange their chunk sums (split_row,
     # ops/_split.py): one read of x and dy where the table's 16384 row (dx, then the dwdb
@@ -687,6 +724,7 @@ CASES = {
     "norm_bwd_looped": norm_bwd_looped_cases,
     "layer_norm_wide": layer_norm_wide_cases,
     "layer_norm_split": layer_norm_split_cases,
+    "layer_norm_small_m": layer_norm_small_m_cases,
     "layer_norm_split_wide": partial(
         layer_norm_split_cases,
         ((1024, 32768), (4096, 32768), (8192, 32768), (4096, 20000), (2048, 65536), (1024, 131072)),

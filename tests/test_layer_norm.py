@@ -129,6 +129,8 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # the row-in-registers backward leaves dW and dB to the dwdb kernel (SPLIT_DWDB_FROM).
     if split:
         monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
+    else:  # 13 rows are "few" (FEW_ROWS_PARTIALS_SHARE): keep dW and dB in the fused kernels
+        monkeypatch.setattr(ln, "FEW_ROWS_PARTIALS_SHARE", float("inf"))
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
@@ -172,6 +174,55 @@ def test_every_kernel_path_agrees(monkeypatch, split):
             assert rel_norm_error(a, c) < 1e-6
     assert rel_norm_error(results[0][0], layer_norm_ref(x, w, b)) < 1e-6
     assert rel_norm_error(results[0][1], x.mean(-1)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("has_weight,has_bias", AFFINE)
+def test_few_rows_backward_has_no_partials(monkeypatch, has_weight, has_bias, dtype):
+    # Few rows (FEW_ROWS_PARTIALS_SHARE): dx alone, then one dwdb program per column block
+    # through every row, storing dW and dB in their own dtype; no fp32 partial rows anywhere.
+    # Poisoned outputs, against the fp32 reference; odd sizes (a partial last column block and
+    # a masked last row block).
+    calls = []
+    real = ln.layer_norm_dwdb_launch
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("one_split"))
+        return real(*args, **kwargs)
+
+    real_partials = ln._partial_rows
+
+    def no_partials(rows, x, dw, db, **kwargs):
+        assert dw is None and db is None, "the few-rows backward allocated partial rows"
+        return real_partials(rows, x, dw, db, **kwargs)
+
+    monkeypatch.setattr(ln, "layer_norm_dwdb_launch", spy)
+    monkeypatch.setattr(ln, "_partial_rows", no_partials)
+    m, n = (257, 4097) if ON_GPU else (2, 333)  # "few" for every dtype with one gradient too
+    inputs = _inputs((m, n), dtype, 16, weight=has_weight, bias=has_bias)
+    if has_weight or has_bias:
+        _check(inputs, dtype, eps=1e-5)
+    assert calls == ([True] if has_weight or has_bias else [])
+    # the launcher itself: poisoned dW, dB and dx, every one written
+    x, w, b = inputs["x"], inputs["weight"], inputs["bias"]
+    dy = rand((m, n), dtype, DEVICE, gen=generator(17))
+    y, mean, rstd = torch.empty_like(x), *(torch.empty(m, device=DEVICE) for _ in "mr")
+    layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
+    # the launcher allocates nothing (the dwdb kernel's partials come from ln.empty)
+    monkeypatch.setattr(ln, "empty", lambda *a, **k: pytest.fail("allocated partial rows"))
+    with poisoned():
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full_like(w, float("nan")) if has_weight else None
+        db = torch.full_like(b, float("nan")) if has_bias else None
+        layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db)
+    xf, dyf = x.float().requires_grad_(), dy.float()
+    wf = w.float().requires_grad_() if has_weight else None
+    bf = b.float().requires_grad_() if has_bias else None
+    layer_norm_ref(xf, wf, bf).backward(dyf)
+    assert rel_norm_error(dx, xf.grad) < TOL[dtype].bwd
+    for got, ref in ((dw, wf), (db, bf)):
+        if got is not None:
+            assert got.dtype == dtype and rel_norm_error(got, ref.grad) < TOL[dtype].bwd
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -70,4 +70,12 @@ TABLE = {
         "default": [(2**31 - 1, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=4))],
         "interpreter": [(2**31 - 1, C(block_n=256, rows=8, num_warps=4, programs_per_sm=1))],
     },
+    # dW and dB alone with one program per column block through every row (few rows,
+    # layer_norm.FEW_ROWS_PARTIALS_SHARE): no partial rows. H200, after dx alone: 1024 x 4096
+    # 0.0176 ms in all, 2048 x 4096 0.0317 (tune.py layer_norm_small_m, results/h200-ln-fewrows/;
+    # 32 columns x 64-256 rows, 3-4 stages within 1%).
+    "bwd_dwdb_one": {
+        "default": [(2**31 - 1, C(block_n=32, rows=64, num_warps=4, num_stages=4))],
+        "interpreter": [(2**31 - 1, C(block_n=64, rows=4, num_stages=2))],
+    },
 }
