@@ -274,6 +274,25 @@ def layer_norm_small_m_cases(shapes=((1024, 4096), (2048, 4096), (4096, 4096), (
             yield f"dx+dwdb_s{splits}", (m, n), cfg, both, nbytes
 
 
+def layer_norm_dwdb_one_cases(shapes=((8192, 16384), (4096, 32768), (8192, 8192))):
+    # dW and dB alone at wide rows (the 16384 row's split path): the table's split dwdb (fp32
+    # partial rows, 4 MB at 8192 x 16384) against one program per column block (none).
+    from kernelwright.ops import layer_norm as ln
+
+    for m, n in shapes:
+        x, dy, w, b, y, dx, dw, db, mean, rstd = _layer_norm_tensors(m, n)
+        ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
+        dwdb = partial(ln.layer_norm_dwdb_launch, dy, x, mean, rstd, dw, db)
+        yield "table", (m, n), C(block_n=0), dwdb, 2 * m * n * 2
+        for bn, rows, nw, stages in itertools.product(
+            (32, 64, 128), (16, 32, 64), (4, 8), (2, 3, 4)
+        ):
+            if nw * 32 > rows * bn // 4 or rows * bn * stages * 2 * 2 > 96 * 1024:
+                continue
+            cfg = C(block_n=bn, rows=rows, num_warps=nw, num_stages=stages)
+            yield "one_split", (m, n), cfg, partial(dwdb, config=cfg, one_split=True), 2 * m * n * 2
+
+
 def _chain(*fns):
     def run():
         for fn in fns:
@@ -725,6 +744,7 @@ CASES = {
     "layer_norm_wide": layer_norm_wide_cases,
     "layer_norm_split": layer_norm_split_cases,
     "layer_norm_small_m": layer_norm_small_m_cases,
+    "layer_norm_dwdb_one": layer_norm_dwdb_one_cases,
     "layer_norm_split_wide": partial(
         layer_norm_split_cases,
         ((1024, 32768), (4096, 32768), (8192, 32768), (4096, 20000), (2048, 65536), (1024, 131072)),
