@@ -36,8 +36,9 @@ def main() -> None:
     tuners = [o for o in gc.get_objects() if type(o).__name__ == "CachingAutotuner"]
     for t in tuners:
         name = getattr(getattr(t, "fn", None), "__name__", "?")
-        print(f"\n{name}: {len(t.configs)} candidate configs")
-        for c in t.configs:
+        configs = getattr(t, "configs", None) or []
+        print(f"\n{name}: {len(configs)} candidate configs")
+        for c in configs:
             print("   ", c)
         for launcher in getattr(t, "launchers", []):
             regs = getattr(launcher, "n_regs", "?")

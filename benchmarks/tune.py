@@ -235,24 +235,17 @@ def layer_norm_wide_cases():
             yield "bwd_dx_only", (m, n), cfg, partial(bwd, None, None, config=cfg), 3 * m * n * 2
             yield "bwd_split", (m, n), cfg, partial(bwd, dw, db, config=cfg), 3 * m * n * 2
             yield "bwd_fused", (m, n), cfg, fused(partial(bwd, dw, db), cfg), 3 * m * n * 2
-        tiles = itertools.product((256, 512, 1024), (2, 4, 8), (2, 4, 8), (4, 8))
-        for block, rows, nw, pps in tiles:
-            if not 1024 <= rows * block <= 4096 or nw * 32 * 4 > rows * block:
-                continue
-            cfg = C(block_n=block, rows=rows, num_warps=nw, programs_per_sm=pps)
-            f = partial(ln.layer_norm_dwdb_launch, dy, x, mean, rstd, dw, db, config=cfg)
-            yield "dwdb", (m, n), cfg, f, 2 * m * n * 2
+        # the dwdb kernel alone: layer_norm_dwdb_one (its split form swept here is gone)
         del x, dy, y, dx
 
 
 def layer_norm_small_m_cases(shapes=((1024, 4096), (2048, 4096), (4096, 4096), (2048, 8192))):
     # Few rows (NOTES issue-3 41): the fused backward's fp32 partial rows (one per program) are
-    # a third of the peak at 1024 x 4096. Against it: dx alone, then the dwdb kernel with so few
-    # row splits that its partials vanish (1: no partials, stores straight into dW and dB),
-    # reading x and dy a second time, from L2 if they fit.
+    # a third of the peak at 1024 x 4096. Against it: dx alone, then the dwdb kernel (one
+    # program per column block, no partials; the first sweep, tune_small_m_1/2, also had 2-4
+    # row splits with partials), reading x and dy a second time.
     from kernelwright.ops import layer_norm as ln
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for m, n in shapes:
         x, dy, w, b, y, dx, dw, db, mean, rstd = _layer_norm_tensors(m, n)
         ln.layer_norm_fwd_launch(x, w, b, y, mean, rstd, 1e-5)
@@ -261,22 +254,19 @@ def layer_norm_small_m_cases(shapes=((1024, 4096), (2048, 4096), (4096, 4096), (
         yield "table", (m, n), C(block_n=0), partial(bwd, dw, db), nbytes
         yield "dx_only", (m, n), C(block_n=0), partial(bwd, None, None), nbytes
         dwdb = partial(ln.layer_norm_dwdb_launch, dy, x, mean, rstd, dw, db)
-        for bn, rows, nw, stages, pps in itertools.product(
-            (16, 32, 64), (64, 128, 256), (2, 4, 8), (2, 3, 4), (1, 2)
-        ):
-            splits = max(1, min(triton.cdiv(m, rows), sms * pps // triton.cdiv(n, bn)))
-            if splits > 2 or (pps > 1 and splits == 1) or nw * 32 > rows * bn // 4:
-                continue
-            if rows * bn * stages * 2 * 2 > 96 * 1024:  # staged x and dy tiles in shared memory
-                continue
-            cfg = C(block_n=bn, rows=rows, num_warps=nw, num_stages=stages, programs_per_sm=pps)
+        sweep = itertools.product((16, 32, 64), (64, 128, 256), (2, 4, 8), (2, 3, 4))
+        for bn, rows, nw, stages in sweep:
+            if nw * 32 > rows * bn // 4 or rows * bn * stages * 2 * 2 > 96 * 1024:
+                continue  # too few elements per thread; staged x and dy tiles past 96 KB
+            cfg = C(block_n=bn, rows=rows, num_warps=nw, num_stages=stages)
             both = _chain(partial(bwd, None, None), partial(dwdb, config=cfg))
-            yield f"dx+dwdb_s{splits}", (m, n), cfg, both, nbytes
+            yield "dx+dwdb", (m, n), cfg, both, nbytes
 
 
 def layer_norm_dwdb_one_cases(shapes=((8192, 16384), (4096, 32768), (8192, 8192))):
-    # dW and dB alone at wide rows (the 16384 row's split path): the table's split dwdb (fp32
-    # partial rows, 4 MB at 8192 x 16384) against one program per column block (none).
+    # dW and dB alone at wide rows (the 16384 row's split path): the table's dwdb against other
+    # configs (the first run, tune_dwdb_one.log, had the earlier split form with fp32 partial
+    # rows, 4 MB at 8192 x 16384, as "table").
     from kernelwright.ops import layer_norm as ln
 
     for m, n in shapes:
@@ -290,7 +280,7 @@ def layer_norm_dwdb_one_cases(shapes=((8192, 16384), (4096, 32768), (8192, 8192)
             if nw * 32 > rows * bn // 4 or rows * bn * stages * 2 * 2 > 96 * 1024:
                 continue
             cfg = C(block_n=bn, rows=rows, num_warps=nw, num_stages=stages)
-            yield "one_split", (m, n), cfg, partial(dwdb, config=cfg, one_split=True), 2 * m * n * 2
+            yield "one_split", (m, n), cfg, partial(dwdb, config=cfg), 2 * m * n * 2
 
 
 def _chain(*fns):

@@ -7,7 +7,8 @@ E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std (a second pas
 held in registers; in the looped kernel, per-lane Welford sums merged exactly).
 
 The backward, by row length (the launch table): a row held by one program, which also keeps its
-fp32 dW/dB sums (from 16384 columns dx alone, then the `dwdb` kernel reads x and dy again);
+fp32 dW/dB sums (from 16384 columns, and for few rows, dx alone, then the `dwdb` kernel reads x
+and dy again);
 past 16384 columns, up to 32 chunks, the row split over a group of programs that exchange their
 chunk sums (ops/_split.py), one read of x and dy; past that a looped kernel.
 
@@ -39,8 +40,8 @@ SPLIT_DWDB_FROM = 16384
 # Few rows: the fused backward's fp32 partial rows (one per program, about one per SM) are then
 # a large share of its memory (54% of dx at 1024 x 4096 bf16: a peak of 12.1 MB where
 # torch.compile's is 8.0). Where they would exceed this fraction of dx (and the row is wide
-# enough, `_few_rows`), the backward runs dx alone, then the `dwdb` kernel with one program per
-# column block and no partials (it stores dW and dB itself). H200, 1024 x 4096: 0.0156 ->
+# enough, `_few_rows`), the backward runs dx alone, then the `dwdb` kernel (one program per
+# column block, no partials: it stores dW and dB itself). H200, 1024 x 4096: 0.0156 ->
 # 0.0176 ms, still 1.9x torch.compile's backward; at 2048 rows it would cost 45% (0.0218 ->
 # 0.0317 ms), at 4096 72% (NOTES issue 3, 41; benchmarks/results/h200-ln-fewrows/).
 FEW_ROWS_PARTIALS_SHARE = 1 / 3
@@ -426,8 +427,8 @@ def _layer_norm_dwdb_kernel(
     x_ptr,
     mean_ptr,
     rstd_ptr,
-    dw_partial_ptr,
-    db_partial_ptr,  # [splits, N] fp32
+    dw_ptr,
+    db_ptr,  # [N], the parameters' dtypes
     M,
     N,
     stride_dy,
@@ -440,17 +441,16 @@ def _layer_norm_dwdb_kernel(
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # dW and dB alone, for rows too wide for the fused backward to hold them (SPLIT_DWDB_FROM)
-    # and for few rows: program (c, s) sums dy * x_hat and dy over the
-    # [ROWS, BLOCK_N] tiles of column block c in row blocks s, s + splits, ... into row s of the
-    # partials (fp32; with one split, dW and dB themselves, cast at the store). The sums stay
-    # [ROWS, BLOCK_N] until the end: a sum over rows per tile would cross warps every step.
+    # and for few rows (FEW_ROWS_PARTIALS_SHARE): program c sums dy * x_hat and dy over every
+    # [ROWS, BLOCK_N] tile of column block c, in fp32, and stores dW and dB itself (no partial
+    # rows). The sums stay [ROWS, BLOCK_N] until the end: a sum over rows per tile would cross
+    # warps every step.
     wait_for_inputs(GDC_WAIT)  # before any load or store
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    split = tl.program_id(1)
     dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for block in tl.range(split, tl.cdiv(M, ROWS), tl.num_programs(1), num_stages=STAGES):
+    for block in tl.range(0, tl.cdiv(M, ROWS), num_stages=STAGES):
         rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
         row_mask = rows < M
         mask = row_mask[:, None] & col_mask[None, :]
@@ -463,13 +463,10 @@ def _layer_norm_dwdb_kernel(
             dw_acc += dy * ((x.to(tl.float32) - mean) * rstd)
         if HAS_DB:
             db_acc += dy
-    out = split.to(tl.int64) * N + cols
     if HAS_DW:
-        dw_sum = tl.sum(dw_acc, axis=0).to(dw_partial_ptr.dtype.element_ty)
-        tl.store(dw_partial_ptr + out, dw_sum, mask=col_mask)
+        tl.store(dw_ptr + cols, tl.sum(dw_acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
     if HAS_DB:
-        db_sum = tl.sum(db_acc, axis=0).to(db_partial_ptr.dtype.element_ty)
-        tl.store(db_partial_ptr + out, db_sum, mask=col_mask)
+        tl.store(db_ptr + cols, tl.sum(db_acc, axis=0).to(db_ptr.dtype.element_ty), mask=col_mask)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -533,13 +530,9 @@ def layer_norm_bwd_launch(
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     grads = (dw is not None) + (db is not None)
-    if fits and grads and N >= SPLIT_DWDB_FROM:
+    if fits and grads and (N >= SPLIT_DWDB_FROM or _few_rows(x, dx, programs * grads)):
         layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
         layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
-        return
-    if fits and grads and _few_rows(x, dx, programs * grads):
-        layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
-        layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db, one_split=True)
         return
     # One fp32 dW (dB) row per program, summed below: deterministic, no bf16 atomics. The fused
     # kernel stores whole rows; the looped one adds into them, so they start at zero.
@@ -573,12 +566,12 @@ def layer_norm_bwd_launch(
 
 
 def _few_rows(x: torch.Tensor, dx: torch.Tensor, partial_rows: int) -> bool:
-    """Whether the backward leaves dW and dB to the one-split `dwdb` kernel: the fused kernel's
-    fp32 partial rows would exceed FEW_ROWS_PARTIALS_SHARE of dx, and the row is wide enough
-    for that kernel's column blocks to fill half the GPU (one program each)."""
+    """Whether the backward leaves dW and dB to the `dwdb` kernel: the fused kernel's fp32
+    partial rows would exceed FEW_ROWS_PARTIALS_SHARE of dx, and the row is wide enough for
+    that kernel's column blocks (one program each) to fill half the GPU."""
     M, N = x.shape
-    one = _config("bwd_dwdb_one", x, None)
-    wide = triton.cdiv(N, one.block_n) >= device_info(x.device).sm_count // 2
+    blocks = triton.cdiv(N, _config("bwd_dwdb", x, None).block_n)
+    wide = blocks >= device_info(x.device).sm_count // 2
     return wide and partial_rows * 4 > FEW_ROWS_PARTIALS_SHARE * M * dx.element_size()
 
 
@@ -650,33 +643,20 @@ def layer_norm_dwdb_launch(
     dw: torch.Tensor | None,  # [N]
     db: torch.Tensor | None,  # [N]
     config: LaunchConfig | None = None,
-    one_split: bool = False,
 ) -> None:
-    """dW and dB alone (the `dwdb` kernel): about sm_count * programs_per_sm programs, each a
-    column block of block_n and every splits-th block of `rows` rows. One split (`one_split`,
-    the table's "bwd_dwdb_one" config, or as many column blocks as programs): one program per
-    column block through every row, no partial rows, the kernel stores dW and dB."""
+    """dW and dB alone (the `dwdb` kernel): one program per column block of block_n, through
+    every row; no partial rows."""
     M, N = x.shape
     if dw is None and db is None:
         return
-    cfg = _config("bwd_dwdb_one" if one_split else "bwd_dwdb", x, config)
-    col_blocks = triton.cdiv(N, cfg.block_n)
-    sm_programs = device_info(x.device).sm_count * cfg.programs_per_sm
-    splits = 1 if one_split else max(1, min(triton.cdiv(M, cfg.rows), sm_programs // col_blocks))
-    if splits == 1:
-        dw_partial, db_partial = dw, db
-    else:
-        dw_partial, db_partial = (
-            empty((splits, N), dtype=torch.float32, device=x.device) if g is not None else None
-            for g in (dw, db)
-        )
-    _layer_norm_dwdb_kernel[(col_blocks, splits)](
+    cfg = _config("bwd_dwdb", x, config)
+    _layer_norm_dwdb_kernel[(triton.cdiv(N, cfg.block_n),)](
         dy,
         x,
         mean,
         rstd,
-        dw_partial if dw_partial is not None else rstd,
-        db_partial if db_partial is not None else rstd,
+        dw if dw is not None else rstd,  # an absent gradient: a pointer never written
+        db if db is not None else rstd,
         M,
         N,
         dy.stride(0),
@@ -689,8 +669,6 @@ def layer_norm_dwdb_launch(
         num_warps=cfg.num_warps,
         **pdl_args(device_info(x.device)),
     )
-    if splits > 1:
-        _sum_partials(dw_partial, dw, db_partial, db)
 
 
 # --------------------------------------------------------------------------- custom ops

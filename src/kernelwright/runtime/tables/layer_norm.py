@@ -62,20 +62,18 @@ TABLE = {
             (2**31 - 1, C(block_n=512, rows=1, programs_per_sm=1)),
         ],
     },
-    # dW and dB alone, where the backward splits them off (layer_norm.SPLIT_DWDB_FROM; named
-    # "bwd_..." so the optimize workflow counts it in the backward): column blocks of block_n,
-    # row blocks of `rows`, about sm_count * programs_per_sm programs.
-    # H200, 8192 x 16384: 0.134 ms, 96% of copy for its two reads (tune.py layer_norm_wide).
+    # dW and dB alone, where the backward splits them off (layer_norm.SPLIT_DWDB_FROM and
+    # FEW_ROWS_PARTIALS_SHARE; named "bwd_..." so the optimize workflow counts it in the
+    # backward): one program per column block of block_n through every row, `rows` rows per
+    # step, `num_stages` steps in flight. H200 (tune.py layer_norm_small_m and
+    # layer_norm_dwdb_one, results/h200-ln-fewrows/): 1024 x 4096 after dx alone 0.0176 ms in
+    # all (32 columns: 128 programs); 8192 x 16384 0.126 ms alone, 102% of copy for its two
+    # reads, as fast as the earlier split form with fp32 partial rows (0.127 ms; 4 MB).
     "bwd_dwdb": {
-        "default": [(2**31 - 1, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=4))],
-        "interpreter": [(2**31 - 1, C(block_n=256, rows=8, num_warps=4, programs_per_sm=1))],
-    },
-    # dW and dB alone with one program per column block through every row (few rows,
-    # layer_norm.FEW_ROWS_PARTIALS_SHARE): no partial rows. H200, after dx alone: 1024 x 4096
-    # 0.0176 ms in all, 2048 x 4096 0.0317 (tune.py layer_norm_small_m, results/h200-ln-fewrows/;
-    # 32 columns x 64-256 rows, 3-4 stages within 1%).
-    "bwd_dwdb_one": {
-        "default": [(2**31 - 1, C(block_n=32, rows=64, num_warps=4, num_stages=4))],
+        "default": [
+            (8192, C(block_n=32, rows=64, num_warps=4, num_stages=4)),
+            (2**31 - 1, C(block_n=64, rows=64, num_warps=4, num_stages=3)),
+        ],
         "interpreter": [(2**31 - 1, C(block_n=64, rows=4, num_stages=2))],
     },
 }
