@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
+from kernelwright.ops import _partials
 from kernelwright.ops import fused_add_rms_norm as far
 from kernelwright.ops.fused_add_rms_norm import (
     FusedAddRMSNorm,
@@ -108,10 +109,12 @@ def test_non_contiguous_inputs(layouts, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_every_kernel_path_agrees(dtype):
+def test_every_kernel_path_agrees(monkeypatch, dtype):
     # The same rows through the multi-row, one-row and looped kernels, with and without the
     # residual gradient: residual_out is elementwise and must be bit-identical on every path;
-    # the rest agrees up to summation order and matches the reference.
+    # the rest agrees up to summation order and matches the reference. 13 rows are "few"
+    # (_partials.few_rows): dW kept in the fused kernels here.
+    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     m, n = 13, 700
     gen = generator(6)
     x, r, dy, dres = (rand((m, n), dtype, DEVICE, gen=gen) for _ in range(4))
@@ -155,6 +158,38 @@ def test_every_kernel_path_agrees(dtype):
         assert rel_norm_error(dw, ref_dw) < tol.bwd
         for i, a in ((0, y), (2, ds), (3, ds_y_only), (4, dw)):
             assert rel_norm_error(a, results[0][i]) < same
+
+
+@pytest.mark.parametrize("dres", [True, False], ids=["dres", "no_dres"])
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_few_rows_backward_has_no_partials(monkeypatch, dtype, mode, offset, dres):
+    # Few rows (_partials.few_rows): dW from rms_norm's dw kernel over s (one program per column
+    # block, stored in the weight's dtype), before ds; no fp32 partial rows. Poisoned outputs,
+    # an odd width, against the fp32 reference.
+    calls = []
+    real = far.rms_norm_dw_launch
+    monkeypatch.setattr(far, "rms_norm_dw_launch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, n = (257, 4097) if ON_GPU else (2, 333)
+    inputs = _inputs((m, n), dtype, 19)
+    gen = generator(20)
+    dy = rand((m, n), dtype, DEVICE, gen=gen)
+    d_res = rand((m, n), dtype, DEVICE, gen=gen) if dres else None
+    x, r, w = inputs["x"], inputs["residual"], inputs["weight"]
+    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
+    fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, offset, mode)
+    monkeypatch.setattr(far, "empty", lambda *a, **k: pytest.fail("the launcher allocated"))
+    with poisoned():
+        ds = torch.full_like(x, float("nan"))
+        dw = torch.full_like(w, float("nan"))
+        fused_add_rms_norm_bwd_launch(dy, d_res, s, w, rstd, ds, dw, offset, mode)
+    assert calls == [1]
+    ref_in = {"x": x.float(), "residual": r.float(), "weight": w.float()}
+    kwargs = dict(eps=1e-6, offset=offset, casting_mode=mode)
+    dres_f = d_res.float() if dres else None
+    _, _, ref_ds, _, ref_dw = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), dres_f, **kwargs)
+    assert rel_norm_error(ds, ref_ds) < TOL[dtype].bwd
+    assert dw.dtype == dtype and rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
 
 
 @pytest.mark.parametrize("shape", [FUSED, LOOPED], ids=str)
@@ -358,7 +393,7 @@ def test_torch_compile_fullgraph():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
-def test_kernels_compile_for_hopper():
+def test_kernels_compile_for_hopper(monkeypatch):
     # The interpreter runs code the GPU compiler rejects: compile every "default" config, every
     # casting mode, with and without the residual gradient, for sm_90.
     def row_lengths(kernel):
@@ -385,11 +420,17 @@ def test_kernels_compile_for_hopper():
                             x, dres, x, w, rstd, y, dw, 0.0, mode, config=cfg
                         )
 
+    # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW in the fused
+    # kernels everywhere, once as the table has it (rms_norm's dw kernel there).
+    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     results = check_compiles(run)
+    monkeypatch.undo()
+    few = check_compiles(run)
     failures = [
-        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
+        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results + few if not r.ok
     ]
     assert not failures, "\n".join(failures)
     # 8 configs x 3 modes, forward + backward with and without dres; plus the dW reduction
     assert len([r for r in results if r.launch.name != "_sum_partials_kernel"]) == 72
     assert any(r.launch.name == "_sum_partials_kernel" for r in results)
+    assert {r.launch.name for r in few} >= {"_rms_norm_dw_kernel", "_fused_add_rms_norm_bwd_kernel"}

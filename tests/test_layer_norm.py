@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
-from kernelwright.ops import _split
+from kernelwright.ops import _partials, _split
 from kernelwright.ops import layer_norm as ln
 from kernelwright.ops.layer_norm import (
     LayerNorm,
@@ -129,8 +129,8 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # the row-in-registers backward leaves dW and dB to the dwdb kernel (SPLIT_DWDB_FROM).
     if split:
         monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
-    else:  # 13 rows are "few" (FEW_ROWS_PARTIALS_SHARE): keep dW and dB in the fused kernels
-        monkeypatch.setattr(ln, "FEW_ROWS_PARTIALS_SHARE", float("inf"))
+    else:  # 13 rows are "few" (_partials.few_rows): keep dW and dB in the fused kernels
+        monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
@@ -179,7 +179,7 @@ def test_every_kernel_path_agrees(monkeypatch, split):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("has_weight,has_bias", AFFINE)
 def test_few_rows_backward_has_no_partials(monkeypatch, has_weight, has_bias, dtype):
-    # Few rows (FEW_ROWS_PARTIALS_SHARE): dx alone, then the dwdb kernel (one program per
+    # Few rows (_partials.few_rows): dx alone, then the dwdb kernel (one program per
     # column block through every row) stores dW and dB in their own dtype; no partial rows.
     # Poisoned outputs, against the fp32 reference; odd sizes (a partial last column block and
     # a masked last row block).
@@ -443,7 +443,7 @@ def test_output_can_be_modified_in_place():
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
-def test_kernels_compile_for_hopper():
+def test_kernels_compile_for_hopper(monkeypatch):
     # Every "default" table config, with and without weight/bias, compiles for sm_90.
     def run():
         for kernel in ("fwd", "bwd"):
@@ -464,9 +464,15 @@ def test_kernels_compile_for_hopper():
                         dy = torch.randn_like(x)
                         ln.layer_norm_bwd_launch(dy, x, w, mean, rstd, y, dw, db, config=cfg)
 
+    # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW and dB in the
+    # fused kernels everywhere, once as the table has it (the dwdb kernel there).
+    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     results = check_compiles(run)
+    monkeypatch.undo()
+    few = check_compiles(run)
     failures = [
-        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results if not r.ok
+        f"{r.launch.name} {dict(r.launch.constexprs)}: {r.error}" for r in results + few if not r.ok
     ]
     assert not failures, "\n".join(failures)
     assert len(results) >= 30
+    assert any(r.launch.name == "_layer_norm_dwdb_kernel" for r in few)

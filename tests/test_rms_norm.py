@@ -4,6 +4,8 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
+from kernelwright.ops import _partials
+from kernelwright.ops import rms_norm as rn
 from kernelwright.ops.rms_norm import (
     RMSNorm,
     rms_norm,
@@ -80,8 +82,10 @@ def test_non_contiguous_input(layout, dtype):
         _check(_inputs(shape, dtype, 5, layout=layout), dtype)
 
 
-def test_every_kernel_path_agrees():
-    # The same rows through the multi-row, one-row and looped kernels must agree.
+def test_every_kernel_path_agrees(monkeypatch):
+    # The same rows through the multi-row, one-row and looped kernels must agree (13 rows are
+    # "few", _partials.few_rows: kept in the fused kernels here).
+    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
@@ -156,6 +160,37 @@ def test_in_place_backward_matches_and_reuses_dy():
     assert torch.equal(dx0, dx1) and torch.equal(dw0, dw1)
     assert torch.equal(g0, dy)  # out of place: the incoming gradient is untouched
     assert torch.equal(g1, dx1)  # in place: dx was written over it
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_few_rows_backward_has_no_partials(monkeypatch, dtype, mode, offset, in_place):
+    # Few rows (_partials.few_rows): dW from the dw kernel (one program per column block
+    # through every row, stored in the weight's dtype), run before dx so an in-place dx (dy's
+    # storage) cannot change what it reads; no fp32 partial rows. Poisoned outputs, an odd
+    # width (partial last column block), against the fp32 reference.
+    calls = []
+    real = rn.rms_norm_dw_launch
+    monkeypatch.setattr(rn, "rms_norm_dw_launch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m, n = (257, 4097) if ON_GPU else (2, 333)
+    gen = generator(18)
+    x = rand((m, n), dtype, DEVICE, gen=gen)
+    w = rand((n,), dtype, DEVICE, gen=gen, mean=1.0, std=0.5)
+    dy = rand((m, n), dtype, DEVICE, gen=gen)
+    y, rstd = torch.empty_like(x), torch.empty(m, device=DEVICE)
+    rms_norm_fwd_launch(x, w, y, rstd, 1e-6, offset, mode)
+    monkeypatch.setattr(rn, "empty", lambda *a, **k: pytest.fail("the launcher allocated"))
+    with poisoned():
+        g = dy.clone()
+        dx = g if in_place else torch.full_like(x, float("nan"))
+        dw = torch.full_like(w, float("nan"))
+        rms_norm_bwd_launch(g, x, w, rstd, dx, dw, offset, mode)
+    assert calls == [1]
+    xf, wf = x.float().requires_grad_(), w.float().requires_grad_()
+    rms_norm_ref(xf, wf, eps=1e-6, offset=offset, casting_mode=mode).backward(dy.float())
+    assert rel_norm_error(dx, xf.grad) < TOL[dtype].bwd
+    assert dw.dtype == dtype and rel_norm_error(dw, wf.grad) < TOL[dtype].bwd
 
 
 def test_expanded_upstream_gradient():

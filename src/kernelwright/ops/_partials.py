@@ -24,6 +24,13 @@ from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info
 from kernelwright.runtime.launch import pdl_args
 
+# Few rows: one fp32 partial row per program (about one per SM) is then a large share of the
+# backward's memory: at 1024 x 4096 bf16, 54% of dx for layer_norm (dW and dB), 26% for the
+# RMSNorms (peaks of 12.1 and 10.1 MB where torch.compile's are 8.0). Past this share of the
+# row gradient's bytes the norm backwards run dx alone, then a dW (dB) kernel with one program
+# per column block through every row and no partials (benchmarks/NOTES.md, issue 3, 41).
+PARTIALS_SHARE = 1 / 4
+
 _BLOCK_N = 32  # columns per program: N / 32 programs, enough to spread 4096 columns over SMs
 _MAX_BLOCK_P = 256  # partial rows per load step (sm_count * programs_per_sm, usually <= 264)
 
@@ -82,3 +89,12 @@ def sum_partials(
         num_warps=4,
         **pdl_args(device_info(a.device)),
     )
+
+
+def few_rows(rows: int, n: int, partial_rows: int, out_elem: int, block_n: int, device) -> bool:
+    """Whether a norm backward should leave its parameter gradients to a column kernel: the
+    fp32 partial rows (`partial_rows` of them, all gradients together) would exceed
+    PARTIALS_SHARE of the row gradient (`rows` rows of `n` elements of `out_elem` bytes), and
+    the column kernel's blocks of `block_n` (one program each) fill at least half the GPU."""
+    wide = triton.cdiv(n, block_n) >= device_info(device).sm_count // 2
+    return wide and partial_rows * 4 > PARTIALS_SHARE * rows * out_elem

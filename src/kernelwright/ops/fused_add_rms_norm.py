@@ -19,16 +19,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
 from kernelwright.ops.rms_norm import (
     CASTING_MODES,
+    _dw_block,
     _normalize,
     _output_dtype,
     _weight_eff,
+    rms_norm_dw_launch,
     rms_norm_eager,
     rms_norm_ref,
 )
@@ -170,6 +172,7 @@ def _fused_add_rms_norm_bwd_kernel(
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,  # off: dW left to rms_norm's dw kernel (few rows, _partials.few_rows)
     HAS_DRES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
@@ -229,12 +232,12 @@ def _fused_add_rms_norm_bwd_kernel(
         dy = dy.to(tl.float32)
         rstd = rstd[:, None]
         s_hat = s * rstd
-        if HAS_WEIGHT:
+        if HAS_DW:
             # dW sees s_hat as the forward multiplied it: rounded unless gemma.
             dw_acc += tl.sum(dy * _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING), axis=0)
+        g = dy
+        if HAS_WEIGHT:
             g = dy * w[None, :]
-        else:
-            g = dy
         c = tl.sum(g * s_hat, axis=1)[:, None] / N
         ds = (g - s_hat * c) * rstd
         if HAS_DRES:
@@ -242,7 +245,7 @@ def _fused_add_rms_norm_bwd_kernel(
         tl.store(
             ds_ptr + rows[:, None] * stride_ds + cols[None, :], ds.to(ds_ptr.dtype.element_ty), mask
         )
-    if HAS_WEIGHT:
+    if HAS_DW:
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
@@ -264,6 +267,7 @@ def _fused_add_rms_norm_bwd_looped_kernel(
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
     HAS_DRES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
@@ -297,6 +301,7 @@ def _fused_add_rms_norm_bwd_looped_kernel(
             g = dy
             if HAS_WEIGHT:
                 g = dy * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+            if HAS_DW:
                 s_cast = _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING)
                 dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
                 tl.store(dw_row + cols, dw + dy * s_cast, mask=col_mask)
@@ -365,8 +370,14 @@ def fused_add_rms_norm_bwd_launch(
     fits = cfg.block_n >= N
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(ds.device).sm_count * cfg.programs_per_sm))
+    has_dw = weight is not None and dw is not None
+    block = _dw_block(residual_out)
+    if has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device):
+        # dW first, should ds share dy's storage: the dw kernel reads dy
+        rms_norm_dw_launch(dy, residual_out, rstd, dw, casting_mode)
+        has_dw = False
     partial = None
-    if weight is not None:
+    if has_dw:
         # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
         partial = empty((programs, N), dtype=torch.float32, device=ds.device)
         if not fits:
@@ -386,6 +397,7 @@ def fused_add_rms_norm_bwd_launch(
     common = dict(
         CASTING=CASTING_MODES[casting_mode],
         HAS_WEIGHT=weight is not None,
+        HAS_DW=has_dw,
         HAS_DRES=has_dres,
         BLOCK_N=cfg.block_n,
         **pdl_args(device_info(ds.device)),  # its launch overlaps the kernel before it
@@ -396,7 +408,7 @@ def fused_add_rms_norm_bwd_launch(
         )
     else:
         _fused_add_rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
-    if dw is not None:
+    if has_dw:
         sum_partials(partial, dw)  # fp32 sum over programs, one cast to the weight's dtype
 
 

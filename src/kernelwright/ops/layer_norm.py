@@ -7,8 +7,9 @@ E[x^2] - E[x]^2, which cancels catastrophically when |mean| >> std (a second pas
 held in registers; in the looped kernel, per-lane Welford sums merged exactly).
 
 The backward, by row length (the launch table): a row held by one program, which also keeps its
-fp32 dW/dB sums (from 16384 columns, and for few rows, dx alone, then the `dwdb` kernel reads x
-and dy again);
+fp32 dW/dB sums (from 16384 columns, and for few rows where those partial sums would be a large
+share of the memory, `_partials.few_rows`: dx alone, then the `dwdb` kernel reads x and dy
+again);
 past 16384 columns, up to 32 chunks, the row split over a group of programs that exchange their
 chunk sums (ops/_split.py), one read of x and dy; past that a looped kernel.
 
@@ -21,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import arrive_and_wait, split_count, ticket
 from kernelwright.ops._split import launch as launch_split
@@ -37,14 +38,6 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
 
-# Few rows: the fused backward's fp32 partial rows (one per program, about one per SM) are then
-# a large share of its memory (54% of dx at 1024 x 4096 bf16: a peak of 12.1 MB where
-# torch.compile's is 8.0). Where they would exceed this fraction of dx (and the row is wide
-# enough, `_few_rows`), the backward runs dx alone, then the `dwdb` kernel (one program per
-# column block, no partials: it stores dW and dB itself). H200, 1024 x 4096: 0.0156 ->
-# 0.0176 ms, still 1.9x torch.compile's backward; at 2048 rows it would cost 45% (0.0218 ->
-# 0.0317 ms), at 4096 72% (NOTES issue 3, 41; benchmarks/results/h200-ln-fewrows/).
-FEW_ROWS_PARTIALS_SHARE = 1 / 3
 
 # --------------------------------------------------------------------------- kernels
 
@@ -441,7 +434,7 @@ def _layer_norm_dwdb_kernel(
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # dW and dB alone, for rows too wide for the fused backward to hold them (SPLIT_DWDB_FROM)
-    # and for few rows (FEW_ROWS_PARTIALS_SHARE): program c sums dy * x_hat and dy over every
+    # and for few rows (ops/_partials.few_rows): program c sums dy * x_hat and dy over every
     # [ROWS, BLOCK_N] tile of column block c, in fp32, and stores dW and dB itself (no partial
     # rows). The sums stay [ROWS, BLOCK_N] until the end: a sum over rows per tile would cross
     # warps every step.
@@ -530,7 +523,9 @@ def layer_norm_bwd_launch(
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     grads = (dw is not None) + (db is not None)
-    if fits and grads and (N >= SPLIT_DWDB_FROM or _few_rows(x, dx, programs * grads)):
+    dwdb_block = _config("bwd_dwdb", x, None).block_n
+    few = few_rows(M, N, programs * grads, dx.element_size(), dwdb_block, x.device)
+    if fits and grads and (N >= SPLIT_DWDB_FROM or few):
         layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
         layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
         return
@@ -563,16 +558,6 @@ def layer_norm_bwd_launch(
     else:
         _layer_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
     _sum_partials(dw_partial, dw, db_partial, db)
-
-
-def _few_rows(x: torch.Tensor, dx: torch.Tensor, partial_rows: int) -> bool:
-    """Whether the backward leaves dW and dB to the `dwdb` kernel: the fused kernel's fp32
-    partial rows would exceed FEW_ROWS_PARTIALS_SHARE of dx, and the row is wide enough for
-    that kernel's column blocks (one program each) to fill half the GPU."""
-    M, N = x.shape
-    blocks = triton.cdiv(N, _config("bwd_dwdb", x, None).block_n)
-    wide = blocks >= device_info(x.device).sm_count // 2
-    return wide and partial_rows * 4 > FEW_ROWS_PARTIALS_SHARE * M * dx.element_size()
 
 
 def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, splits: int):

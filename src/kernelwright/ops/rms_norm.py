@@ -16,13 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._partials import sum_partials
+from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig, pdl_args
-from kernelwright.runtime.tables.rms_norm import TABLE
+from kernelwright.runtime.tables.rms_norm import DW_TABLE, TABLE
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
 # tl.constexpr globals: compiled kernels may read only constexpr globals.
@@ -153,6 +153,7 @@ def _rms_norm_bwd_kernel(
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,  # off: dW left to the dw kernel (few rows, _partials.few_rows)
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -199,19 +200,55 @@ def _rms_norm_bwd_kernel(
         dy = dy.to(tl.float32)
         rstd = rstd[:, None]
         x_hat = x * rstd
-        if HAS_WEIGHT:
+        if HAS_DW:
             # dW sees x_hat as the forward multiplied it: rounded unless gemma.
             dw_acc += tl.sum(dy * _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING), axis=0)
+        g = dy
+        if HAS_WEIGHT:
             g = dy * w[None, :]
-        else:
-            g = dy
         c = tl.sum(g * x_hat, axis=1)[:, None] / N
         dx = (g - x_hat * c) * rstd
         tl.store(
             dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
         )
-    if HAS_WEIGHT:
+    if HAS_DW:
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
+def _rms_norm_dw_kernel(
+    dy_ptr,
+    x_ptr,
+    rstd_ptr,
+    dw_ptr,  # dy, x: [M, N] with row strides; rstd: [M] fp32; dw: [N], the weight's dtype
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    CASTING: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    STAGES: tl.constexpr,  # row blocks in flight (tl.range's software pipeline)
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
+):
+    # dW alone, for few rows (ops/_partials.few_rows): program c sums dy * x_hat (x_hat as the
+    # forward multiplied it) over every [ROWS, BLOCK_N] tile of column block c, in fp32, and
+    # stores dW itself: no partial rows. fused_add_rms_norm calls it with x = s. The sums stay
+    # [ROWS, BLOCK_N] until the end: a sum over rows per tile would cross warps every step.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for block in tl.range(0, tl.cdiv(M, ROWS), num_stages=STAGES):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        x_hat = _normalize(x.to(tl.float32), rstd, x_ptr.dtype.element_ty, CASTING)
+        acc += dy.to(tl.float32) * x_hat  # 0 outside the mask
+    tl.store(dw_ptr + cols, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
 
 
 @triton.jit
@@ -230,6 +267,7 @@ def _rms_norm_bwd_looped_kernel(
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
@@ -261,6 +299,7 @@ def _rms_norm_bwd_looped_kernel(
             g = dy
             if HAS_WEIGHT:
                 g = dy * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+            if HAS_DW:
                 x_cast = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
                 dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
                 tl.store(dw_row + cols, dw + dy * x_cast, mask=col_mask)
@@ -322,8 +361,13 @@ def rms_norm_bwd_launch(
     fits = cfg.block_n >= N
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
+    has_dw = weight is not None and dw is not None
+    if has_dw and fits and few_rows(M, N, programs, dx.element_size(), _dw_block(x), x.device):
+        # dW first: dx may be dy itself (in-place backward), and the dw kernel reads dy
+        rms_norm_dw_launch(dy, x, rstd, dw, casting_mode)
+        has_dw = False
     partial = None
-    if weight is not None:
+    if has_dw:
         # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
         partial = empty((programs, N), dtype=torch.float32, device=x.device)
         if not fits:
@@ -338,17 +382,62 @@ def rms_norm_bwd_launch(
     )
     args += (M, N, dy.stride(0), x.stride(0), dx.stride(0), offset)
     common = dict(
-        CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
+        CASTING=CASTING_MODES[casting_mode],
+        HAS_WEIGHT=weight is not None,
+        HAS_DW=has_dw,
+        BLOCK_N=cfg.block_n,
+        **pdl_args(device_info(x.device)),  # its launch overlaps the kernel before it
     )
-    common.update(pdl_args(device_info(x.device)))  # its launch overlaps the kernel before it
     if fits:
         _rms_norm_bwd_kernel[(programs,)](
-            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+            *args,
+            ROWS=cfg.rows,
+            PREFETCH=cfg.num_stages > 1,
+            num_warps=cfg.num_warps,
+            **common,
         )
     else:
         _rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
-    if dw is not None:
+    if has_dw:
         sum_partials(partial, dw)  # fp32 sum over programs, one cast to the weight's dtype
+
+
+def _dw_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
+    return config or lookup(DW_TABLE, "rms_norm", "bwd_dw", device_info(x.device), x.shape[-1])
+
+
+def _dw_block(x: torch.Tensor) -> int:
+    return _dw_config(x).block_n
+
+
+def rms_norm_dw_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1
+    x: torch.Tensor,  # [M, N], stride(1) == 1 (fused_add_rms_norm: s)
+    rstd: torch.Tensor,  # [M] fp32
+    dw: torch.Tensor,  # [N], the weight's dtype
+    casting_mode: str,
+    config: LaunchConfig | None = None,
+) -> None:
+    """dW alone (the `dw` kernel): one program per column block of block_n, through every row;
+    no partial rows."""
+    M, N = x.shape
+    cfg = _dw_config(x, config)
+    _rms_norm_dw_kernel[(triton.cdiv(N, cfg.block_n),)](
+        dy,
+        x,
+        rstd,
+        dw,
+        M,
+        N,
+        dy.stride(0),
+        x.stride(0),
+        CASTING=CASTING_MODES[casting_mode],
+        BLOCK_N=cfg.block_n,
+        ROWS=cfg.rows,
+        STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        **pdl_args(device_info(x.device)),
+    )
 
 
 # --------------------------------------------------------------------------- custom ops

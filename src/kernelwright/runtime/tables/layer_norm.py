@@ -63,7 +63,7 @@ TABLE = {
         ],
     },
     # dW and dB alone, where the backward splits them off (layer_norm.SPLIT_DWDB_FROM and
-    # FEW_ROWS_PARTIALS_SHARE; named "bwd_..." so the optimize workflow counts it in the
+    # _partials.few_rows; named "bwd_..." so the optimize workflow counts it in the
     # backward): one program per column block of block_n through every row, `rows` rows per
     # step, `num_stages` steps in flight. H200 (tune.py layer_norm_small_m and
     # layer_norm_dwdb_one, results/h200-ln-fewrows/): 1024 x 4096 after dx alone 0.0176 ms in

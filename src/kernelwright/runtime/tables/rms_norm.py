@@ -50,3 +50,19 @@ TABLE = {
         ],
     },
 }
+
+# dW alone, where the backward leaves it to a column kernel (few rows, _partials.few_rows;
+# fused_add_rms_norm's too): one program per column block of block_n through every row, `rows`
+# rows per step, `num_stages` steps in flight; layer_norm's dwdb configs (H200,
+# results/h200-ln-fewrows/), which read the same two tensors. Kept out of TABLE: the optimize
+# workflow tunes and models every TABLE kernel of a mode as running at every shape, and this
+# one runs at few rows only.
+DW_TABLE = {
+    "bwd_dw": {
+        "default": [
+            (8192, C(block_n=32, rows=64, num_warps=4, num_stages=4)),
+            (2**31 - 1, C(block_n=64, rows=64, num_warps=4, num_stages=3)),
+        ],
+        "interpreter": [(2**31 - 1, C(block_n=64, rows=4, num_stages=2))],
+    },
+}
