@@ -38,7 +38,6 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
 
-
 # --------------------------------------------------------------------------- kernels
 
 
