@@ -3,6 +3,7 @@ benchmarks/generated, the exports), and a failed gate leaves the checkout as it 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,13 @@ def test_into_library_adds_exports_and_runs_its_tests(profile, tmp_path):
     assert {f"{NAME}.py", f"test_generated_{NAME}.py", f"bench_{NAME}.py"} <= names
     init = (L.checkout_paths()[0] / "ops" / "generated" / "__init__.py").read_text()
     assert f"from kernelwright.ops.generated.{NAME} import (" in init
-    # the new op imports from the library in a fresh process, exported by name
+    # the new op imports from the library in a fresh process, exported by name; the checkout's
+    # src first on its path, as where kernelwright is not installed (the GPU machine runs the
+    # suite with PYTHONPATH=src)
     code = f"from kernelwright.ops.generated import {NAME}, {NAME}_ref; print('ok')"
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"TRITON_INTERPRET": "1", "PATH": ""})  # fmt: skip
+                         env={"TRITON_INTERPRET": "1", "PATH": "", "PYTHONPATH": path})  # fmt: skip
     assert out.stdout.strip() == "ok", out.stderr[-1500:]
 
 
