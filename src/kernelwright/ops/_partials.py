@@ -12,6 +12,10 @@ processed while the backward kernel before it runs, and it waits in `griddepcont
 until that kernel has finished and its partial rows are visible. On the H200 that took 0.4–2
 µs off each norm backward (benchmarks/pdl_probe.py; NOTES 29). Letting the backward kernels
 signal early (`griddepcontrol.launch_dependents` at their start) was slower.
+
+`few_rows` is the other side of it: where those partial rows would be a large share of the
+backward's memory (few rows), the norm backwards skip them and leave dW (dB) to a column kernel
+that stores the gradient itself (layer_norm's `dwdb`, rms_norm's `dw`).
 """
 
 from __future__ import annotations
