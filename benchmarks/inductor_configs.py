@@ -25,7 +25,16 @@ def _layer_norm(m: int, n: int):
     return lambda: fn(x)
 
 
-OPS = {"layer_norm": _layer_norm}
+def _rms_norm(m: int, n: int):
+    from kernelwright.ops.rms_norm import rms_norm_eager
+
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    fn = torch.compile(lambda x: rms_norm_eager(x, w, 1e-6))
+    return lambda: fn(x)
+
+
+OPS = {"layer_norm": _layer_norm, "rms_norm": _rms_norm}
 
 
 def main() -> None:
