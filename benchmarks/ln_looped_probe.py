@@ -1,0 +1,138 @@
+"""layer_norm's looped forward against torch.compile's at 8192 x 16384 (prints, CSV to $OUT).
+
+At 8192 x 16384 our forward (the one-row kernel, 0.141 ms) is 0.94-0.96x torch.compile (0.135).
+Inductor's kernel there (`inductor_configs.py layer_norm 8192 16384`, H200, torch 2.11) is a
+looped two-read kernel: one row per program, 2048-wide chunks, 16 warps, one stage, 31
+registers; a Welford pass with evict_last loads, then a write pass whose x loads are
+evict_first, w and b evict_last and the store without a hint; the row length a constant. Our
+looped kernel of the same shape of work ran at 0.18 ms at best (NOTES 27). This probe walks
+the differences one at a time, on a copy of our kernel with each as a switch:
+
+- `NC`: the row length a constexpr (masks and the chunk count known to the compiler);
+- `WB`: w and b loaded evict_last (default policy in the library);
+- `ST`: the store's hint, evict_first (library) or none (inductor);
+- `X1`/`X2`: the first read evict_last, the second evict_first (the library's L2 flags).
+
+    python benchmarks/ln_looped_probe.py [--shapes 8192x16384,4096x32768]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from _probe import gpu_setup, write_csv
+
+from kernelwright.ops.layer_norm import layer_norm_fwd_launch
+from kernelwright.runtime import LaunchConfig
+
+
+@triton.jit
+def _ln_fwd_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_x, stride_y,
+                   eps, N_CONST: tl.constexpr, NC: tl.constexpr, BLOCK_N: tl.constexpr,
+                   X1: tl.constexpr, X2: tl.constexpr, WB: tl.constexpr,
+                   ST: tl.constexpr):  # fmt: skip
+    N = N_CONST if NC else N_RT
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    y_row = y_ptr + row * stride_y
+    lanes = tl.arange(0, BLOCK_N)
+    m_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    m2_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    c_l = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(N, BLOCK_N)):
+        cols = k * BLOCK_N + lanes
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0, eviction_policy=X1).to(tl.float32)
+        count = (k + 1) * 1.0
+        delta = x - m_l
+        m_new = m_l + delta * (1.0 / count)
+        m2_l = tl.where(col_mask, m2_l + delta * (x - m_new), m2_l)
+        m_l = tl.where(col_mask, m_new, m_l)
+        c_l = tl.where(col_mask, count, c_l)
+    mean = tl.sum(c_l * m_l, axis=0) / N
+    d = m_l - mean
+    rstd = tl.rsqrt((tl.sum(m2_l, axis=0) + tl.sum(c_l * d * d, axis=0)) / N + eps)
+    for k in range(0, tl.cdiv(N, BLOCK_N)):
+        cols = k * BLOCK_N + lanes
+        col_mask = cols < N
+        x = tl.load(x_row + cols, mask=col_mask, other=0.0, eviction_policy=X2)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy=WB)
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy=WB)
+        y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask, eviction_policy=ST)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8192x16384,4096x32768")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    args = ap.parse_args()
+    timer, _, copy = gpu_setup()
+    out_rows = []
+    for shape in args.shapes.split(","):
+        m, n = (int(v) for v in shape.split("x"))
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty_like(x)
+        mean = torch.empty(m, device="cuda", dtype=torch.float32)
+        rstd = torch.empty_like(mean)
+        ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float(), 1e-5)
+        compiled = torch.compile(
+            functools.partial(
+                torch.nn.functional.layer_norm, normalized_shape=(n,), weight=w, bias=b, eps=1e-5
+            ),
+            dynamic=False,
+        )
+        lib = functools.partial(layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5)
+        variants = {"torch_compile": functools.partial(compiled, x), "lib": lib}
+        variants["lib_looped_2048_w16"] = functools.partial(
+            lib, config=LaunchConfig(block_n=2048, num_warps=16, evict_hints=True)
+        )
+        for block, warps, nc, wb, st, flags in itertools.product(
+            (2048, 4096), (8, 16), (0, 1), ("", "evict_last"), ("evict_first", ""), (0, 1)
+        ):
+            if block * 2 // (warps * 32) < 4 and block == 4096:
+                continue
+            x1, x2 = ("evict_last", "evict_first") if flags else ("", "")
+            name = f"b{block}_w{warps}_nc{nc}_wb{int(bool(wb))}_st{int(bool(st))}_fl{flags}"
+            variants[name] = functools.partial(
+                _ln_fwd_looped[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
+                1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
+                num_warps=warps,
+            )  # fmt: skip
+        gb = 2 * m * n * 2 / 1e9
+        for name, fn in variants.items():
+            try:
+                y.fill_(float("nan"))
+                out = fn()
+                torch.cuda.synchronize()
+                got = out if name == "torch_compile" else y
+                err = (got.float() - ref).abs().max().item()
+                if not err < 0.1:
+                    print(f"{shape} {name:32s} WRONG max err {err:.3g}")
+                    continue
+                p50 = timer(fn, lambda: None)[1]
+            except Exception as e:  # a variant that does not compile is a result
+                print(f"{shape} {name:32s} FAILED {type(e).__name__}: {str(e)[:120]}")
+                continue
+            pct = gb / (p50 * 1e-3) / copy * 100
+            out_rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct))
+        best = sorted((r for r in out_rows if r["shape"] == shape), key=lambda r: r["ms"])
+        for r in best:
+            print(f"{shape} {r['variant']:32s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%",
+                  flush=True)  # fmt: skip
+    write_csv(args.out, "ln_looped_probe.csv", out_rows)
+
+
+if __name__ == "__main__":
+    main()
