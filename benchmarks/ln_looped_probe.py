@@ -11,7 +11,13 @@ the differences one at a time, on a copy of our kernel with each as a switch:
 - `NC`: the row length a constexpr (masks and the chunk count known to the compiler);
 - `WB`: w and b loaded evict_last (default policy in the library);
 - `ST`: the store's hint, evict_first (library) or none (inductor);
-- `X1`/`X2`: the first read evict_last, the second evict_first (the library's L2 flags).
+- `X1`/`X2`: the first read evict_last, the second evict_first (the library's L2 flags);
+- `I64`: 64-bit row offsets (library) or 32-bit (inductor, whose offsets are known to fit);
+- `STATS`: mean and rstd stored (the library's forward saves them for the backward);
+- the launch's `num_stages` (Triton's default, 3 on sm_90; inductor launches with 1).
+
+The first run (761e0ae, H200): `NC` alone took the kernel from 177 to 140 us (the one-row
+kernel's time), the hints moved it by 1-3%; compile 131 us.
 
     python benchmarks/ln_looped_probe.py [--shapes 8192x16384,4096x32768]
 """
@@ -37,9 +43,10 @@ from kernelwright.runtime import LaunchConfig
 def _ln_fwd_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_x, stride_y,
                    eps, N_CONST: tl.constexpr, NC: tl.constexpr, BLOCK_N: tl.constexpr,
                    X1: tl.constexpr, X2: tl.constexpr, WB: tl.constexpr,
-                   ST: tl.constexpr):  # fmt: skip
+                   ST: tl.constexpr, I64: tl.constexpr,
+                   STATS: tl.constexpr):  # fmt: skip
     N = N_CONST if NC else N_RT
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) if I64 else tl.program_id(0)
     x_row = x_ptr + row * stride_x
     y_row = y_ptr + row * stride_y
     lanes = tl.arange(0, BLOCK_N)
@@ -67,8 +74,9 @@ def _ln_fwd_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_
         b = tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy=WB)
         y = (x.to(tl.float32) - mean) * rstd * w.to(tl.float32) + b.to(tl.float32)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask, eviction_policy=ST)
-    tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
+    if STATS:
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 def main() -> None:
@@ -98,17 +106,18 @@ def main() -> None:
         variants["lib_looped_2048_w16"] = functools.partial(
             lib, config=LaunchConfig(block_n=2048, num_warps=16, evict_hints=True)
         )
-        for block, warps, nc, wb, st, flags in itertools.product(
-            (2048, 4096), (8, 16), (0, 1), ("", "evict_last"), ("evict_first", ""), (0, 1)
+        # the first run (761e0ae): NC 1 took 177 -> 140 us; wb, st and the flags moved 1-3%
+        hints = {"inductor": ("evict_last", "evict_first", "evict_last", ""),
+                 "lib": ("evict_last", "evict_first", "", "evict_first")}  # fmt: skip
+        for block, warps, stages, i64, stats, hint in itertools.product(
+            (2048, 4096), (8, 16), (1, 3), (0, 1), (0, 1), hints
         ):
-            if block * 2 // (warps * 32) < 4 and block == 4096:
-                continue
-            x1, x2 = ("evict_last", "evict_first") if flags else ("", "")
-            name = f"b{block}_w{warps}_nc{nc}_wb{int(bool(wb))}_st{int(bool(st))}_fl{flags}"
+            x1, x2, wb, st = hints[hint]
+            name = f"b{block}_w{warps}_s{stages}_i64{i64}_stats{stats}_{hint}"
             variants[name] = functools.partial(
                 _ln_fwd_looped[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
-                1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
-                num_warps=warps,
+                1e-5, N_CONST=n, NC=True, BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
+                I64=bool(i64), STATS=bool(stats), num_warps=warps, num_stages=stages,
             )  # fmt: skip
         gb = 2 * m * n * 2 / 1e9
         for name, fn in variants.items():
