@@ -16,6 +16,9 @@ the differences one at a time, on a copy of our kernel with each as a switch:
 - `STATS`: mean and rstd stored (the library's forward saves them for the backward);
 - the launch's `num_stages` (Triton's default, 3 on sm_90; inductor launches with 1).
 
+- `CHAN`: the lanes' statistics merged in one tuple reduction (inductor) instead of two;
+- `onerow_*`: the library's one-row kernel, with `NC` and `I64`.
+
 The first run (761e0ae, H200): `NC` alone took the kernel from 177 to 140 us (the one-row
 kernel's time), the hints moved it by 1-3%; compile 131 us.
 
@@ -40,11 +43,40 @@ from kernelwright.runtime import LaunchConfig
 
 
 @triton.jit
+def _chan(m_a, m2_a, c_a, m_b, m2_b, c_b):
+    c = c_a + c_b
+    f = tl.where(c == 0, 0.0, c_b / tl.where(c == 0, 1.0, c))
+    delta = m_b - m_a
+    return m_a + delta * f, m2_a + m2_b + delta * delta * c_a * f, c
+
+
+@triton.jit
+def _ln_fwd_onerow(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_x, stride_y,
+                   eps, N_CONST: tl.constexpr, NC: tl.constexpr, BLOCK_N: tl.constexpr,
+                   I64: tl.constexpr):  # fmt: skip
+    # the library's one-row kernel (ROWS = 1, w and b after the statistics), with the switches
+    N = N_CONST if NC else N_RT
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    row = tl.program_id(0).to(tl.int64) if I64 else tl.program_id(0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, axis=0) / N
+    xc = tl.where(col_mask, x - mean, 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = xc * rstd * w + b
+    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
 def _ln_fwd_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_x, stride_y,
                    eps, N_CONST: tl.constexpr, NC: tl.constexpr, BLOCK_N: tl.constexpr,
                    X1: tl.constexpr, X2: tl.constexpr, WB: tl.constexpr,
-                   ST: tl.constexpr, I64: tl.constexpr,
-                   STATS: tl.constexpr):  # fmt: skip
+                   ST: tl.constexpr, I64: tl.constexpr, STATS: tl.constexpr,
+                   CHAN: tl.constexpr):  # fmt: skip
     N = N_CONST if NC else N_RT
     row = tl.program_id(0).to(tl.int64) if I64 else tl.program_id(0)
     x_row = x_ptr + row * stride_x
@@ -63,9 +95,13 @@ def _ln_fwd_looped(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N_RT, stride_
         m2_l = tl.where(col_mask, m2_l + delta * (x - m_new), m2_l)
         m_l = tl.where(col_mask, m_new, m_l)
         c_l = tl.where(col_mask, count, c_l)
-    mean = tl.sum(c_l * m_l, axis=0) / N
-    d = m_l - mean
-    rstd = tl.rsqrt((tl.sum(m2_l, axis=0) + tl.sum(c_l * d * d, axis=0)) / N + eps)
+    if CHAN:  # one tuple reduction, the lanes merged pairwise (as inductor's welford)
+        mean, m2, _ = tl.reduce((m_l, m2_l, c_l), 0, _chan)
+        rstd = tl.rsqrt(m2 / N + eps)
+    else:  # the library's: the mean first, then the lanes' spread around it
+        mean = tl.sum(c_l * m_l, axis=0) / N
+        d = m_l - mean
+        rstd = tl.rsqrt((tl.sum(m2_l, axis=0) + tl.sum(c_l * d * d, axis=0)) / N + eps)
     for k in range(0, tl.cdiv(N, BLOCK_N)):
         cols = k * BLOCK_N + lanes
         col_mask = cols < N
@@ -106,19 +142,22 @@ def main() -> None:
         variants["lib_looped_2048_w16"] = functools.partial(
             lib, config=LaunchConfig(block_n=2048, num_warps=16, evict_hints=True)
         )
-        # the first run (761e0ae): NC 1 took 177 -> 140 us; wb, st and the flags moved 1-3%
-        hints = {"inductor": ("evict_last", "evict_first", "evict_last", ""),
-                 "lib": ("evict_last", "evict_first", "", "evict_first")}  # fmt: skip
-        for block, warps, stages, i64, stats, hint in itertools.product(
-            (2048, 4096), (8, 16), (1, 3), (0, 1), (0, 1), hints
-        ):
-            x1, x2, wb, st = hints[hint]
-            name = f"b{block}_w{warps}_s{stages}_i64{i64}_stats{stats}_{hint}"
+        # 761e0ae: NC 1 took 177 -> 140 us; wb, st and the flags moved 1-3%. f7d3d21: 32-bit
+        # offsets -2%, the launch's stages and the stats stores nothing.
+        x1, x2, wb, st = "evict_last", "evict_first", "", "evict_first"
+        for block, warps, chan, nc in itertools.product((2048, 4096), (8, 16), (0, 1), (0, 1)):
+            name = f"looped_b{block}_w{warps}_chan{chan}_nc{nc}"
             variants[name] = functools.partial(
                 _ln_fwd_looped[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
-                1e-5, N_CONST=n, NC=True, BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
-                I64=bool(i64), STATS=bool(stats), num_warps=warps, num_stages=stages,
+                1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
+                I64=False, STATS=True, CHAN=bool(chan), num_warps=warps,
             )  # fmt: skip
+        if n <= 16384:
+            for warps, nc, i64 in itertools.product((8, 16), (0, 1), (0, 1)):
+                variants[f"onerow_w{warps}_nc{nc}_i64{i64}"] = functools.partial(
+                    _ln_fwd_onerow[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
+                    1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=n, I64=bool(i64), num_warps=warps,
+                )  # fmt: skip
         gb = 2 * m * n * 2 / 1e9
         for name, fn in variants.items():
             try:
