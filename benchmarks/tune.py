@@ -703,6 +703,61 @@ def small_m_cases():
             yield "rope_fwd", shape, cfg, fwd, nb
 
 
+def norm_fwd_cases():
+    # The three norms' forwards re-swept with the reading flush (NOTES 37: the tables' sweeps
+    # used the zeroing one, whose orderings were not re-checked), at the bench's shapes, with
+    # torch.compile (block_n -1) and Liger (block_n 0) in the same process; the looped
+    # layer_norm forward (row length a constexpr since NOTES 42) at 8192+ columns.
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    from kernelwright.ops import fused_add_rms_norm as fa
+    from kernelwright.ops import layer_norm as ln
+    from kernelwright.ops import rms_norm as rn
+
+    shapes = NORM_SHAPES + [(1024, 4096), (4096, 4096), (32768, 4096), (4096, 32768)]
+    for m, n in shapes:
+        x, r = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y, s = torch.empty_like(x), torch.empty_like(x)
+        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        nb = 2 * m * n * 2
+        peers = {
+            "rms_norm": (
+                partial(LigerRMSNormFunction.apply, x, w, 1e-6, 0.0, "llama", False),
+                partial(torch.compile(rn.rms_norm_eager, dynamic=False), x, w, 1e-6),
+            ),
+            "layer_norm": (
+                partial(LigerLayerNormFunction.apply, x, w, b, 1e-5),
+                partial(torch.compile(ln.layer_norm_eager, dynamic=False), x, w, b, 1e-5),
+            ),
+            "fused_add_rms_norm": (
+                partial(LigerFusedAddRMSNormFunction.apply, x, r, w, 1e-6, 0.0, "llama", False),
+                partial(torch.compile(fa.fused_add_rms_norm_eager, dynamic=False), x, r, w, 1e-6),
+            ),
+        }
+        for op, (liger, compiled) in peers.items():
+            k = f"{op}_fwd"
+            mult = 2 if op == "fused_add_rms_norm" else 1
+            yield k, (m, n), C(block_n=0), liger, mult * nb
+            yield k, (m, n), C(block_n=-1), compiled, mult * nb
+        cfgs = list(_norm_configs(n, bwd=False))
+        looped = [
+            C(block_n=bn, num_warps=nw, evict_hints=True, reverse_pass=rev)
+            for bn, nw, rev in itertools.product((2048, 4096), (8, 16), (False, True))
+        ]
+        for cfg in cfgs + (looped if n >= 8192 else []):
+            f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
+            yield "layer_norm_fwd", (m, n), cfg, f, nb
+        for cfg in cfgs:
+            f = partial(rn.rms_norm_fwd_launch, x, w, y, rstd, 1e-6, 0.0, "llama", config=cfg)
+            yield "rms_norm_fwd", (m, n), cfg, f, nb
+            f = partial(fa.fused_add_rms_norm_fwd_launch, x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+            yield "fused_add_rms_norm_fwd", (m, n), cfg, partial(f, config=cfg), 2 * nb
+        del x, r, y, s
+
+
 def _ce_forward(m: int, v: int, device: str = "cuda"):
     """cross_entropy_fwd_launch on fresh [m, v] logits (std 4, a logits-like spread), ~5% of
     the targets ignored, the gradient scaled by 1 / m: call it with config=."""
@@ -810,6 +865,7 @@ CASES = {
     "jagged_mean": jagged_mean_cases,
     "rope": rope_cases,
     "small_m": small_m_cases,
+    "norm_fwd": norm_fwd_cases,
     "cross_entropy": cross_entropy_cases,
     "l2_hints": l2_hint_cases,
 }
