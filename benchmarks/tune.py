@@ -758,6 +758,66 @@ def norm_fwd_cases():
         del x, r, y, s
 
 
+def _with_constant(module, name: str, value, fn):
+    # fn run with module.name set to value (a launcher reads it at each call)
+    def call():
+        old = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            fn()
+        finally:
+            setattr(module, name, old)
+
+    return call
+
+
+def norm_affine_cases():
+    # The one-row forwards with w (and b) loaded before x ("early") or after the statistics
+    # ("late", kernels *_late): EARLY_WEIGHT_MAX / EARLY_AFFINE_MAX at 0 or unbounded. Peers as
+    # in norm_fwd (block_n 0 = Liger, -1 = torch.compile).
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    from kernelwright.ops import fused_add_rms_norm as fa
+    from kernelwright.ops import layer_norm as ln
+    from kernelwright.ops import rms_norm as rn
+
+    shapes = [(8192, 3584), (8192, 4096), (16384, 4096), (1024, 4096), (8192, 8192), (8192, 2048)]
+    for m, n in shapes:
+        x, r = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
+        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
+        y, s = torch.empty_like(x), torch.empty_like(x)
+        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        nb = 2 * m * n * 2
+        rms_c = torch.compile(rn.rms_norm_eager, dynamic=False)
+        fa_l = partial(LigerFusedAddRMSNormFunction.apply, x, r, w, 1e-6, 0.0, "llama", False)
+        yield "fused_add_rms_norm_fwd", (m, n), C(block_n=0), fa_l, 2 * nb
+        rms_l = partial(LigerRMSNormFunction.apply, x, w, 1e-6, 0.0, "llama", False)
+        yield "rms_norm_fwd", (m, n), C(block_n=0), rms_l, nb
+        yield "rms_norm_fwd", (m, n), C(block_n=-1), partial(rms_c, x, w, 1e-6), nb
+        block = triton.next_power_of_2(n)
+        for rows, nw in itertools.product((1, 2, 4), (4, 8, 16)):
+            if rows * block > 16384:
+                continue
+            cfg = C(block_n=block, rows=rows, num_warps=nw)
+            for late in (False, True):
+                limit = 0 if late else 2**31 - 1
+                tag = "_late" if late else ""
+                f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
+                f = _with_constant(ln, "EARLY_AFFINE_MAX", limit, f)
+                yield f"layer_norm_fwd{tag}", (m, n), cfg, f, nb
+                f = partial(rn.rms_norm_fwd_launch, x, w, y, rstd, 1e-6, 0.0, "llama", config=cfg)
+                f = _with_constant(rn, "EARLY_WEIGHT_MAX", limit, f)
+                yield f"rms_norm_fwd{tag}", (m, n), cfg, f, nb
+                f = partial(
+                    fa.fused_add_rms_norm_fwd_launch, x, r, w, y, s, rstd, 1e-6, 0.0, "llama",
+                    config=cfg,
+                )  # fmt: skip
+                f = _with_constant(fa, "EARLY_WEIGHT_MAX", limit, f)
+                yield f"fused_add_rms_norm_fwd{tag}", (m, n), cfg, f, 2 * nb
+        del x, r, y, s
+
+
 def _ce_forward(m: int, v: int, device: str = "cuda"):
     """cross_entropy_fwd_launch on fresh [m, v] logits (std 4, a logits-like spread), ~5% of
     the targets ignored, the gradient scaled by 1 / m: call it with config=."""
@@ -866,6 +926,7 @@ CASES = {
     "rope": rope_cases,
     "small_m": small_m_cases,
     "norm_fwd": norm_fwd_cases,
+    "norm_affine": norm_affine_cases,
     "cross_entropy": cross_entropy_cases,
     "l2_hints": l2_hint_cases,
 }

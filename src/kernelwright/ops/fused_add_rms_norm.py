@@ -42,6 +42,9 @@ from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 
 _OP = "fused_add_rms_norm"
 
+# As rms_norm's EARLY_WEIGHT_MAX: w before x up to this many elements per program.
+EARLY_WEIGHT_MAX = 2**31 - 1
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -65,13 +68,14 @@ def _fused_add_rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX)
 ):
     # One program adds and normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     # s = round(x + r) to the input dtype (fp32 add, one rounding: what torch's add does);
     # the norm then reads the rounded s, exactly as the unfused model code does.
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
+    if HAS_WEIGHT and EARLY_WEIGHT:
         w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)  # first: overlaps x's latency
     if ROWS == 1:
         # One row: a 1-D block, no row mask (the grid has exactly M programs).
@@ -82,6 +86,8 @@ def _fused_add_rms_norm_fwd_kernel(
         tl.store(s_ptr + row * stride_s + cols, s, mask=col_mask)
         s = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(s * s, axis=0) / N + eps)
+        if HAS_WEIGHT and not EARLY_WEIGHT:
+            w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
         y = _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING)
         if HAS_WEIGHT:
             y = y * w
@@ -97,6 +103,8 @@ def _fused_add_rms_norm_fwd_kernel(
         tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
         s = s.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)  # [ROWS]
+        if HAS_WEIGHT and not EARLY_WEIGHT:
+            w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
         y = _normalize(s, rstd[:, None], s_ptr.dtype.element_ty, CASTING)
         if HAS_WEIGHT:
             y = y * w[None, :]
@@ -342,8 +350,9 @@ def fused_add_rms_norm_fwd_launch(
     args += (x.stride(0), residual.stride(0), y.stride(0), residual_out.stride(0), eps, offset)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
+        early = cfg.block_n * cfg.rows <= EARLY_WEIGHT_MAX
         _fused_add_rms_norm_fwd_kernel[grid](
-            *args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common
+            *args, ROWS=cfg.rows, EARLY_WEIGHT=early, num_warps=cfg.num_warps, **common
         )
     else:
         _fused_add_rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)

@@ -38,6 +38,12 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
 
+# The one-row forward loads w and b before x where a program holds at most this many elements,
+# so their latency overlaps x's (as in rms_norm). Past it, after the statistics: at 16384
+# columns x, its centred copy, w and b live at once spilled registers (72% of copy bandwidth at
+# 8192 x 16384 on an H200, NOTES 9).
+EARLY_AFFINE_MAX = 8192
+
 # --------------------------------------------------------------------------- kernels
 
 
@@ -58,14 +64,11 @@ def _layer_norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
+    EARLY_AFFINE: tl.constexpr,  # w and b loaded before x (see EARLY_AFFINE_MAX)
 ):
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    # Short rows: w and b first, so their latency overlaps the loads of x (as in rms_norm).
-    # Long rows (16384): x, its centred copy, w and b live at once would spill registers (an
-    # H200 measured 72% of copy bandwidth at 8192 x 16384), so w and b load after the statistics.
-    EARLY_AFFINE: tl.constexpr = BLOCK_N * ROWS <= 8192
     if HAS_WEIGHT and EARLY_AFFINE:
         w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     if HAS_BIAS and EARLY_AFFINE:
@@ -494,7 +497,10 @@ def layer_norm_fwd_launch(
     args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        _layer_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
+        early = cfg.block_n * cfg.rows <= EARLY_AFFINE_MAX
+        _layer_norm_fwd_kernel[grid](
+            *args, ROWS=cfg.rows, EARLY_AFFINE=early, num_warps=cfg.num_warps, **common
+        )
     else:
         offsets_64 = (M - 1) * max(x.stride(0), y.stride(0)) + N >= 2**31
         _layer_norm_fwd_looped_kernel[(M,)](

@@ -73,14 +73,33 @@ def pdl_args(device: DeviceInfo) -> dict[str, object]:
 Row = tuple[int, LaunchConfig]
 # Tables: {kernel name: {arch: [rows]}}. "default" serves any architecture not listed.
 Table = dict[str, dict[str, list[Row]]]
+# Few-rows overrides, beside a table: {kernel: {arch: [(max_m, max_n, cfg)]}}. A row replaces the
+# table's row whose bound is `max_n` when the call has at most `max_m` rows (the tables are swept
+# at 8192+ rows; at ~1000 rows a config that fills the GPU differently can win). Kept out of
+# TABLE, which the optimize workflow retunes and models as serving every shape.
+FewRows = dict[str, dict[str, list[tuple[int, int, LaunchConfig]]]]
 
 
-def lookup(table: Table, op: str, kernel: str, device: DeviceInfo, n: int) -> LaunchConfig:
-    """The launch config for `kernel` of `op` at row length `n` on `device`."""
+def lookup(
+    table: Table,
+    op: str,
+    kernel: str,
+    device: DeviceInfo,
+    n: int,
+    m: int | None = None,
+    few_rows: FewRows | None = None,
+) -> LaunchConfig:
+    """The launch config for `kernel` of `op` at row length `n` on `device`; with `m` (the row
+    count) and `few_rows`, a few-rows override of that row where one applies."""
     per_arch = table[kernel]
-    rows = per_arch.get(device.arch) or per_arch["default"]
+    arch = device.arch if device.arch in per_arch else "default"
+    rows = per_arch.get(arch) or per_arch["default"]
     for max_n, cfg in rows:
         if n <= max_n:
+            overrides = (few_rows or {}).get(kernel, {}).get(arch, [])
+            for max_m, regime, small in overrides:
+                if m is not None and regime == max_n and m <= max_m:
+                    return small
             return cfg
     raise ValueError(
         f"{op}: no launch config for kernel '{kernel}' at row length {n} on {device.arch}; "
