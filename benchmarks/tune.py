@@ -773,7 +773,7 @@ def _with_constant(module, name: str, value, fn):
 
 def norm_affine_cases():
     # The one-row forwards with w (and b) loaded before x ("early") or after the statistics
-    # ("late", kernels *_late): EARLY_WEIGHT_MAX / EARLY_AFFINE_MAX at 0 or unbounded. Peers as
+    # ("late", kernels *_late): EARLY_WEIGHT_MAX_N / EARLY_AFFINE_MAX_N at 0 or unbounded. Peers as
     # in norm_fwd (block_n 0 = Liger, -1 = torch.compile).
     from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
@@ -804,16 +804,16 @@ def norm_affine_cases():
                 limit = 0 if late else 2**31 - 1
                 tag = "_late" if late else ""
                 f = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5, config=cfg)
-                f = _with_constant(ln, "EARLY_AFFINE_MAX", limit, f)
+                f = _with_constant(ln, "EARLY_AFFINE_MAX_N", limit, f)
                 yield f"layer_norm_fwd{tag}", (m, n), cfg, f, nb
                 f = partial(rn.rms_norm_fwd_launch, x, w, y, rstd, 1e-6, 0.0, "llama", config=cfg)
-                f = _with_constant(rn, "EARLY_WEIGHT_MAX", limit, f)
+                f = _with_constant(rn, "EARLY_WEIGHT_MAX_N", limit, f)
                 yield f"rms_norm_fwd{tag}", (m, n), cfg, f, nb
                 f = partial(
                     fa.fused_add_rms_norm_fwd_launch, x, r, w, y, s, rstd, 1e-6, 0.0, "llama",
                     config=cfg,
                 )  # fmt: skip
-                f = _with_constant(fa, "EARLY_WEIGHT_MAX", limit, f)
+                f = _with_constant(fa, "EARLY_WEIGHT_MAX_N", limit, f)
                 yield f"fused_add_rms_norm_fwd{tag}", (m, n), cfg, f, 2 * nb
         del x, r, y, s
 

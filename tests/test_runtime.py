@@ -42,6 +42,32 @@ def test_lookup_picks_first_row_that_fits_and_falls_back_to_default():
         lookup(TABLE, "op", "fwd", info, 4097)
 
 
+def test_few_rows_override_replaces_its_row_only_at_few_rows():
+    few = {"fwd": {"default": [(1024, 4096, LaunchConfig(block_n=4096, rows=2))]}}
+    ampere = dataclasses.replace(device_info("cpu"), arch="ampere")  # served by "default"
+    assert lookup(TABLE, "op", "fwd", ampere, 4096, 1024, few) == LaunchConfig(4096, rows=2)
+    assert lookup(TABLE, "op", "fwd", ampere, 2000, 7, few) == LaunchConfig(4096, rows=2)
+    assert lookup(TABLE, "op", "fwd", ampere, 4096, 1025, few) == LaunchConfig(block_n=4096)
+    assert lookup(TABLE, "op", "fwd", ampere, 1000, 7, few) == LaunchConfig(block_n=1024)
+    assert lookup(TABLE, "op", "fwd", ampere, 4096, None, few) == LaunchConfig(block_n=4096)
+    # an arch with its own table row takes only its own overrides, never "default"'s
+    hopper = dataclasses.replace(ampere, arch="hopper")
+    assert lookup(TABLE, "op", "fwd", hopper, 2000, 7, few) == LaunchConfig(2048, num_warps=8)
+
+
+def test_rms_norm_few_rows_override_is_looked_up_on_gpus_not_in_the_interpreter():
+    from kernelwright.ops.rms_norm import _config
+    from kernelwright.runtime.tables.rms_norm import FEW_ROWS
+    from kernelwright.runtime.tables.rms_norm import TABLE as RMS
+
+    ((max_m, max_n, small),) = FEW_ROWS["fwd"]["default"]
+    gpu = dataclasses.replace(device_info("cpu"), arch="hopper")
+    assert lookup(RMS, "rms_norm", "fwd", gpu, max_n, max_m, FEW_ROWS) == small
+    assert lookup(RMS, "rms_norm", "fwd", gpu, max_n, max_m + 1, FEW_ROWS) != small
+    x = torch.empty(max_m, max_n)  # CPU: the interpreter's table, no override
+    assert _config("fwd", x, None) == lookup(RMS, "rms_norm", "fwd", device_info("cpu"), max_n)
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
 def test_interpreter_selected_without_gpu_and_explicit_setting_kept():
     code = "import os, kernelwright; print(os.environ['TRITON_INTERPRET'])"

@@ -42,8 +42,8 @@ from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 
 _OP = "fused_add_rms_norm"
 
-# As rms_norm's EARLY_WEIGHT_MAX: w before x up to this many elements per program.
-EARLY_WEIGHT_MAX = 2**31 - 1
+# As rms_norm's EARLY_WEIGHT_MAX_N: w before x for rows of up to this many columns.
+EARLY_WEIGHT_MAX_N = 2**31 - 1
 
 # --------------------------------------------------------------------------- kernels
 
@@ -68,7 +68,7 @@ def _fused_add_rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX)
+    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX_N)
 ):
     # One program adds and normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     # s = round(x + r) to the input dtype (fp32 add, one rounding: what torch's add does);
@@ -350,7 +350,7 @@ def fused_add_rms_norm_fwd_launch(
     args += (x.stride(0), residual.stride(0), y.stride(0), residual_out.stride(0), eps, offset)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        early = cfg.block_n * cfg.rows <= EARLY_WEIGHT_MAX
+        early = cfg.block_n <= EARLY_WEIGHT_MAX_N
         _fused_add_rms_norm_fwd_kernel[grid](
             *args, ROWS=cfg.rows, EARLY_WEIGHT=early, num_warps=cfg.num_warps, **common
         )

@@ -38,11 +38,12 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
 
-# The one-row forward loads w and b before x where a program holds at most this many elements,
-# so their latency overlaps x's (as in rms_norm). Past it, after the statistics: at 16384
-# columns x, its centred copy, w and b live at once spilled registers (72% of copy bandwidth at
-# 8192 x 16384 on an H200, NOTES 9).
-EARLY_AFFINE_MAX = 8192
+# The one-row forward loads w and b before x for rows of up to this many columns (block_n), so
+# their latency overlaps x's (as in rms_norm); for longer rows after the statistics, so that
+# their registers are not live across x's loads and the reductions: at 16384 columns x, its
+# centred copy, w and b live at once spilled (72% of copy at 8192 x 16384 on an H200, NOTES 9);
+# at 8192 columns, one row of 8 warps per program, late is 66.8 us against 72.5 early (NOTES 42).
+EARLY_AFFINE_MAX_N = 4096
 
 # --------------------------------------------------------------------------- kernels
 
@@ -64,7 +65,7 @@ def _layer_norm_fwd_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    EARLY_AFFINE: tl.constexpr,  # w and b loaded before x (see EARLY_AFFINE_MAX)
+    EARLY_AFFINE: tl.constexpr,  # w and b loaded before x (see EARLY_AFFINE_MAX_N)
 ):
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
@@ -497,7 +498,7 @@ def layer_norm_fwd_launch(
     args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        early = cfg.block_n * cfg.rows <= EARLY_AFFINE_MAX
+        early = cfg.block_n <= EARLY_AFFINE_MAX_N
         _layer_norm_fwd_kernel[grid](
             *args, ROWS=cfg.rows, EARLY_AFFINE=early, num_warps=cfg.num_warps, **common
         )

@@ -22,16 +22,17 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig, pdl_args
-from kernelwright.runtime.tables.rms_norm import DW_TABLE, TABLE
+from kernelwright.runtime.tables.rms_norm import DW_TABLE, FEW_ROWS, TABLE
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
 # tl.constexpr globals: compiled kernels may read only constexpr globals.
 _NONE, _LLAMA, _GEMMA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
-# The one-row forward loads w before x where a program holds at most this many elements, so
-# w's latency overlaps x's (worth ~2% at 16384 x 4096 on an H200); past it, after the
-# statistics, so that w's registers are not live across the loads and the reduction.
-EARLY_WEIGHT_MAX = 2**31 - 1
+# The one-row forward loads w before x for rows of up to this many columns (block_n), so w's
+# latency overlaps x's (worth ~2% at 16384 x 4096 on an H200); for longer rows after the
+# statistics, so that w's registers are not live across the loads and the reduction. Early
+# everywhere: late was no faster at 2048-8192 columns (tune.py norm_affine, NOTES 42).
+EARLY_WEIGHT_MAX_N = 2**31 - 1
 
 # --------------------------------------------------------------------------- kernels
 
@@ -72,7 +73,7 @@ def _rms_norm_fwd_kernel(
     HAS_WEIGHT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX)
+    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX_N)
 ):
     # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
     cols = tl.arange(0, BLOCK_N)
@@ -319,7 +320,8 @@ def _rms_norm_bwd_looped_kernel(
 
 
 def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
-    return config or lookup(TABLE, "rms_norm", kernel, device_info(x.device), x.shape[-1])
+    m, n = x.shape  # [M, N]: the few-rows overrides key on M
+    return config or lookup(TABLE, "rms_norm", kernel, device_info(x.device), n, m, FEW_ROWS)
 
 
 def rms_norm_fwd_launch(
@@ -342,7 +344,7 @@ def rms_norm_fwd_launch(
     args = (x, weight if weight is not None else x, y, rstd, M, N, x.stride(0), y.stride(0))
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        early = cfg.block_n * cfg.rows <= EARLY_WEIGHT_MAX
+        early = cfg.block_n <= EARLY_WEIGHT_MAX_N
         _rms_norm_fwd_kernel[grid](
             *args, eps, offset, ROWS=cfg.rows, EARLY_WEIGHT=early, num_warps=cfg.num_warps, **common
         )

@@ -22,12 +22,16 @@ TABLE = {
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (2048, C(block_n=2048, rows=2, num_warps=4)),
             (4096, C(block_n=4096, rows=2, num_warps=8)),
-            (8192, C(block_n=8192, rows=2, num_warps=4)),
-            (16384, C(block_n=16384, rows=1, num_warps=8)),
-            (32768, C(block_n=32768, rows=1, num_warps=16)),
-            # Past 32768: the looped forward, two reads (Welford), second from L2 with the flags:
-            # 0.224 / 0.235 ms at 2048 x 65536 / 1024 x 131072 against the three-read kernel's
-            # 0.285 at its old row (block_n 8192; benchmarks/results/h200-ln-pipe/ln_looped_ab.log)
+            # 8192: one row of 8 warps, w and b after the statistics (EARLY_AFFINE_MAX_N): 66.8 us
+            # at 8192 x 8192 against 69.7 for the old row (2 rows, 4 warps; NOTES 42).
+            (8192, C(block_n=8192, rows=1, num_warps=8)),
+            # From 8193 the looped forward, two reads (Welford; its row length a constexpr since
+            # NOTES 42), the second from L2 with the flags: 135.2 us at 8192 x 16384 against the
+            # one-row kernel's 138.8, 143.0 at 4096 x 32768 against 163 (results/h200-norm-fwd/).
+            (16384, C(block_n=2048, num_warps=16, evict_hints=True, reverse_pass=True)),
+            (32768, C(block_n=4096, num_warps=16, evict_hints=True)),
+            # Past 32768: 0.224 / 0.235 ms at 2048 x 65536 / 1024 x 131072 against the three-read
+            # kernel's 0.285 at its old row (block_n 8192; results/h200-ln-pipe/ln_looped_ab.log)
             (2**31 - 1, C(block_n=2048, num_warps=16, evict_hints=True, reverse_pass=True)),
         ],
         # Under the interpreter every program instance costs milliseconds: few, wide programs.

@@ -20,7 +20,9 @@ TABLE = {
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (2048, C(block_n=2048, rows=1, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
-            (8192, C(block_n=8192, rows=2, num_warps=4)),
+            # 8192: one row a program, 63.7-63.9 us at 8192 x 8192 against 65.1-65.5 for two
+            # (two runs with the reading flush, results/h200-norm-fwd/, NOTES 42)
+            (8192, C(block_n=8192, rows=1, num_warps=4)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             (2**31 - 1, C(block_n=8192, rows=1, num_warps=16)),
@@ -48,6 +50,16 @@ TABLE = {
             (1024, C(block_n=1024, rows=16, programs_per_sm=1)),
             (2**31 - 1, C(block_n=512, rows=1, programs_per_sm=1)),
         ],
+    },
+}
+
+# Few rows (runtime.launch.FewRows): at most 1024 rows of 2049..4096 columns, two rows of 8 warps
+# a program: 7.7-7.9 us at 1024 x 4096 against 8.5-8.6 for the table's row, swept at 8192+ rows
+# (three runs, H200; results/h200-norm-fwd/, NOTES 42); at 2048 rows the table's row wins again.
+# Not retuned by the optimize workflow, whose variants of the "fwd" row do not reach these calls.
+FEW_ROWS = {
+    "fwd": {
+        "default": [(1024, 4096, C(block_n=4096, rows=2, num_warps=8))],
     },
 }
 
