@@ -818,31 +818,6 @@ def norm_affine_cases():
         del x, r, y, s
 
 
-def rope_offsets_cases():
-    # rope forward and backward with 32-bit in-token offsets (the library's default where they
-    # fit) against 64-bit (rope.FORCE_OFFSETS_64, kernel *_off64), Llama-3-8B heads as HF hands
-    # them over, Liger alongside (block_n 0).
-    from liger_kernel.transformers.rope import liger_rotary_pos_emb
-
-    from kernelwright.ops import rope as rp
-
-    for tokens in (1024, 2048, 4096, 8192):
-        q = torch.randn(1, tokens, 32, 128, device="cuda", dtype=DT).transpose(1, 2)
-        k = torch.randn(1, tokens, 8, 128, device="cuda", dtype=DT).transpose(1, 2)
-        cos, sin = rp.rope_tables(tokens, 128, dtype=DT, device="cuda")
-        qo, ko = torch.empty_like(q), torch.empty_like(k)
-        nb = 2 * (q.numel() + k.numel()) * 2
-        shape = (tokens, 5120)
-        yield "fwd", shape, C(block_n=0), partial(liger_rotary_pos_emb, q, k, cos, sin), nb
-        for nw, off64 in itertools.product((4, 8), (False, True)):
-            cfg = C(block_n=4096, rows=1, num_warps=nw)
-            tag = "_off64" if off64 else ""
-            f = partial(rp.rope_fwd_launch, q, k, cos, sin, qo, ko, 1, False, config=cfg)
-            yield f"fwd{tag}", shape, cfg, _with_constant(rp, "FORCE_OFFSETS_64", off64, f), nb
-            f = partial(rp.rope_bwd_launch, q, k, cos, sin, qo, ko, 1, False, config=cfg)
-            yield f"bwd{tag}", shape, cfg, _with_constant(rp, "FORCE_OFFSETS_64", off64, f), nb
-
-
 def _ce_forward(m: int, v: int, device: str = "cuda"):
     """cross_entropy_fwd_launch on fresh [m, v] logits (std 4, a logits-like spread), ~5% of
     the targets ignored, the gradient scaled by 1 / m: call it with config=."""
@@ -952,7 +927,6 @@ CASES = {
     "small_m": small_m_cases,
     "norm_fwd": norm_fwd_cases,
     "norm_affine": norm_affine_cases,
-    "rope_offsets": rope_offsets_cases,
     "cross_entropy": cross_entropy_cases,
     "l2_hints": l2_hint_cases,
 }

@@ -267,28 +267,6 @@ def test_int64_offsets(device):
     _check({"q": q, "k": k, "cos": cos, "sin": sin}, interleaved=True).assert_ok()
 
 
-def test_32_and_64_bit_offsets_agree_bit_for_bit(device, monkeypatch):
-    # In-token offsets are 32-bit where they fit (test_int64_offsets covers where they do not);
-    # the forced 64-bit form must give the same bits, forward and backward, partial rotary too.
-    gen = generator(12)
-    q = rand((2, 3, 5, 64), torch.bfloat16, device, gen=gen)
-    k = rand((2, 1, 5, 64), torch.bfloat16, device, gen=gen)
-    cos, sin = rope_tables(5, 48, dtype=torch.bfloat16, device=device)
-    outs = []
-    for force in (False, True):
-        monkeypatch.setattr(R, "FORCE_OFFSETS_64", force)
-        qo, ko = torch.empty_like(q), torch.empty_like(k)
-        R.rope_fwd_launch(q, k, cos, sin, qo, ko, 1, False)
-        dq, dk = torch.empty_like(q), torch.empty_like(k)
-        R.rope_bwd_launch(qo, ko, cos, sin, dq, dk, 1, False)
-        outs.append((qo, ko, dq, dk))
-    for a, b in zip(*outs, strict=True):
-        assert torch.equal(a, b)
-    huge = _huge_stride_view((1, 3, 2, 8), 1, torch.float16, device, gen)  # head 2 past 2^31
-    assert not R._offsets_64(q.transpose(1, 2), k.transpose(1, 2))  # [B, S, H, D] views
-    assert R._offsets_64(huge.transpose(1, 2))
-
-
 @pytest.mark.parametrize("b,s", [(0, 5), (2, 0)])
 def test_zero_size(b, s, device):
     q = torch.empty(b, 4, s, 16, device=device).requires_grad_()

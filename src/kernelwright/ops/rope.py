@@ -68,30 +68,23 @@ def _load_pairs(ptr, pairs, R: tl.constexpr, BLOCK_R: tl.constexpr, IS_INTERLEAV
 def _load_heads(
     x_ptr, stride_xh, stride_xd, h0, h_end,  # one token's first element; tile's first head
     BLOCK_H: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr, IS_INTERLEAVED: tl.constexpr,
-    OFFSETS_64: tl.constexpr,
 ):  # fmt: skip
     # The rotated pairs of heads h0 .. h0 + BLOCK_H of one token: fp32 [BLOCK_H, BLOCK_R] each.
     heads = h0 + tl.arange(0, BLOCK_H)
     head_mask = (heads < h_end)[:, None]
-    # int64 offsets only where h * stride (or c * stride, for a strided head_dim) may pass 2^31
-    if OFFSETS_64:
-        heads = heads.to(tl.int64)
-    x_row = x_ptr + heads[:, None] * stride_xh
+    # int64 offsets: h * stride (and c * stride, for a strided head_dim) may pass 2^31
+    x_row = x_ptr + heads.to(tl.int64)[:, None] * stride_xh
     if IS_INTERLEAVED:
         # One contiguous load of the R rotated channels, split into even and odd channels.
         cols = tl.arange(0, 2 * BLOCK_R)[None, :]
-        if OFFSETS_64:
-            cols = cols.to(tl.int64)
         mask = head_mask & (cols < R)
-        x = tl.load(x_row + cols * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0).to(tl.float32)
         x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_R, 2)))
     else:
         cols = tl.arange(0, BLOCK_R)[None, :]
-        if OFFSETS_64:
-            cols = cols.to(tl.int64)
         mask = head_mask & (cols < R // 2)
-        x1 = tl.load(x_row + cols * stride_xd, mask=mask, other=0.0)
-        x2 = tl.load(x_row + (cols + R // 2) * stride_xd, mask=mask, other=0.0)
+        x1 = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0)
+        x2 = tl.load(x_row + (cols + R // 2).to(tl.int64) * stride_xd, mask=mask, other=0.0)
         x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
     return x1, x2
 
@@ -100,14 +93,12 @@ def _load_heads(
 def _store_heads(
     x_ptr, o_ptr, stride_xh, stride_xd, stride_oh, h0, h_end, x1, x2, c1, c2, s1, s2,
     BLOCK_H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK_R: tl.constexpr,
-    BLOCK_P: tl.constexpr, IS_INTERLEAVED: tl.constexpr, OFFSETS_64: tl.constexpr,
+    BLOCK_P: tl.constexpr, IS_INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     # Rotates the pairs loaded by _load_heads and stores them; copies channels R..D through.
     heads = h0 + tl.arange(0, BLOCK_H)
     head_mask = (heads < h_end)[:, None]
-    if OFFSETS_64:
-        heads = heads.to(tl.int64)
-    o_row = o_ptr + heads[:, None] * stride_oh
+    o_row = o_ptr + heads.to(tl.int64)[:, None] * stride_oh
     dtype = o_ptr.dtype.element_ty
     o1 = x1 * c1[None, :] - x2 * s1[None, :]
     o2 = x2 * c2[None, :] + x1 * s2[None, :]
@@ -122,12 +113,10 @@ def _store_heads(
         tl.store(o_row + R // 2 + cols, o2.to(dtype), mask=mask)
     if R < D:
         # Partial rotary: channels R..D are copied unchanged.
-        x_row = x_ptr + heads[:, None] * stride_xh
+        x_row = x_ptr + heads.to(tl.int64)[:, None] * stride_xh
         cols = R + tl.arange(0, BLOCK_P)[None, :]
-        if OFFSETS_64:
-            cols = cols.to(tl.int64)
         mask = head_mask & (cols < D)
-        x = tl.load(x_row + cols * stride_xd, mask=mask, other=0.0)
+        x = tl.load(x_row + cols.to(tl.int64) * stride_xd, mask=mask, other=0.0)
         tl.store(o_row + cols, x.to(dtype), mask=mask)
 
 
@@ -138,14 +127,12 @@ def _rotate_heads(
     h0, h_end, c1, c2, s1, s2,  # tile's first head; H, or 0 past the last token; cos/sin pairs
     BLOCK_H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, IS_INTERLEAVED: tl.constexpr,
-    OFFSETS_64: tl.constexpr,
 ):  # fmt: skip
     # Heads h0 .. h0 + BLOCK_H of one token: a [BLOCK_H, channels] tile.
     x1, x2 = _load_heads(x_ptr, stride_xh, stride_xd, h0, h_end, BLOCK_H, R, BLOCK_R,
-                         IS_INTERLEAVED, OFFSETS_64)  # fmt: skip
+                         IS_INTERLEAVED)  # fmt: skip
     _store_heads(x_ptr, o_ptr, stride_xh, stride_xd, stride_oh, h0, h_end, x1, x2,
-                 c1, c2, s1, s2, BLOCK_H, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
-                 OFFSETS_64)  # fmt: skip
+                 c1, c2, s1, s2, BLOCK_H, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED)  # fmt: skip
 
 
 @triton.jit
@@ -162,7 +149,6 @@ def _rope_kernel(
     ROWS: tl.constexpr,
     IS_INTERLEAVED: tl.constexpr,
     IS_BACKWARD: tl.constexpr,
-    OFFSETS_64: tl.constexpr,  # a head's offset within a token may pass 2^31 (see _launch)
 ):  # fmt: skip
     # Program p owns tokens s0 .. s0 + ROWS of batch b; the token blocks of one batch are on
     # consecutive programs, so neighbouring programs touch neighbouring memory.
@@ -193,25 +179,25 @@ def _rope_kernel(
             # before any store (a store may alias a later load, in place, so the compiler
             # cannot hoist loads past it: a tile loop waits out one memory latency per tile).
             q1, q2 = _load_heads(q_tok, stride_qh, stride_qd, 0, hq_end, BLOCK_HQ, R, BLOCK_R,
-                                 IS_INTERLEAVED, OFFSETS_64)  # fmt: skip
+                                 IS_INTERLEAVED)  # fmt: skip
             k1, k2 = _load_heads(k_tok, stride_kh, stride_kd, 0, hk_end, BLOCK_HK, R, BLOCK_R,
-                                 IS_INTERLEAVED, OFFSETS_64)  # fmt: skip
+                                 IS_INTERLEAVED)  # fmt: skip
             _store_heads(q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, 0, hq_end, q1, q2,
                          c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P,
-                         IS_INTERLEAVED, OFFSETS_64)  # fmt: skip
+                         IS_INTERLEAVED)  # fmt: skip
             _store_heads(k_tok, ko_tok, stride_kh, stride_kd, stride_koh, 0, hk_end, k1, k2,
                          c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P,
-                         IS_INTERLEAVED, OFFSETS_64)  # fmt: skip
+                         IS_INTERLEAVED)  # fmt: skip
         else:
             for h0 in tl.static_range(0, HQ, BLOCK_HQ):
                 _rotate_heads(
                     q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, h0, hq_end,
-                    c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED, OFFSETS_64,
+                    c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
                 )  # fmt: skip
             for h0 in tl.static_range(0, HK, BLOCK_HK):
                 _rotate_heads(
                     k_tok, ko_tok, stride_kh, stride_kd, stride_koh, h0, hk_end,
-                    c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED, OFFSETS_64,
+                    c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
                 )  # fmt: skip
 
 
@@ -221,20 +207,6 @@ def _rope_kernel(
 def _bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
     # q/k (or a gradient) as a [B, S, H, D] view of the same storage: no copy.
     return t.transpose(1, 2) if unsqueeze_dim == 1 else t
-
-
-# Offsets within a token (h * stride_h + c * stride_d) in 32 bits where they fit: 64-bit
-# per-element address math was measurable at few tokens, where the kernel waits on latency
-# (benchmarks/NOTES.md, issue 3, 43). Token and batch offsets stay 64-bit. A test hook forces 64.
-FORCE_OFFSETS_64 = False
-
-
-def _offsets_64(*ts: torch.Tensor) -> bool:
-    # [B, S, H, D] views: the largest in-token offset of any of them, against 2^31
-    reach = max(
-        abs(t.stride(2)) * (t.shape[2] - 1) + abs(t.stride(3)) * (t.shape[3] - 1) for t in ts
-    )
-    return FORCE_OFFSETS_64 or reach >= 2**31
 
 
 def _grid(b: int, s: int, cfg: LaunchConfig) -> tuple[int]:
@@ -276,7 +248,6 @@ def _launch(
         BLOCK_HK=min(heads, triton.next_power_of_2(max(HK, 1))),
         BLOCK_R=block_r, BLOCK_P=triton.next_power_of_2(D - R) if D > R else 1,
         ROWS=cfg.rows, IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
-        OFFSETS_64=_offsets_64(q, k, q_out, k_out),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
