@@ -17,7 +17,8 @@ the differences one at a time, on a copy of our kernel with each as a switch:
 - the launch's `num_stages` (Triton's default, 3 on sm_90; inductor launches with 1).
 
 - `CHAN`: the lanes' statistics merged in one tuple reduction (inductor) instead of two;
-- `onerow_*`: the library's one-row kernel, with `NC` and `I64`.
+- `onerow_*`: the library's one-row kernel, with `NC` and `I64`;
+- `maxnreg`: a cap on registers per thread (more programs per SM; inductor's has 31).
 
 The first run (761e0ae, H200): `NC` alone took the kernel from 177 to 140 us (the one-row
 kernel's time), the hints moved it by 1-3%; compile 131 us.
@@ -143,21 +144,21 @@ def main() -> None:
             lib, config=LaunchConfig(block_n=2048, num_warps=16, evict_hints=True)
         )
         # 761e0ae: NC 1 took 177 -> 140 us; wb, st and the flags moved 1-3%. f7d3d21: 32-bit
-        # offsets -2%, the launch's stages and the stats stores nothing.
+        # offsets -2%, the launch's stages and the stats stores nothing. 6bfb1f5: Chan slower.
+        # Now: registers. Inductor's kernel has 31 at 16 warps (4 programs per SM); the unrolled
+        # loop may hold more, so fewer programs per SM: maxnreg caps them.
         x1, x2, wb, st = "evict_last", "evict_first", "", "evict_first"
-        for block, warps, chan, nc in itertools.product((2048, 4096), (8, 16), (0, 1), (0, 1)):
-            name = f"looped_b{block}_w{warps}_chan{chan}_nc{nc}"
+        for block, warps, maxnreg in itertools.product(
+            (1024, 2048, 4096), (8, 16), (None, 32, 40, 48, 64)
+        ):
+            if block // (warps * 32) < 1:
+                continue
+            name = f"looped_b{block}_w{warps}_maxnreg{maxnreg}"
             variants[name] = functools.partial(
                 _ln_fwd_looped[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
-                1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
-                I64=False, STATS=True, CHAN=bool(chan), num_warps=warps,
+                1e-5, N_CONST=n, NC=True, BLOCK_N=block, X1=x1, X2=x2, WB=wb, ST=st,
+                I64=False, STATS=True, CHAN=False, num_warps=warps, maxnreg=maxnreg,
             )  # fmt: skip
-        if n <= 16384:
-            for warps, nc, i64 in itertools.product((8, 16), (0, 1), (0, 1)):
-                variants[f"onerow_w{warps}_nc{nc}_i64{i64}"] = functools.partial(
-                    _ln_fwd_onerow[(m,)], x, w, b, y, mean, rstd, n, x.stride(0), y.stride(0),
-                    1e-5, N_CONST=n, NC=bool(nc), BLOCK_N=n, I64=bool(i64), num_warps=warps,
-                )  # fmt: skip
         gb = 2 * m * n * 2 / 1e9
         for name, fn in variants.items():
             try:
@@ -165,6 +166,8 @@ def main() -> None:
                 out = fn()
                 torch.cuda.synchronize()
                 got = out if name == "torch_compile" else y
+                regs = getattr(out, "n_regs", "")  # a Triton launch returns its compiled kernel
+                spills = getattr(out, "n_spills", "")
                 err = (got.float() - ref).abs().max().item()
                 if not err < 0.1:
                     print(f"{shape} {name:32s} WRONG max err {err:.3g}")
@@ -174,11 +177,13 @@ def main() -> None:
                 print(f"{shape} {name:32s} FAILED {type(e).__name__}: {str(e)[:120]}")
                 continue
             pct = gb / (p50 * 1e-3) / copy * 100
-            out_rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct))
+            out_rows.append(
+                dict(shape=shape, variant=name, ms=p50, pct_copy=pct, regs=regs, spills=spills)
+            )
         best = sorted((r for r in out_rows if r["shape"] == shape), key=lambda r: r["ms"])
         for r in best:
-            print(f"{shape} {r['variant']:32s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%",
-                  flush=True)  # fmt: skip
+            print(f"{shape} {r['variant']:32s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%"
+                  f"  regs {r['regs']} spills {r['spills']}", flush=True)  # fmt: skip
     write_csv(args.out, "ln_looped_probe.csv", out_rows)
 
 
