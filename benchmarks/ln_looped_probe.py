@@ -20,8 +20,10 @@ the differences one at a time, on a copy of our kernel with each as a switch:
 - `onerow_*`: the library's one-row kernel, with `NC` and `I64`;
 - `maxnreg`: a cap on registers per thread (more programs per SM; inductor's has 31).
 
-The first run (761e0ae, H200): `NC` alone took the kernel from 177 to 140 us (the one-row
-kernel's time), the hints moved it by 1-3%; compile 131 us.
+The runs (H200, logs and CSVs in results/h200-norm-fwd/): `NC` alone took the kernel from 177
+to 140 us (the one-row kernel's time), 32-bit offsets -2%, the hints 1-3%, stages, stats and
+`CHAN` nothing or worse; at 16 warps the kernel already has inductor's 32 registers (4
+programs per SM) and `maxnreg` moved nothing past noise. Best ~135 us; torch.compile 131.
 
     python benchmarks/ln_looped_probe.py [--shapes 8192x16384,4096x32768]
 """
