@@ -55,17 +55,26 @@ def test_few_rows_override_replaces_its_row_only_at_few_rows():
     assert lookup(TABLE, "op", "fwd", hopper, 2000, 7, few) == LaunchConfig(2048, num_warps=8)
 
 
-def test_rms_norm_few_rows_override_is_looked_up_on_gpus_not_in_the_interpreter():
-    from kernelwright.ops.rms_norm import _config
-    from kernelwright.runtime.tables.rms_norm import FEW_ROWS
-    from kernelwright.runtime.tables.rms_norm import TABLE as RMS
+@pytest.mark.parametrize("op", ["rms_norm", "relu_squared"])
+def test_few_rows_overrides_are_looked_up_on_gpus_not_in_the_interpreter(op, monkeypatch):
+    import importlib
 
-    ((max_m, max_n, small),) = FEW_ROWS["fwd"]["default"]
+    ops = importlib.import_module(f"kernelwright.ops.{op}")
+    tables = importlib.import_module(f"kernelwright.runtime.tables.{op}")
+    ((max_m, max_n, small),) = tables.FEW_ROWS["fwd"]["default"]
+    n = min(max_n, 4096)
     gpu = dataclasses.replace(device_info("cpu"), arch="hopper")
-    assert lookup(RMS, "rms_norm", "fwd", gpu, max_n, max_m, FEW_ROWS) == small
-    assert lookup(RMS, "rms_norm", "fwd", gpu, max_n, max_m + 1, FEW_ROWS) != small
-    x = torch.empty(max_m, max_n)  # CPU: the interpreter's table, no override
-    assert _config("fwd", x, None) == lookup(RMS, "rms_norm", "fwd", device_info("cpu"), max_n)
+    assert lookup(tables.TABLE, op, "fwd", gpu, n, max_m, tables.FEW_ROWS) == small
+    assert lookup(tables.TABLE, op, "fwd", gpu, n, max_m + 1, tables.FEW_ROWS) != small
+    # the launchers pass their row count: on a GPU they would take the override ...
+    monkeypatch.setattr(ops, "device_info", lambda device: gpu)
+    x = torch.empty(max_m, n)
+    args = ("fwd", x, n, None) if op == "relu_squared" else ("fwd", x, None)
+    assert ops._config(*args) == small
+    # ... and the interpreter keeps its own table
+    monkeypatch.undo()
+    interp = lookup(tables.TABLE, op, "fwd", device_info("cpu"), n)
+    assert ops._config(*args) == interp != small
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")
