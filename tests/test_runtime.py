@@ -55,26 +55,22 @@ def test_few_rows_override_replaces_its_row_only_at_few_rows():
     assert lookup(TABLE, "op", "fwd", hopper, 2000, 7, few) == LaunchConfig(2048, num_warps=8)
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "relu_squared"])
-def test_few_rows_overrides_are_looked_up_on_gpus_not_in_the_interpreter(op, monkeypatch):
-    import importlib
+def test_rms_norm_few_rows_override_is_looked_up_on_gpus_not_in_the_interpreter(monkeypatch):
+    from kernelwright.ops import rms_norm as ops
+    from kernelwright.runtime.tables import rms_norm as tables
 
-    ops = importlib.import_module(f"kernelwright.ops.{op}")
-    tables = importlib.import_module(f"kernelwright.runtime.tables.{op}")
     ((max_m, max_n, small),) = tables.FEW_ROWS["fwd"]["default"]
-    n = min(max_n, 4096)
     gpu = dataclasses.replace(device_info("cpu"), arch="hopper")
-    assert lookup(tables.TABLE, op, "fwd", gpu, n, max_m, tables.FEW_ROWS) == small
-    assert lookup(tables.TABLE, op, "fwd", gpu, n, max_m + 1, tables.FEW_ROWS) != small
-    # the launchers pass their row count: on a GPU they would take the override ...
+    assert lookup(tables.TABLE, "rms_norm", "fwd", gpu, max_n, max_m, tables.FEW_ROWS) == small
+    assert lookup(tables.TABLE, "rms_norm", "fwd", gpu, max_n, max_m + 1, tables.FEW_ROWS) != small
+    # the launcher passes its row count: on a GPU it takes the override ...
+    x = torch.empty(max_m, max_n)
     monkeypatch.setattr(ops, "device_info", lambda device: gpu)
-    x = torch.empty(max_m, n)
-    args = ("fwd", x, n, None) if op == "relu_squared" else ("fwd", x, None)
-    assert ops._config(*args) == small
+    assert ops._config("fwd", x, None) == small
     # ... and the interpreter keeps its own table
     monkeypatch.undo()
-    interp = lookup(tables.TABLE, op, "fwd", device_info("cpu"), n)
-    assert ops._config(*args) == interp != small
+    interp = lookup(tables.TABLE, "rms_norm", "fwd", device_info("cpu"), max_n)
+    assert ops._config("fwd", x, None) == interp != small
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU fallback")

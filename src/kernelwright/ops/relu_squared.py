@@ -23,7 +23,7 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig
-from kernelwright.runtime.tables.relu_squared import FEW_ROWS, TABLE
+from kernelwright.runtime.tables.relu_squared import TABLE
 
 # --------------------------------------------------------------------------- kernels
 
@@ -60,8 +60,7 @@ def _relu_squared_bwd_kernel(
 
 
 def _config(kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None) -> LaunchConfig:
-    m = t.shape[0]  # [M, N]: the few-rows overrides key on M
-    return config or lookup(TABLE, "relu_squared", kernel, device_info(t.device), n, m, FEW_ROWS)
+    return config or lookup(TABLE, "relu_squared", kernel, device_info(t.device), n)
 
 
 def relu_squared_fwd_launch(

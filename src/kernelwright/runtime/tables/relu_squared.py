@@ -37,14 +37,3 @@ TABLE = {
         ],
     },
 }
-
-# Few rows (runtime.launch.FewRows): at most 1024 rows of 2049+ columns, 8192-element tiles
-# (2048 columns x 4 rows, 2 warps): 16.6 us at 1024 x 14336 against 17.2 for the row above,
-# swept at 2048+ rows, which stays ahead there (29.6 / 110.0 us at 2048 / 8192 rows against
-# 30.5 / 115.2; tune.py elementwise_small_m, H200, results/h200-norm-fwd/, NOTES 45). Not
-# retuned by the optimize workflow.
-FEW_ROWS = {
-    "fwd": {
-        "default": [(1024, _LAST, C(block_n=2048, rows=4, num_warps=2))],
-    },
-}
