@@ -32,3 +32,29 @@ def write_csv(out: Path, name: str, rows: list[dict]) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+
+
+def time_variants(shape: str, variants: dict, y, ref, tol: float, timer, gb: float, copy: float):
+    """Check then time each variant of a probe: a callable that writes `y` (or, for
+    "torch_compile", returns its output). A variant whose output is off `ref` by `tol` or more,
+    or that fails to compile or run, is printed and skipped; the others give a row each (p50 ms,
+    % of copy for `gb` GB moved, and the registers and spills of a Triton launch's kernel)."""
+    rows = []
+    for name, fn in variants.items():
+        try:
+            y.fill_(float("nan"))
+            out = fn()
+            torch.cuda.synchronize()
+            got = out if name == "torch_compile" else y
+            err = (got.float() - ref).abs().max().item()
+            if not err < tol:
+                print(f"{shape} {name:32s} WRONG max err {err:.3g}")
+                continue
+            p50 = timer(fn, lambda: None)[1]
+        except Exception as e:  # a variant that does not compile is a result
+            print(f"{shape} {name:32s} FAILED {type(e).__name__}: {str(e)[:120]}")
+            continue
+        regs, spills = getattr(out, "n_regs", ""), getattr(out, "n_spills", "")
+        pct = gb / (p50 * 1e-3) / copy * 100
+        rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct, regs=regs, spills=spills))
+    return rows

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from _probe import gpu_setup, write_csv
+from _probe import gpu_setup, time_variants, write_csv
 
 from kernelwright.ops.layer_norm import layer_norm_fwd_launch
 from kernelwright.runtime import LaunchConfig
@@ -162,26 +162,7 @@ def main() -> None:
                 I64=False, STATS=True, CHAN=False, num_warps=warps, maxnreg=maxnreg,
             )  # fmt: skip
         gb = 2 * m * n * 2 / 1e9
-        for name, fn in variants.items():
-            try:
-                y.fill_(float("nan"))
-                out = fn()
-                torch.cuda.synchronize()
-                got = out if name == "torch_compile" else y
-                regs = getattr(out, "n_regs", "")  # a Triton launch returns its compiled kernel
-                spills = getattr(out, "n_spills", "")
-                err = (got.float() - ref).abs().max().item()
-                if not err < 0.1:
-                    print(f"{shape} {name:32s} WRONG max err {err:.3g}")
-                    continue
-                p50 = timer(fn, lambda: None)[1]
-            except Exception as e:  # a variant that does not compile is a result
-                print(f"{shape} {name:32s} FAILED {type(e).__name__}: {str(e)[:120]}")
-                continue
-            pct = gb / (p50 * 1e-3) / copy * 100
-            out_rows.append(
-                dict(shape=shape, variant=name, ms=p50, pct_copy=pct, regs=regs, spills=spills)
-            )
+        out_rows += time_variants(shape, variants, y, ref, 0.1, timer, gb, copy)
         best = sorted((r for r in out_rows if r["shape"] == shape), key=lambda r: r["ms"])
         for r in best:
             print(f"{shape} {r['variant']:32s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%"

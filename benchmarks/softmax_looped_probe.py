@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from _probe import gpu_setup, write_csv
+from _probe import gpu_setup, time_variants, write_csv
 
 from kernelwright.ops.softmax import softmax_fwd_launch
 
@@ -90,28 +90,12 @@ def main() -> None:
                 EVICT_2ND="evict_first", REVERSE=bool(rev), num_warps=warps,
             )  # fmt: skip
         gb = 2 * m * n * 2 / 1e9
-        for name, fn in variants.items():
-            try:
-                y.fill_(float("nan"))
-                out = fn()
-                torch.cuda.synchronize()
-                got = out if name == "torch_compile" else y
-                err = (got.float() - ref).abs().max().item()
-                if not err < 1e-3:
-                    print(f"{shape} {name:32s} WRONG max err {err:.3g}")
-                    continue
-                p50 = timer(fn, lambda: None)[1]
-            except Exception as e:  # a variant that does not compile is a result
-                print(f"{shape} {name:32s} FAILED {type(e).__name__}: {str(e)[:120]}")
-                continue
-            regs = getattr(out, "n_regs", "")
-            pct = gb / (p50 * 1e-3) / copy * 100
-            out_rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct, regs=regs))
+        out_rows += time_variants(shape, variants, y, ref, 1e-3, timer, gb, copy)
         best = sorted((r for r in out_rows if r["shape"] == shape), key=lambda r: r["ms"])
         shown = best[:8] + [r for r in best[8:] if r["variant"] in ("lib", "torch_compile")]
         for r in shown:
             print(f"{shape} {r['variant']:32s} {r['ms'] * 1e3:7.1f} us {r['pct_copy']:5.1f}%"
-                  f"  regs {r['regs']}", flush=True)  # fmt: skip
+                  f"  regs {r['regs']} spills {r['spills']}", flush=True)  # fmt: skip
         del x, y, ref
     write_csv(args.out, "softmax_looped_probe.csv", out_rows)
 
