@@ -874,36 +874,6 @@ def elementwise_small_m_cases():
         del a, b, c
 
 
-def jagged_mean_offsets_cases():
-    # jagged_mean's forward at D = 64 (84% of copy, 1.94x segment_reduce; 2x is the target):
-    # 32-bit offsets (the library's default where they fit) against 64-bit (FORCE_OFFSETS_64,
-    # kernel fwd_off64), with the staged table configs and 32-column tiles (twice the programs).
-    from kernelwright.ops import jagged_mean as jm
-
-    offsets, total = _jagged_offsets()
-    for d in (64, 256):
-        v = torch.randn(total, d, device="cuda", dtype=DT)
-        out = torch.empty(4096, d, device="cuda", dtype=DT)
-        nbytes = total * d * 2 + 4096 * d * 2
-        blocks = (32, 64) if d == 64 else (128,)
-        for block, rows, nw, st, off64 in itertools.product(
-            blocks, (32, 64, 128), (1, 2, 4), (3, 4), (False, True)
-        ):
-            if block * rows > 16384 or nw * 32 * 2 > block * rows:
-                continue
-            cfg = C(block_n=block, rows=rows, num_warps=nw, num_stages=st)
-            fwd = partial(jm.jagged_mean_fwd_launch, v, offsets, out, config=cfg)
-            tag = "_off64" if off64 else ""
-            yield (
-                f"fwd{tag}",
-                (total, d),
-                cfg,
-                _with_constant(jm, "FORCE_OFFSETS_64", off64, fwd),
-                nbytes,
-            )
-        del v
-
-
 def _ce_forward(m: int, v: int, device: str = "cuda"):
     """cross_entropy_fwd_launch on fresh [m, v] logits (std 4, a logits-like spread), ~5% of
     the targets ignored, the gradient scaled by 1 / m: call it with config=."""
@@ -1014,7 +984,6 @@ CASES = {
     "norm_fwd": norm_fwd_cases,
     "norm_affine": norm_affine_cases,
     "elementwise_small_m": elementwise_small_m_cases,
-    "jagged_mean_offsets": jagged_mean_offsets_cases,
     "cross_entropy": cross_entropy_cases,
     "l2_hints": l2_hint_cases,
 }

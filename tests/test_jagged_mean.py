@@ -204,20 +204,6 @@ def test_int64_row_offsets(device):
     _check({"values": values, "offsets": offsets}).assert_ok()
 
 
-def test_32_and_64_bit_forward_offsets_agree_bit_for_bit(device, monkeypatch):
-    # The forward's offsets are 32-bit where they fit (test_int64_row_offsets: where not).
-    inputs = _jagged(9, 70, torch.bfloat16, 12, device)
-    outs = []
-    for force in (False, True):
-        monkeypatch.setattr(J, "FORCE_OFFSETS_64", force)
-        outs.append(jagged_mean(**inputs))
-    assert torch.equal(outs[0], outs[1])
-    monkeypatch.setattr(J, "FORCE_OFFSETS_64", False)
-    small = inputs["values"]
-    assert not J._offsets_64(small, outs[0])
-    assert J._offsets_64(large_offset_rows(77, 3, torch.float16, device, gen=generator(9)), outs[0])
-
-
 @pytest.mark.parametrize("case", ["no_segments", "no_rows", "no_columns"])
 def test_empty(case, device):
     # B = 0 (offsets = [0]), total = 0 (every segment empty: zeros), D = 0.

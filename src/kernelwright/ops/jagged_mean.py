@@ -35,20 +35,16 @@ STAGED_BYTES = 48 * 1024
 
 
 @triton.jit
-def _segment_tile(offsets_ptr, D, BLOCK_D: tl.constexpr, OFFSETS_64: tl.constexpr):
+def _segment_tile(offsets_ptr, D, BLOCK_D: tl.constexpr):
     # A 1-D grid: the column tiles of one segment on consecutive programs, so neighbouring
-    # programs read neighbouring memory. Bounds in int64 where row * stride may pass 2^31.
+    # programs read neighbouring memory. Bounds in int64: row * stride may pass 2^31.
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(D, BLOCK_D)
     seg = pid // n_tiles
     cols = (pid % n_tiles) * BLOCK_D + tl.arange(0, BLOCK_D)
-    start = tl.load(offsets_ptr + seg)
-    end = tl.load(offsets_ptr + seg + 1)
-    if OFFSETS_64:
-        start, end, seg = start.to(tl.int64), end.to(tl.int64), seg.to(tl.int64)
-    else:
-        start, end = start.to(tl.int32), end.to(tl.int32)
-    return seg, cols, cols < D, start, end
+    start = tl.load(offsets_ptr + seg).to(tl.int64)
+    end = tl.load(offsets_ptr + seg + 1).to(tl.int64)
+    return seg.to(tl.int64), cols, cols < D, start, end
 
 
 @triton.jit
@@ -58,9 +54,8 @@ def _jagged_mean_fwd_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     STAGES: tl.constexpr,
-    OFFSETS_64: tl.constexpr,  # some value's offset passes 2^31 (see _offsets_64)
 ):  # fmt: skip
-    seg, cols, col_mask, start, end = _segment_tile(offsets_ptr, D, BLOCK_D, OFFSETS_64)
+    seg, cols, col_mask, start, end = _segment_tile(offsets_ptr, D, BLOCK_D)
     n = end - start
     # Row chunks summed element-wise into a [BLOCK_R, BLOCK_D] fp32 tile, reduced over rows
     # once at the end: one add per element in the loop, one tree reduction per program.
@@ -68,7 +63,7 @@ def _jagged_mean_fwd_kernel(
     # (cp.async) while this one is summed, so a program keeps loads in flight through its loop.
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     for r in tl.range(0, n, BLOCK_R, num_stages=STAGES):
-        rows = start + r + tl.arange(0, BLOCK_R)
+        rows = start + r + tl.arange(0, BLOCK_R)  # int64
         mask = (rows < end)[:, None] & col_mask[None, :]
         x = tl.load(v_ptr + rows[:, None] * stride_v + cols[None, :], mask=mask, other=0.0)
         acc += x.to(tl.float32)
@@ -85,7 +80,7 @@ def _jagged_mean_bwd_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    seg, cols, col_mask, start, end = _segment_tile(offsets_ptr, D, BLOCK_D, True)
+    seg, cols, col_mask, start, end = _segment_tile(offsets_ptr, D, BLOCK_D)
     n = end - start
     # d mean / d x_i = 1 / n for each of the segment's n rows: one gradient row, loaded once,
     # scaled in fp32, rounded once, then stored over every row of the segment.
@@ -127,22 +122,8 @@ def jagged_mean_fwd_launch(
     _jagged_mean_fwd_kernel[_grid(B, D, cfg)](
         values, offsets, out, D, values.stride(0), out.stride(0),
         BLOCK_D=cfg.block_n, BLOCK_R=cfg.rows, STAGES=_stages(cfg, values.element_size()),
-        OFFSETS_64=_offsets_64(values, out), num_warps=cfg.num_warps,
+        num_warps=cfg.num_warps,
     )  # fmt: skip
-
-
-# The forward's offsets in 32 bits where every value's and output's offset fits (probed at D =
-# 64, where a program's loads are 128-byte rows and address arithmetic is a larger share;
-# benchmarks/NOTES.md, issue 3, 46). A test hook forces 64.
-FORCE_OFFSETS_64 = False
-
-
-def _offsets_64(values: torch.Tensor, out: torch.Tensor) -> bool:
-    reach = max(
-        (values.shape[0] + 1) * values.stride(0) + values.shape[1],  # a chunk may run one past
-        out.shape[0] * out.stride(0) + out.shape[1],
-    )
-    return FORCE_OFFSETS_64 or reach >= 2**31
 
 
 def _stages(cfg: LaunchConfig, itemsize: int) -> int:
