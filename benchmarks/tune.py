@@ -663,10 +663,8 @@ def small_m_cases():
 
     n = 4096
     for m in (1024, 2048, 4096, 8192):
-        x, r = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, s = torch.empty_like(x), torch.empty_like(x)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        # the residual r random like dy, the residual output s empty like dx
+        x, r, w, b, y, s, _, _, mean, rstd = _layer_norm_tensors(m, n)
         ref = torch.compile(partial(rn.rms_norm_eager, eps=1e-6), dynamic=False)
         nb = 2 * m * n * 2
         yield (
@@ -718,10 +716,8 @@ def norm_fwd_cases():
 
     shapes = NORM_SHAPES + [(1024, 4096), (4096, 4096), (32768, 4096), (4096, 32768)]
     for m, n in shapes:
-        x, r = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, s = torch.empty_like(x), torch.empty_like(x)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        # the residual r random like dy, the residual output s empty like dx
+        x, r, w, b, y, s, _, _, mean, rstd = _layer_norm_tensors(m, n)
         nb = 2 * m * n * 2
         peers = {
             "rms_norm": (
@@ -784,10 +780,8 @@ def norm_affine_cases():
 
     shapes = [(8192, 3584), (8192, 4096), (16384, 4096), (1024, 4096), (8192, 8192), (8192, 2048)]
     for m, n in shapes:
-        x, r = (torch.randn(m, n, device="cuda", dtype=DT) for _ in range(2))
-        w, b = (torch.randn(n, device="cuda", dtype=DT) for _ in range(2))
-        y, s = torch.empty_like(x), torch.empty_like(x)
-        mean, rstd = (torch.empty(m, device="cuda", dtype=torch.float32) for _ in range(2))
+        # the residual r random like dy, the residual output s empty like dx
+        x, r, w, b, y, s, _, _, mean, rstd = _layer_norm_tensors(m, n)
         nb = 2 * m * n * 2
         rms_c = torch.compile(rn.rms_norm_eager, dynamic=False)
         fa_l = partial(LigerFusedAddRMSNormFunction.apply, x, r, w, 1e-6, 0.0, "llama", False)
