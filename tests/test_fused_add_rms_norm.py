@@ -192,6 +192,82 @@ def test_few_rows_backward_has_no_partials(monkeypatch, dtype, mode, offset, dre
     assert dw.dtype == dtype and rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
 
 
+# (rows, columns, config or None for the table's): configs whose row blocks hold an fp32 row
+# of dW; the interpreter has 4 SMs, so 13 blocks give programs of 3 and 4 blocks.
+if ON_GPU:
+    PARK_CASES = [(2048, 4096, None), (4096, 3000, None), (2 * 132 + 2, 4096, None)]
+else:
+    PARK_CASES = [
+        (26, 700, LaunchConfig(block_n=1024, rows=2, programs_per_sm=1, num_stages=2)),
+        (48, 300, LaunchConfig(block_n=512, rows=4, programs_per_sm=1)),
+        (32, 64, None),  # the interpreter table's 16-row blocks: two programs of one block
+    ]
+
+
+@pytest.mark.parametrize("dres", [True, False], ids=["dres", "no_dres"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", PARK_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
+def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
+    # dW without fp32 partial rows (_parks): each program parks its dW row in its last row
+    # block of ds, the parked rows are summed after a grid barrier (three launches under the
+    # interpreter), then that block is recomputed and written. Against the partial-row form on
+    # the same inputs: ds bit for bit, dW up to summation order; both against the reference;
+    # poisoned outputs; nothing allocated but the barrier's counter.
+    m, n, cfg = case
+    inputs = _inputs((m, n), dtype, 23)
+    gen = generator(24)
+    dy = rand((m, n), dtype, DEVICE, gen=gen)
+    d_res = rand((m, n), dtype, DEVICE, gen=gen) if dres else None
+    x, r, w = inputs["x"], inputs["residual"], inputs["weight"]
+    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
+    fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+    outs = {}
+    for park in (None, False):
+        with poisoned(), monkeypatch.context() as patch:
+            if park is None:
+                patch.setattr(far, "empty", lambda *a, **k: pytest.fail("allocated partials"))
+                patch.setattr(far, "sum_partials", lambda *a, **k: pytest.fail("summed partials"))
+            ds = torch.full_like(x, float("nan"))
+            dw = torch.full_like(w, float("nan"))
+            fused_add_rms_norm_bwd_launch(dy, d_res, s, w, rstd, ds, dw, 0.0, "llama", cfg, park)
+        outs[park] = ds, dw
+    (ds, dw), (ds_partials, dw_partials) = outs[None], outs[False]
+    assert torch.equal(ds, ds_partials)
+    same = 1e-6 if dtype == torch.float32 else TOL[dtype].fwd  # summation order only
+    assert rel_norm_error(dw, dw_partials) < same
+    ref_in = {"x": x.float(), "residual": r.float(), "weight": w.float()}
+    dres_f = d_res.float() if dres else None
+    _, _, ref_ds, _, ref_dw = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), dres_f)
+    assert rel_norm_error(ds, ref_ds) < TOL[dtype].bwd
+    assert rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
+
+
+def test_backward_parks_only_where_it_can():
+    # An odd row count (a last block half full), a row block narrower than an fp32 row (one bf16
+    # row), padded ds rows and ds sharing dy's storage all keep the partial rows: park=None takes
+    # them, park=True is refused.
+    m, n = (2 * 132 + 1, 4096) if ON_GPU else (27, 700)
+    blocks = LaunchConfig(block_n=1024 if not ON_GPU else 4096, rows=2, programs_per_sm=1)
+    one_row = LaunchConfig(block_n=blocks.block_n, rows=1, programs_per_sm=1)
+    x, r, w = _inputs((m + 1, n), torch.bfloat16, 25).values()
+    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m + 1, device=DEVICE)
+    fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+    dy = rand((m + 1, n), torch.bfloat16, DEVICE, gen=generator(26))
+    padded = torch.empty(m + 1, n + 8, dtype=torch.bfloat16, device=DEVICE)[:, :n]
+    calls = (
+        (dy[:m], s[:m], rstd[:m], torch.empty_like(x[:m]), blocks),  # odd rows
+        (dy, s, rstd, torch.empty_like(x), one_row),  # 2 bytes per column per block
+        (dy, s, rstd, padded, blocks),  # ds rows not contiguous
+        (dy, s, rstd, dy, blocks),  # ds over dy
+    )
+    for dy_, s_, rstd_, ds, cfg in calls:
+        with pytest.raises(ValueError, match="cannot park"):
+            fused_add_rms_norm_bwd_launch(
+                dy_, None, s_, w, rstd_, ds, w.clone(), 0.0, "llama", cfg, True
+            )
+    assert far._parks(m + 1, blocks, torch.empty_like(x), (dy, None, s, rstd))
+
+
 @pytest.mark.parametrize("shape", [FUSED, LOOPED], ids=str)
 def test_one_output_unused(shape):
     # residual_out unused: its gradient arrives as None (HAS_DRES off). y unused: dy is None,
@@ -421,8 +497,11 @@ def test_kernels_compile_for_hopper(monkeypatch):
                         )
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW in the fused
-    # kernels everywhere, once as the table has it (rms_norm's dw kernel there).
+    # kernels everywhere, once as the table has it (rms_norm's dw kernel there). The 4096
+    # row's two-row blocks park dW in ds (_parks): there in the GPU's one launch that waits
+    # (PHASE 0; two rows make one program, which runs through its own barriers here).
     monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
+    monkeypatch.setattr(far, "_park_phases", lambda device: (0,))
     results = check_compiles(run)
     monkeypatch.undo()
     few = check_compiles(run)
@@ -433,4 +512,8 @@ def test_kernels_compile_for_hopper(monkeypatch):
     # 8 configs x 3 modes, forward + backward with and without dres; plus the dW reduction
     assert len([r for r in results if r.launch.name != "_sum_partials_kernel"]) == 72
     assert any(r.launch.name == "_sum_partials_kernel" for r in results)
+    parked = [dict(r.launch.constexprs) for r in results if dict(r.launch.constexprs).get("PARK")]
+    # the two casting modes with a weight, with and without dres
+    assert len(parked) == 4 and all(c["PHASE"] == 0 for c in parked)
     assert {r.launch.name for r in few} >= {"_rms_norm_dw_kernel", "_fused_add_rms_norm_bwd_kernel"}
+    assert {dict(r.launch.constexprs).get("PHASE") for r in few} >= {1, 2, 3}

@@ -44,14 +44,14 @@ def ticket(sync_ptr):
 
 
 @triton.jit
-def arrive_and_wait(count_ptr, SPLITS: tl.constexpr):
-    """Count this program in on its row's counter, then spin until all `SPLITS` are in. The
+def arrive_and_wait(count_ptr, expected):
+    """Count this program in on its row's counter, then spin until `expected` are in. The
     barrier before orders every thread's slot stores before the (acq_rel) count; the one after
     holds every thread until the count is complete, so their slot loads come after it (as CUDA's
     grid sync does: barrier, one thread's fenced atomic and spin, barrier)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1
-    while arrived < SPLITS:
+    while arrived < expected:
         arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
 

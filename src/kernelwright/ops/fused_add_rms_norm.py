@@ -21,6 +21,7 @@ import triton.language as tl
 
 from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.ops._split import arrive_and_wait
 
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
@@ -163,6 +164,27 @@ def _fused_add_rms_norm_fwd_looped_kernel(
 
 
 @triton.jit
+def _ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT: tl.constexpr, HAS_DRES: tl.constexpr):
+    # ds of a [ROWS, BLOCK_N] block (fp32 s, dy, dres; rstd [ROWS, 1]):
+    # g = dy * (offset + w);  ds = dres + rstd * (g - s_hat * mean(g * s_hat)).
+    s_hat = s * rstd
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * w[None, :]
+    c = tl.sum(g * s_hat, axis=1)[:, None] / N
+    ds = (g - s_hat * c) * rstd
+    if HAS_DRES:
+        ds += dres
+    return ds
+
+
+@triton.jit
+def _last_block(pid, programs, blocks):
+    """The last of row blocks pid, pid + programs, ... below `blocks` (program pid's last)."""
+    return pid + programs * ((blocks - 1 - pid) // programs)
+
+
+@triton.jit
 def _fused_add_rms_norm_bwd_kernel(
     dy_ptr,
     dres_ptr,
@@ -171,12 +193,16 @@ def _fused_add_rms_norm_bwd_kernel(
     rstd_ptr,
     ds_ptr,
     dw_partial_ptr,  # dy, dres, s, ds: [M, N] with row strides; dw_partial: [programs, N] fp32
+    park_ptr,  # PARK: ds's storage as fp32 (contiguous ds); dw_partial unused
+    dw_ptr,  # PARK: [N], the weight's dtype
+    sync_ptr,  # PARK: int32 [1], zeroed
     M,
     N,
     stride_dy,
     stride_dres,
     stride_s,
     stride_ds,
+    park_step,  # PARK: fp32 elements per row block of ds
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -185,76 +211,120 @@ def _fused_add_rms_norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    PARK: tl.constexpr,  # dW parked in ds, no partial rows (see below and the launcher)
+    PHASE: tl.constexpr,  # PARK: 0 all in one launch (waits), 1/2/3 one launch each (no waits)
+    BLOCK_P: tl.constexpr,  # PARK: parked rows per load step of the dW sum
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
-    # s feeds both outputs, so its gradient is the residual gradient plus the norm's:
-    # g = dy * (offset + w);  ds = dres + rstd * (g - s_hat * mean(g * s_hat));
+    # s feeds both outputs, so its gradient is the residual gradient plus the norm's (_ds_block);
     # dW = sum_rows(dy * s_hat);  dx = d_residual = ds.
     # PREFETCH: the next block's s, dy, dres and rstd are loaded (in their own dtype) before
     # this block's reductions, so one block's memory latency hides behind the previous one's math.
+    # PARK: no fp32 partial rows. Each program leaves its last row block of ds unwritten and
+    # parks its fp32 dW row there (phase 1); once all have (a grid barrier: phase 2), program p
+    # sums 32-column slices p, p + P, ... of every parked row, in program order, and stores dW;
+    # once all have (phase 3), each recomputes its last block's ds and stores it over its row.
     wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
+    programs = tl.num_programs(0)
+    blocks = tl.cdiv(M, ROWS)
+    step = programs * ROWS
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
     if HAS_WEIGHT:
         w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:
-        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
-        mask0 = (first < M)[:, None] & col_mask[None, :]
-        s_next = tl.load(s_ptr + first[:, None] * stride_s + cols[None, :], mask=mask0, other=0.0)
-        dy_next = tl.load(
-            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
-        )
-        if HAS_DRES:
-            dres_ptrs = dres_ptr + first[:, None] * stride_dres + cols[None, :]
-            dres_next = tl.load(dres_ptrs, mask=mask0, other=0.0)
-        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
-    for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
+    else:
+        w = tl.zeros([BLOCK_N], dtype=tl.float32)  # unused
+    if PHASE <= 1:
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         if PREFETCH:
-            s, dy, rstd = s_next, dy_next, rstd_next
-            nxt = rows + step
-            nmask = (nxt < M)[:, None] & col_mask[None, :]
-            s_next = tl.load(s_ptr + nxt[:, None] * stride_s + cols[None, :], mask=nmask, other=0.0)
-            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
-            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
+            mask0 = (first < M)[:, None] & col_mask[None, :]
+            s_ptrs = s_ptr + first[:, None] * stride_s + cols[None, :]
+            s_next = tl.load(s_ptrs, mask=mask0, other=0.0)
+            dy_ptrs = dy_ptr + first[:, None] * stride_dy + cols[None, :]
+            dy_next = tl.load(dy_ptrs, mask=mask0, other=0.0)
             if HAS_DRES:
-                dres = dres_next.to(tl.float32)
-                dres_ptrs = dres_ptr + nxt[:, None] * stride_dres + cols[None, :]
-                dres_next = tl.load(dres_ptrs, mask=nmask, other=0.0)
-            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
-        else:
+                dres_ptrs = dres_ptr + first[:, None] * stride_dres + cols[None, :]
+                dres_next = tl.load(dres_ptrs, mask=mask0, other=0.0)
+            rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
+        for block in range(pid, blocks, programs):
+            rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]
+            dres = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)  # unused without HAS_DRES
+            if PREFETCH:
+                s, dy, rstd = s_next, dy_next, rstd_next
+                nxt = rows + step
+                nmask = (nxt < M)[:, None] & col_mask[None, :]
+                s_ptrs = s_ptr + nxt[:, None] * stride_s + cols[None, :]
+                s_next = tl.load(s_ptrs, mask=nmask, other=0.0)
+                dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
+                dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+                if HAS_DRES:
+                    dres = dres_next.to(tl.float32)
+                    dres_ptrs = dres_ptr + nxt[:, None] * stride_dres + cols[None, :]
+                    dres_next = tl.load(dres_ptrs, mask=nmask, other=0.0)
+                rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
+            else:
+                s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
+                dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+                dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+                if HAS_DRES:
+                    dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
+                    dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+                rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
+            s = s.to(tl.float32)
+            dy = dy.to(tl.float32)
+            rstd = rstd[:, None]
+            if HAS_DW:
+                # dW sees s_hat as the forward multiplied it: rounded unless gemma.
+                dw_acc += tl.sum(dy * _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING), axis=0)
+            ds = _ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
+            if PARK:
+                # the last block waits for phase 3 (the rows divide into full blocks)
+                mask = mask & (rows + step < M)[:, None]
+            ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
+            tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
+        if PARK:
+            own = tl.cast(_last_block(pid, programs, blocks), tl.int64) * park_step
+            tl.store(park_ptr + own + cols, dw_acc, mask=col_mask)
+        elif HAS_DW:
+            tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+    if PARK:
+        if PHASE == 0:
+            arrive_and_wait(sync_ptr, programs)  # every row parked
+        if PHASE == 0 or PHASE == 2:
+            for chunk in range(pid, tl.cdiv(N, 32), programs):
+                sum_cols = chunk * 32 + tl.arange(0, 32)
+                sum_mask = sum_cols < N
+                acc = tl.zeros([32], dtype=tl.float32)
+                for start in range(0, programs, BLOCK_P):
+                    q = start + tl.arange(0, BLOCK_P)
+                    row0 = tl.cast(_last_block(q, programs, blocks), tl.int64) * park_step
+                    ptrs = park_ptr + row0[:, None] + sum_cols[None, :]
+                    m = (q < programs)[:, None] & sum_mask[None, :]
+                    acc += tl.sum(tl.load(ptrs, mask=m, other=0.0), axis=0)
+                tl.store(dw_ptr + sum_cols, acc.to(dw_ptr.dtype.element_ty), mask=sum_mask)
+        if PHASE == 0:
+            arrive_and_wait(sync_ptr, 2 * programs)  # every parked row summed
+        if PHASE == 0 or PHASE == 3:
+            rows = tl.cast(_last_block(pid, programs, blocks), tl.int64) * ROWS
+            rows += tl.arange(0, ROWS)
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]
             s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
             dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+            dres = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
             if HAS_DRES:
                 dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
                 dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-        s = s.to(tl.float32)
-        dy = dy.to(tl.float32)
-        rstd = rstd[:, None]
-        s_hat = s * rstd
-        if HAS_DW:
-            # dW sees s_hat as the forward multiplied it: rounded unless gemma.
-            dw_acc += tl.sum(dy * _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING), axis=0)
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        c = tl.sum(g * s_hat, axis=1)[:, None] / N
-        ds = (g - s_hat * c) * rstd
-        if HAS_DRES:
-            ds += dres
-        tl.store(
-            ds_ptr + rows[:, None] * stride_ds + cols[None, :], ds.to(ds_ptr.dtype.element_ty), mask
-        )
-    if HAS_DW:
-        tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
+            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+            ds = _ds_block(s.to(tl.float32), dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
+            ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
+            tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
 
 
 @triton.jit
@@ -358,6 +428,29 @@ def fused_add_rms_norm_fwd_launch(
         _fused_add_rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
 
 
+def _parks(M: int, cfg: LaunchConfig, ds: torch.Tensor, inputs) -> bool:
+    """Whether the fused backward can park dW in ds instead of fp32 partial rows (the kernel's
+    PARK): each program on an SM of its own (programs_per_sm = 1, so a cooperative launch holds
+    them all at once and the grid barrier cannot wait on a program without an SM), a row block
+    of ds wide enough for an fp32 row (rows x element size >= 4 bytes), blocks that divide the
+    rows (every block full), ds one contiguous piece of memory, and no input sharing its storage
+    (the last block's ds is recomputed from them after the parked rows are summed)."""
+    storage = ds.untyped_storage().data_ptr()
+    return (
+        cfg.programs_per_sm == 1
+        and cfg.rows * ds.element_size() >= 4
+        and M % cfg.rows == 0
+        and ds.is_contiguous()
+        and all(t is None or t.untyped_storage().data_ptr() != storage for t in inputs)
+    )
+
+
+def _park_phases(device) -> tuple[int, ...]:
+    """The parking kernel's PHASE per launch: (0,) in one launch that waits at its barriers (a
+    GPU); (1, 2, 3) without waiting (the interpreter runs programs one after another)."""
+    return (0,) if device.backend == "cuda" else (1, 2, 3)
+
+
 def fused_add_rms_norm_bwd_launch(
     dy: torch.Tensor,  # [M, N], stride(1) == 1: gradient of y
     d_residual_out: torch.Tensor | None,  # [M, N], stride(1) == 1; None when s is unused
@@ -369,6 +462,7 @@ def fused_add_rms_norm_bwd_launch(
     offset: float,
     casting_mode: str,
     config: LaunchConfig | None = None,
+    park: bool | None = None,  # dW parked in ds (_parks): None where it can be, False never
 ) -> None:
     M, N = residual_out.shape
     if M == 0:
@@ -378,20 +472,26 @@ def fused_add_rms_norm_bwd_launch(
     cfg = _config("bwd", residual_out, config)
     fits = cfg.block_n >= N
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
-    programs = max(1, min(row_blocks, device_info(ds.device).sm_count * cfg.programs_per_sm))
+    device = device_info(ds.device)
+    programs = max(1, min(row_blocks, device.sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
+    parks = has_dw and fits and _parks(M, cfg, ds, (dy, d_residual_out, residual_out, rstd))
+    if park and not parks:
+        raise ValueError(f"{_OP}: park=True, but this call cannot park dW in ds (see _parks)")
+    parks = parks and park is not False
     block = _dw_block(residual_out)
-    if has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device):
+    few = has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device)
+    if few and not parks:
         # dW first, should ds share dy's storage: the dw kernel reads dy
         rms_norm_dw_launch(dy, residual_out, rstd, dw, casting_mode)
         has_dw = False
+    has_dres = d_residual_out is not None
     partial = None
-    if has_dw:
+    if has_dw and not parks:
         # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
         partial = empty((programs, N), dtype=torch.float32, device=ds.device)
         if not fits:
             partial.zero_()  # the looped kernel accumulates into it row by row
-    has_dres = d_residual_out is not None
     args = (
         dy,
         d_residual_out if has_dres else dy,
@@ -399,25 +499,59 @@ def fused_add_rms_norm_bwd_launch(
         weight if weight is not None else residual_out,
         rstd,
         ds,
-        partial if partial is not None else rstd,
     )
-    args += (M, N, dy.stride(0), d_residual_out.stride(0) if has_dres else 0)
-    args += (residual_out.stride(0), ds.stride(0), offset)
+    tail = (M, N, dy.stride(0), d_residual_out.stride(0) if has_dres else 0)
+    tail += (residual_out.stride(0), ds.stride(0))
     common = dict(
         CASTING=CASTING_MODES[casting_mode],
         HAS_WEIGHT=weight is not None,
         HAS_DW=has_dw,
         HAS_DRES=has_dres,
         BLOCK_N=cfg.block_n,
-        **pdl_args(device_info(ds.device)),  # its launch overlaps the kernel before it
+        **pdl_args(device),  # its launch overlaps the kernel before it
     )
-    if fits:
-        _fused_add_rms_norm_bwd_kernel[(programs,)](
-            *args, ROWS=cfg.rows, PREFETCH=cfg.num_stages > 1, num_warps=cfg.num_warps, **common
+    if not fits:
+        args += (partial if partial is not None else rstd,)
+        _fused_add_rms_norm_bwd_looped_kernel[(programs,)](
+            *args, *tail, offset, num_warps=cfg.num_warps, **common
         )
+    elif parks:
+        # ds as fp32 words: program p's fp32 dW row goes to its last row block's storage.
+        park_step = cfg.rows * N * ds.element_size() // 4
+        sync = torch.zeros(1, dtype=torch.int32, device=ds.device)
+        args += (rstd, ds.view(-1).view(torch.float32), dw, sync)
+        cooperative = {"launch_cooperative_grid": True} if device.backend == "cuda" else {}
+        for phase in _park_phases(device):
+            _fused_add_rms_norm_bwd_kernel[(programs,)](
+                *args,
+                *tail,
+                park_step,
+                offset,
+                ROWS=cfg.rows,
+                PREFETCH=cfg.num_stages > 1,
+                PARK=True,
+                PHASE=phase,
+                BLOCK_P=min(triton.next_power_of_2(programs), 256),
+                num_warps=cfg.num_warps,
+                **cooperative,
+                **common,
+            )
     else:
-        _fused_add_rms_norm_bwd_looped_kernel[(programs,)](*args, num_warps=cfg.num_warps, **common)
-    if has_dw:
+        args += (partial if partial is not None else rstd, rstd, rstd, rstd)
+        _fused_add_rms_norm_bwd_kernel[(programs,)](
+            *args,
+            *tail,
+            0,
+            offset,
+            ROWS=cfg.rows,
+            PREFETCH=cfg.num_stages > 1,
+            PARK=False,
+            PHASE=0,
+            BLOCK_P=1,
+            num_warps=cfg.num_warps,
+            **common,
+        )
+    if partial is not None:
         sum_partials(partial, dw)  # fp32 sum over programs, one cast to the weight's dtype
 
 
