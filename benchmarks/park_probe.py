@@ -2,10 +2,10 @@
 process (prints, CSV to $OUT). NOTES 47.
 
 For each shape: the backward launcher alone and forward+backward through autograd, parking
-on (the launcher's choice, `_parks`) and off (`_parks` answering False: fp32 partial rows, or
-the few-rows column kernel), alternating over several rounds; the backward's peak memory
-above its inputs and outputs; ds bit for bit and dW against the partial-row form. GPU time
-(host hidden), the reading flush before each rep.
+on (the launcher's choice, `_park_programs`) and off (`_park_programs` answering 0: fp32
+partial rows, or the few-rows column kernel), alternating over several rounds; the backward's
+peak memory above its inputs and outputs; ds bit for bit and dW against the partial-row
+form. GPU time (host hidden), the reading flush before each rep.
 
     python benchmarks/park_probe.py [--rounds 5]
 """
@@ -26,12 +26,12 @@ from kernelwright.ops import fused_add_rms_norm as far
 SHAPES = [(1024, 4096), (2048, 4096), (4096, 4096), (8192, 4096), (8192, 3584), (16384, 4096)]
 
 
-def _off(*args, **kwargs) -> bool:
-    return False
+def _off(*args, **kwargs) -> int:
+    return 0
 
 
 def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
-    real_parks = far._parks
+    real = far._park_programs
     gen = torch.Generator(device="cuda").manual_seed(m + n)
     x, r, dy, dres = (
         torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
@@ -53,7 +53,7 @@ def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
     results = {}
     try:
         for on in (True, False):
-            far._parks = real_parks if on else _off
+            far._park_programs = real if on else _off
             ds.fill_(float("nan"))
             dw.fill_(float("nan"))
             torch.cuda.synchronize()
@@ -72,11 +72,11 @@ def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
         times: dict[tuple[str, bool], list[float]] = {}
         for _ in range(rounds):
             for on in (True, False):
-                far._parks = real_parks if on else _off
+                far._park_programs = real if on else _off
                 for mode, fn in (("backward", bwd), ("full", full)):
                     times.setdefault((mode, on), []).append(timer(fn, lambda: None)[1])
     finally:
-        far._parks = real_parks
+        far._park_programs = real
     rows = []
     for (mode, on), ts in times.items():
         med = statistics.median(ts)

@@ -15,7 +15,7 @@ from kernelwright.ops.fused_add_rms_norm import (
     fused_add_rms_norm_fwd_launch,
     fused_add_rms_norm_ref,
 )
-from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime import LaunchConfig, device_info
 from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 from kernelwright.testing import (
     Tolerance,
@@ -200,7 +200,7 @@ else:
     PARK_CASES = [
         (26, 700, LaunchConfig(block_n=1024, rows=2, programs_per_sm=1, num_stages=2)),
         (48, 300, LaunchConfig(block_n=512, rows=4, programs_per_sm=1)),
-        (32, 64, None),  # the interpreter table's 16-row blocks: two programs of one block
+        (64, 64, None),  # the interpreter table's 16-row blocks: four programs of one block
     ]
 
 
@@ -208,11 +208,11 @@ else:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", PARK_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
 def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
-    # dW without fp32 partial rows (_parks): each program parks its dW row in its last row
-    # block of ds, the parked rows are summed after a grid barrier (three launches under the
-    # interpreter), then that block is recomputed and written. Against the partial-row form on
-    # the same inputs: ds bit for bit, dW up to summation order; both against the reference;
-    # poisoned outputs; nothing allocated but the barrier's counter.
+    # dW without fp32 partial rows (_park_programs): program j's last row block of ds takes
+    # column slice j of every program's dW sum, summed after a grid barrier (two launches under
+    # the interpreter), then that block is recomputed and written over it. Against the
+    # partial-row form on the same inputs: ds bit for bit, dW up to summation order; both
+    # against the reference; poisoned outputs; nothing allocated but the barrier's counter.
     m, n, cfg = case
     inputs = _inputs((m, n), dtype, 23)
     gen = generator(24)
@@ -265,7 +265,11 @@ def test_backward_parks_only_where_it_can():
             fused_add_rms_norm_bwd_launch(
                 dy_, None, s_, w, rstd_, ds, w.clone(), 0.0, "llama", cfg, True
             )
-    assert far._parks(m + 1, blocks, torch.empty_like(x), (dy, None, s, rstd))
+    device = device_info(x.device)
+    inputs = (dy, None, s, rstd)
+    assert far._park_programs(m + 1, n, blocks, torch.empty_like(x), inputs, device) == (
+        128 if ON_GPU else 4  # n's largest divisor up to the SMs (132 on an H100 or H200; 4)
+    )
 
 
 @pytest.mark.parametrize("shape", [FUSED, LOOPED], ids=str)
@@ -498,10 +502,11 @@ def test_kernels_compile_for_hopper(monkeypatch):
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW in the fused
     # kernels everywhere, once as the table has it (rms_norm's dw kernel there). The 4096
-    # row's two-row blocks park dW in ds (_parks): there in the GPU's one launch that waits
-    # (PHASE 0; two rows make one program, which runs through its own barriers here).
+    # row's two-row blocks park dW in ds (_park_programs): there in the GPU's one launch that
+    # waits (PHASE 0; two rows make one program, which passes its own barrier here).
     monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
     monkeypatch.setattr(far, "_park_phases", lambda device: (0,))
+    monkeypatch.setattr(far, "PARK_MIN_SHARE", 0.0)
     results = check_compiles(run)
     monkeypatch.undo()
     few = check_compiles(run)
@@ -516,4 +521,3 @@ def test_kernels_compile_for_hopper(monkeypatch):
     # the two casting modes with a weight, with and without dres
     assert len(parked) == 4 and all(c["PHASE"] == 0 for c in parked)
     assert {r.launch.name for r in few} >= {"_rms_norm_dw_kernel", "_fused_add_rms_norm_bwd_kernel"}
-    assert {dict(r.launch.constexprs).get("PHASE") for r in few} >= {1, 2, 3}

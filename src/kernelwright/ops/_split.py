@@ -44,10 +44,26 @@ def ticket(sync_ptr):
 
 
 @triton.jit
+def arrive(count_ptr):
+    """Count this program in on a counter. The barrier first orders every thread's stores
+    before the (acq_rel) count."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="acq_rel")
+
+
+@triton.jit
+def wait_until(count_ptr, expected):
+    """Spin until the counter reaches `expected`; the barrier after holds every thread until
+    then, so their loads come after it."""
+    arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while arrived < expected:
+        arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
 def arrive_and_wait(count_ptr, expected):
-    """Count this program in on its row's counter, then spin until `expected` are in. The
-    barrier before orders every thread's slot stores before the (acq_rel) count; the one after
-    holds every thread until the count is complete, so their slot loads come after it (as CUDA's
+    """Count this program in on its row's counter, then spin until `expected` are in (as CUDA's
     grid sync does: barrier, one thread's fenced atomic and spin, barrier)."""
     tl.debug_barrier()
     arrived = tl.atomic_add(count_ptr, 1, sem="acq_rel") + 1

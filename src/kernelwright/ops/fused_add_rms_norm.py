@@ -15,13 +15,15 @@ Layer order: kernels → launchers → custom ops → autograd Function → `fus
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._split import arrive_and_wait
+from kernelwright.ops._split import arrive, wait_until
 
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
@@ -193,7 +195,7 @@ def _fused_add_rms_norm_bwd_kernel(
     rstd_ptr,
     ds_ptr,
     dw_partial_ptr,  # dy, dres, s, ds: [M, N] with row strides; dw_partial: [programs, N] fp32
-    park_ptr,  # PARK: ds's storage as fp32 (contiguous ds); dw_partial unused
+    park_ptr,  # PARK: ds's storage as fp32 words (contiguous ds); dw_partial unused
     dw_ptr,  # PARK: [N], the weight's dtype
     sync_ptr,  # PARK: int32 [1], zeroed
     M,
@@ -202,7 +204,8 @@ def _fused_add_rms_norm_bwd_kernel(
     stride_dres,
     stride_s,
     stride_ds,
-    park_step,  # PARK: fp32 elements per row block of ds
+    park_step,  # PARK: fp32 words per row block of ds
+    SLICE,  # PARK: N / programs, the dW columns each program sums
     offset,
     CASTING: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -212,8 +215,9 @@ def _fused_add_rms_norm_bwd_kernel(
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
     PARK: tl.constexpr,  # dW parked in ds, no partial rows (see below and the launcher)
-    PHASE: tl.constexpr,  # PARK: 0 all in one launch (waits), 1/2/3 one launch each (no waits)
-    BLOCK_P: tl.constexpr,  # PARK: parked rows per load step of the dW sum
+    PHASE: tl.constexpr,  # PARK: 0 in one launch (waits), 1 then 2 in two launches (no waits)
+    BLOCK_P: tl.constexpr,  # PARK: programs, to a power of two
+    BLOCK_S: tl.constexpr,  # PARK: SLICE, to a power of two
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
@@ -221,10 +225,13 @@ def _fused_add_rms_norm_bwd_kernel(
     # dW = sum_rows(dy * s_hat);  dx = d_residual = ds.
     # PREFETCH: the next block's s, dy, dres and rstd are loaded (in their own dtype) before
     # this block's reductions, so one block's memory latency hides behind the previous one's math.
-    # PARK: no fp32 partial rows. Each program leaves its last row block of ds unwritten and
-    # parks its fp32 dW row there (phase 1); once all have (a grid barrier: phase 2), program p
-    # sums 32-column slices p, p + P, ... of every parked row, in program order, and stores dW;
-    # once all have (phase 3), each recomputes its last block's ds and stores it over its row.
+    # PARK: no fp32 partial rows. Program j leaves its last row block of ds unwritten until the
+    # end: its storage takes the dW columns [j * SLICE, (j + 1) * SLICE) of every program's sum
+    # (program q's at word q * SLICE; P * SLICE = N words fit, since rows x element size >= 4
+    # bytes). Phase 1: the rows, then this program's dW sum scattered to its P owners. Phase 2,
+    # once every program has arrived (a grid barrier): this program sums its slice in program
+    # order, stores it to dW, then recomputes its last block's ds and stores it over the slice.
+    # No other program reads that storage, so one barrier is enough.
     wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -288,43 +295,43 @@ def _fused_add_rms_norm_bwd_kernel(
             ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
             tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
         if PARK:
-            own = tl.cast(_last_block(pid, programs, blocks), tl.int64) * park_step
-            tl.store(park_ptr + own + cols, dw_acc, mask=col_mask)
+            # column c of this program's sum: to program c // SLICE, word pid * SLICE + c % SLICE
+            owner = cols // SLICE
+            own = tl.cast(_last_block(owner, programs, blocks), tl.int64) * park_step
+            tl.store(park_ptr + own + pid * SLICE + cols % SLICE, dw_acc, mask=col_mask)
         elif HAS_DW:
             tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
-    if PARK:
+        if PARK and PHASE == 0:
+            arrive(sync_ptr)  # this program's sum is parked
+    if PARK and PHASE != 1:
+        # the last block's ds, recomputed (its inputs were read a moment ago: L2) while the
+        # other programs arrive; stored once this program's slice has been summed
+        rows = tl.cast(_last_block(pid, programs, blocks), tl.int64) * ROWS
+        rows += tl.arange(0, ROWS)
+        row_mask = rows < M
+        mask = row_mask[:, None] & col_mask[None, :]
+        s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
+        dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+        dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+        dres = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        if HAS_DRES:
+            dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
+            dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        ds = _ds_block(s.to(tl.float32), dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
         if PHASE == 0:
-            arrive_and_wait(sync_ptr, programs)  # every row parked
-        if PHASE == 0 or PHASE == 2:
-            for chunk in range(pid, tl.cdiv(N, 32), programs):
-                sum_cols = chunk * 32 + tl.arange(0, 32)
-                sum_mask = sum_cols < N
-                acc = tl.zeros([32], dtype=tl.float32)
-                for start in range(0, programs, BLOCK_P):
-                    q = start + tl.arange(0, BLOCK_P)
-                    row0 = tl.cast(_last_block(q, programs, blocks), tl.int64) * park_step
-                    ptrs = park_ptr + row0[:, None] + sum_cols[None, :]
-                    m = (q < programs)[:, None] & sum_mask[None, :]
-                    acc += tl.sum(tl.load(ptrs, mask=m, other=0.0), axis=0)
-                tl.store(dw_ptr + sum_cols, acc.to(dw_ptr.dtype.element_ty), mask=sum_mask)
-        if PHASE == 0:
-            arrive_and_wait(sync_ptr, 2 * programs)  # every parked row summed
-        if PHASE == 0 or PHASE == 3:
-            rows = tl.cast(_last_block(pid, programs, blocks), tl.int64) * ROWS
-            rows += tl.arange(0, ROWS)
-            row_mask = rows < M
-            mask = row_mask[:, None] & col_mask[None, :]
-            s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
-            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
-            dres = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-            if HAS_DRES:
-                dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
-                dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
-            ds = _ds_block(s.to(tl.float32), dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
-            ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
-            tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
+            wait_until(sync_ptr, programs)  # every program's sum parked
+        own = tl.cast(_last_block(pid, programs, blocks), tl.int64) * park_step
+        q = tl.arange(0, BLOCK_P)
+        j = tl.arange(0, BLOCK_S)
+        m = (q < programs)[:, None] & (j < SLICE)[None, :]
+        parked = tl.load(park_ptr + own + q[:, None] * SLICE + j[None, :], mask=m, other=0.0)
+        dw_cols = pid * SLICE + j
+        dw = tl.sum(parked, axis=0)  # a fixed order, whatever the timing
+        tl.store(dw_ptr + dw_cols, dw.to(dw_ptr.dtype.element_ty), mask=j < SLICE)
+        tl.debug_barrier()  # every thread's loads of the slice done before ds goes over it
+        ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
+        tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
 
 
 @triton.jit
@@ -428,27 +435,41 @@ def fused_add_rms_norm_fwd_launch(
         _fused_add_rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
 
 
-def _parks(M: int, cfg: LaunchConfig, ds: torch.Tensor, inputs) -> bool:
-    """Whether the fused backward can park dW in ds instead of fp32 partial rows (the kernel's
-    PARK): each program on an SM of its own (programs_per_sm = 1, so a cooperative launch holds
-    them all at once and the grid barrier cannot wait on a program without an SM), a row block
-    of ds wide enough for an fp32 row (rows x element size >= 4 bytes), blocks that divide the
-    rows (every block full), ds one contiguous piece of memory, and no input sharing its storage
-    (the last block's ds is recomputed from them after the parked rows are summed)."""
+# The parking backward runs N / d programs for the largest divisor d of N up to the usual
+# programs' count (one per SM), but not fewer than this share of them (4096 columns: 128
+# programs on a 132-SM GPU).
+PARK_MIN_SHARE = 0.9
+
+
+def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, device) -> int:
+    """How many programs the fused backward runs to park dW in ds instead of fp32 partial rows
+    (the kernel's PARK), or 0 where it cannot: each program on an SM of its own
+    (programs_per_sm = 1, so a cooperative launch holds them all and the grid barrier cannot
+    wait on a program without an SM), a row block of ds wide enough for an fp32 row (rows x
+    element size >= 4 bytes), full blocks (rows divide M), a program count that divides N (each
+    sums N / P columns of every program's dW) within PARK_MIN_SHARE of the SMs and at most the
+    row blocks, ds one contiguous piece of memory, and no input sharing its storage (the last
+    block's ds is recomputed from them)."""
     storage = ds.untyped_storage().data_ptr()
-    return (
+    if not (
         cfg.programs_per_sm == 1
         and cfg.rows * ds.element_size() >= 4
         and M % cfg.rows == 0
         and ds.is_contiguous()
         and all(t is None or t.untyped_storage().data_ptr() != storage for t in inputs)
-    )
+    ):
+        return 0
+    most = min(M // cfg.rows, device.sm_count)
+    for programs in range(most, max(1, math.ceil(PARK_MIN_SHARE * device.sm_count)) - 1, -1):
+        if N % programs == 0:
+            return programs
+    return 0
 
 
 def _park_phases(device) -> tuple[int, ...]:
-    """The parking kernel's PHASE per launch: (0,) in one launch that waits at its barriers (a
-    GPU); (1, 2, 3) without waiting (the interpreter runs programs one after another)."""
-    return (0,) if device.backend == "cuda" else (1, 2, 3)
+    """The parking kernel's PHASE per launch: (0,) in one launch that waits at its barrier (a
+    GPU); (1, 2) without waiting (the interpreter runs programs one after another)."""
+    return (0,) if device.backend == "cuda" else (1, 2)
 
 
 def fused_add_rms_norm_bwd_launch(
@@ -462,7 +483,7 @@ def fused_add_rms_norm_bwd_launch(
     offset: float,
     casting_mode: str,
     config: LaunchConfig | None = None,
-    park: bool | None = None,  # dW parked in ds (_parks): None where it can be, False never
+    park: bool | None = None,  # dW parked in ds (_park_programs): None where it can, False never
 ) -> None:
     M, N = residual_out.shape
     if M == 0:
@@ -475,19 +496,21 @@ def fused_add_rms_norm_bwd_launch(
     device = device_info(ds.device)
     programs = max(1, min(row_blocks, device.sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
-    parks = has_dw and fits and _parks(M, cfg, ds, (dy, d_residual_out, residual_out, rstd))
-    if park and not parks:
-        raise ValueError(f"{_OP}: park=True, but this call cannot park dW in ds (see _parks)")
-    parks = parks and park is not False
     block = _dw_block(residual_out)
     few = has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device)
-    if few and not parks:
+    parked = 0
+    if has_dw and fits and not few and park is not False:
+        inputs = (dy, d_residual_out, residual_out, rstd)
+        parked = _park_programs(M, N, cfg, ds, inputs, device)
+    if park and not parked:
+        raise ValueError(f"{_OP}: park=True, but this call cannot park dW in ds (_park_programs)")
+    if few:
         # dW first, should ds share dy's storage: the dw kernel reads dy
         rms_norm_dw_launch(dy, residual_out, rstd, dw, casting_mode)
         has_dw = False
     has_dres = d_residual_out is not None
     partial = None
-    if has_dw and not parks:
+    if has_dw and not parked:
         # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
         partial = empty((programs, N), dtype=torch.float32, device=ds.device)
         if not fits:
@@ -515,23 +538,25 @@ def fused_add_rms_norm_bwd_launch(
         _fused_add_rms_norm_bwd_looped_kernel[(programs,)](
             *args, *tail, offset, num_warps=cfg.num_warps, **common
         )
-    elif parks:
-        # ds as fp32 words: program p's fp32 dW row goes to its last row block's storage.
+    elif parked:
+        # ds as fp32 words: program j's last row block takes column slice j of every dW sum
         park_step = cfg.rows * N * ds.element_size() // 4
         sync = torch.zeros(1, dtype=torch.int32, device=ds.device)
         args += (rstd, ds.view(-1).view(torch.float32), dw, sync)
         cooperative = {"launch_cooperative_grid": True} if device.backend == "cuda" else {}
         for phase in _park_phases(device):
-            _fused_add_rms_norm_bwd_kernel[(programs,)](
+            _fused_add_rms_norm_bwd_kernel[(parked,)](
                 *args,
                 *tail,
                 park_step,
+                N // parked,
                 offset,
                 ROWS=cfg.rows,
                 PREFETCH=cfg.num_stages > 1,
                 PARK=True,
                 PHASE=phase,
-                BLOCK_P=min(triton.next_power_of_2(programs), 256),
+                BLOCK_P=triton.next_power_of_2(parked),
+                BLOCK_S=triton.next_power_of_2(N // parked),
                 num_warps=cfg.num_warps,
                 **cooperative,
                 **common,
@@ -542,12 +567,14 @@ def fused_add_rms_norm_bwd_launch(
             *args,
             *tail,
             0,
+            1,
             offset,
             ROWS=cfg.rows,
             PREFETCH=cfg.num_stages > 1,
             PARK=False,
             PHASE=0,
             BLOCK_P=1,
+            BLOCK_S=1,
             num_warps=cfg.num_warps,
             **common,
         )
