@@ -439,6 +439,7 @@ def fused_add_rms_norm_fwd_launch(
 # programs' count (one per SM), but not fewer than this share of them (4096 columns: 128
 # programs on a 132-SM GPU).
 PARK_MIN_SHARE = 0.9
+COOPERATIVE = True  # launched cooperatively (off only to time what that costs)
 
 
 def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, device) -> int:
@@ -543,7 +544,8 @@ def fused_add_rms_norm_bwd_launch(
         park_step = cfg.rows * N * ds.element_size() // 4
         sync = torch.zeros(1, dtype=torch.int32, device=ds.device)
         args += (rstd, ds.view(-1).view(torch.float32), dw, sync)
-        cooperative = {"launch_cooperative_grid": True} if device.backend == "cuda" else {}
+        coop = COOPERATIVE and device.backend == "cuda"
+        cooperative = {"launch_cooperative_grid": True} if coop else {}
         for phase in _park_phases(device):
             _fused_add_rms_norm_bwd_kernel[(parked,)](
                 *args,
