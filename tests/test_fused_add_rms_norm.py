@@ -242,6 +242,51 @@ def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
     assert rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
 
 
+@pytest.mark.gpu
+def test_park_barrier_across_launches_streams_and_graphs():
+    # The barrier's counter is never reset (_split.grid_counter): each launch must find it at a
+    # multiple of GENERATION whatever ran before — other program counts (128 and 125 programs
+    # here), another stream with its own counter, a CUDA graph replayed. Every parked result
+    # equals the partial-row form's ds bit for bit, and the first parked dW bit for bit.
+    cases = []
+    for m, n in ((2048, 4096), (4096, 3000)):
+        x, r, w = _inputs((m, n), torch.bfloat16, 27).values()
+        y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
+        fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+        dy, dres = (rand((m, n), torch.bfloat16, DEVICE, gen=generator(28)) for _ in range(2))
+        args = (dy, dres, s, w, rstd)
+
+        def run(park, args=args, x=x, w=w):
+            ds, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+            fused_add_rms_norm_bwd_launch(*args, ds, dw, 0.0, "llama", park=park)
+            return ds, dw
+
+        cases.append((run, run(False)[0], run(True)[1]))
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            for _ in range(10):
+                for run, ds_ref, dw_ref in cases:
+                    ds, dw = run(None)
+                    assert torch.equal(ds, ds_ref) and torch.equal(dw, dw_ref)
+        torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [run(None) for run, _, _ in cases]
+    for _ in range(5):
+        for ds, dw in outs:
+            ds.fill_(float("nan"))
+            dw.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for (ds, dw), (_, ds_ref, dw_ref) in zip(outs, cases, strict=True):
+            assert torch.equal(ds, ds_ref) and torch.equal(dw, dw_ref)
+    from kernelwright.ops import _split
+
+    for counter in _split._COUNTERS.values():
+        assert counter.item() % _split.GENERATION == 0
+
+
 def test_backward_parks_only_where_it_can():
     # An odd row count (a last block half full), a row block narrower than an fp32 row (one bf16
     # row), padded ds rows and ds sharing dy's storage all keep the partial rows: park=None takes

@@ -43,12 +43,23 @@ def ticket(sync_ptr):
     return tl.atomic_add(sync_ptr, 1, sem="relaxed")
 
 
+# A grid barrier on a counter that is never reset (`grid_counter`): a launch adds GENERATION
+# to it in all (program 0 adds GENERATION - (P - 1), every other program 1), so each launch
+# finds it at a multiple of GENERATION and waits for the next. No zeroing launch before it,
+# and CUDA graph replays find the counter as the last launch left it.
+GENERATION = tl.constexpr(2**20)  # more than any grid's programs
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+
+
 @triton.jit
-def arrive(count_ptr):
-    """Count this program in on a counter. The barrier first orders every thread's stores
-    before the (acq_rel) count."""
+def arrive(count_ptr, programs, GEN: tl.constexpr):
+    """Count this program in on a generation counter; returns the count to wait for. The
+    barrier first orders every thread's stores before the (acq_rel) count."""
     tl.debug_barrier()
-    tl.atomic_add(count_ptr, 1, sem="acq_rel")
+    first = tl.program_id(0) == 0
+    add = tl.where(first, GEN - (programs - 1), 1).to(tl.int64)
+    old = tl.atomic_add(count_ptr, add, sem="acq_rel")
+    return (old // GEN + 1) * GEN
 
 
 @triton.jit
@@ -59,6 +70,19 @@ def wait_until(count_ptr, expected):
     while arrived < expected:
         arrived = tl.atomic_add(count_ptr, 0, sem="acquire")
     tl.debug_barrier()
+
+
+def grid_counter(device: torch.device) -> torch.Tensor:
+    """The int64 generation counter of `device`'s current stream (one per stream: launches on one
+    stream run one after another, and a launch waits for the one before it, PDL included).
+    While a CUDA graph is being captured: a fresh zeroed one, its zeroing part of the graph."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(1, dtype=torch.int64, device=device)
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int64, device=device)
+    return counter
 
 
 @triton.jit

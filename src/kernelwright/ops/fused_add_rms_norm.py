@@ -23,7 +23,7 @@ import triton.language as tl
 
 from kernelwright.ops._partials import few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._split import arrive, wait_until
+from kernelwright.ops._split import GENERATION, arrive, grid_counter, wait_until
 
 # The jit helpers resolve their constexpr globals (_NONE/_LLAMA/_GEMMA) in rms_norm's module,
 # so sharing them keeps the two ops' roundings identical by construction.
@@ -197,7 +197,7 @@ def _fused_add_rms_norm_bwd_kernel(
     dw_partial_ptr,  # dy, dres, s, ds: [M, N] with row strides; dw_partial: [programs, N] fp32
     park_ptr,  # PARK: ds's storage as fp32 words (contiguous ds); dw_partial unused
     dw_ptr,  # PARK: [N], the weight's dtype
-    sync_ptr,  # PARK: int32 [1], zeroed
+    sync_ptr,  # PARK: int64 [1], the barrier's generation counter (_split.grid_counter)
     M,
     N,
     stride_dy,
@@ -301,8 +301,8 @@ def _fused_add_rms_norm_bwd_kernel(
             tl.store(park_ptr + own + pid * SLICE + cols % SLICE, dw_acc, mask=col_mask)
         elif HAS_DW:
             tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
-        if PARK and PHASE == 0:
-            arrive(sync_ptr)  # this program's sum is parked
+    if PARK and PHASE == 0:
+        target = arrive(sync_ptr, programs, GENERATION)  # this program's sum is parked
     if PARK and PHASE != 1:
         # the last block's ds, recomputed (its inputs were read a moment ago: L2) while the
         # other programs arrive; stored once this program's slice has been summed
@@ -320,7 +320,7 @@ def _fused_add_rms_norm_bwd_kernel(
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
         ds = _ds_block(s.to(tl.float32), dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
         if PHASE == 0:
-            wait_until(sync_ptr, programs)  # every program's sum parked
+            wait_until(sync_ptr, target)  # every program's sum parked
         own = tl.cast(_last_block(pid, programs, blocks), tl.int64) * park_step
         q = tl.arange(0, BLOCK_P)
         j = tl.arange(0, BLOCK_S)
@@ -542,7 +542,10 @@ def fused_add_rms_norm_bwd_launch(
     elif parked:
         # ds as fp32 words: program j's last row block takes column slice j of every dW sum
         park_step = cfg.rows * N * ds.element_size() // 4
-        sync = torch.zeros(1, dtype=torch.int32, device=ds.device)
+        if device.backend == "cuda":
+            sync = grid_counter(ds.device)
+        else:  # the interpreter: a counter for a PHASE 0 launch of one program (tests)
+            sync = torch.zeros(1, dtype=torch.int64, device=ds.device)
         args += (rstd, ds.view(-1).view(torch.float32), dw, sync)
         coop = COOPERATIVE and device.backend == "cuda"
         cooperative = {"launch_cooperative_grid": True} if coop else {}
