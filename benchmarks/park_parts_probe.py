@@ -1,7 +1,9 @@
 """Where the parking backward's extra time goes (NOTES 47): fused_add_rms_norm's backward
 launcher with dW parked in ds, the same with its barrier counter zeroed outside the timed
 region, the same launched without the cooperative attribute, and with fp32 partial rows; in
-one process, alternating over rounds (prints, CSV to $OUT).
+one process, alternating over rounds (prints, CSV to $OUT). Written for b2d8ad3, whose
+launcher zeroed a fresh counter per call; since 41d56b8 the counter is never reset, so the
+"prezeroed" variant times the same launch as "park".
 
     python benchmarks/park_parts_probe.py [--rounds 5]
 """
