@@ -1,9 +1,8 @@
-"""Where the parking backward's extra time goes (NOTES 47): fused_add_rms_norm's backward
-launcher with dW parked in ds, the same with its barrier counter zeroed outside the timed
-region, the same launched without the cooperative attribute, and with fp32 partial rows; in
-one process, alternating over rounds (prints, CSV to $OUT). Written for b2d8ad3, whose
-launcher zeroed a fresh counter per call; since 41d56b8 the counter is never reset, so the
-"prezeroed" variant times the same launch as "park".
+"""Where the parking backward's extra time goes (NOTES 47), in one process, alternating over
+rounds (prints, CSV to $OUT): fused_add_rms_norm's backward launcher alone and autograd's
+forward+backward, with dW parked in ds at several program counts P (each program sums N / P
+columns; the launcher picks the largest divisor of N up to the SMs), parked without the
+cooperative launch attribute, and with fp32 partial rows.
 
     python benchmarks/park_parts_probe.py [--rounds 5]
 """
@@ -13,18 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import types
 from pathlib import Path
 
 import torch
 from _probe import gpu_setup, write_csv
 
+import kernelwright as kw
 from kernelwright.ops import fused_add_rms_norm as far
 
-SHAPES = [(2048, 4096), (4096, 4096), (8192, 4096), (8192, 3584)]
+CASES = {(4096, 4096): (128, 64), (4096, 3584): (128, 112, 64, 56), (2048, 4096): (128,)}
 
 
-def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
+def probe(m: int, n: int, counts, timer, rounds: int) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(m + n)
     x, r, dy, dres = (
         torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
@@ -33,53 +32,49 @@ def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
     y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device="cuda")
     far.fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
     ds, dw = torch.empty_like(x), torch.empty_like(w)
-    sync = torch.zeros(1, dtype=torch.int32, device="cuda")
-    # far's torch with zeros() answering the counter zeroed in the untimed setup
-    prezeroed = types.SimpleNamespace(**{k: getattr(torch, k) for k in ("int32", "float32")})
-    prezeroed.zeros = lambda *a, **k: sync
+    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    real, coop = far._park_programs, far.COOPERATIVE
 
-    def call(park):
-        far.fused_add_rms_norm_bwd_launch(dy, dres, s, w, rstd, ds, dw, 0.0, "llama", park=park)
+    def bwd():
+        far.fused_add_rms_norm_bwd_launch(dy, dres, s, w, rstd, ds, dw, 0.0, "llama")
 
-    def park():
-        call(True)
+    def full():
+        xg.grad = rg.grad = wg.grad = None
+        out, res = kw.fused_add_rms_norm(xg, rg, wg)
+        torch.autograd.backward((out, res), (dy, dres))
 
-    def park_prezeroed():
-        far.torch = prezeroed
-        try:
-            call(True)
-        finally:
-            far.torch = torch
+    def setting(programs: int, cooperative: bool = True):
+        def apply():
+            far._park_programs = lambda *a, **k: programs
+            far.COOPERATIVE = cooperative
 
-    def park_not_cooperative():
-        far.COOPERATIVE = False
-        try:
-            call(True)
-        finally:
-            far.COOPERATIVE = True
+        return apply
 
-    def partials():
-        call(False)
-
-    variants = {f.__name__: f for f in (park, park_prezeroed, park_not_cooperative, partials)}
-    ref = None
-    for name, fn in variants.items():
-        ds.fill_(float("nan"))
-        sync.zero_()
-        fn()
-        torch.cuda.synchronize()
-        if ref is None:
-            ref = ds.clone()
-        print(f"{m}x{n} {name}: ds bit-identical {torch.equal(ds, ref)}", flush=True)
-    times: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for name, fn in variants.items():
-            times.setdefault(name, []).append(timer(fn, sync.zero_)[1])
-    rows = []
-    for name, ts in times.items():
+    settings = {f"park P={p}": setting(p) for p in counts}
+    settings[f"park P={counts[0]} not cooperative"] = setting(counts[0], False)
+    settings["partials"] = setting(0)
+    rows, ref = [], None
+    try:
+        for name, apply in settings.items():
+            apply()
+            ds.fill_(float("nan"))
+            bwd()
+            torch.cuda.synchronize()
+            ref = ds.clone() if ref is None else ref
+            print(f"{m}x{n} {name}: ds bit-identical {torch.equal(ds, ref)}", flush=True)
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for name, apply in settings.items():
+                apply()
+                for mode, fn in (("backward", bwd), ("full", full)):
+                    times.setdefault((name, mode), []).append(timer(fn, lambda: None)[1])
+    finally:
+        far._park_programs, far.COOPERATIVE = real, coop
+    for (name, mode), ts in times.items():
         med = statistics.median(ts)
-        rows.append(dict(shape=f"{m}x{n}", variant=name, ms=med, spread=max(ts) - min(ts)))
-        print(f"{m}x{n} {name:22s} {med * 1e3:7.2f} us "
+        rows.append(dict(shape=f"{m}x{n}", variant=name, mode=mode, ms=med,
+                         spread=max(ts) - min(ts)))  # fmt: skip
+        print(f"{m}x{n} {name:28s} {mode:8s} {med * 1e3:7.2f} us "
               f"(rounds {', '.join(f'{t * 1e3:.2f}' for t in ts)})", flush=True)  # fmt: skip
     return rows
 
@@ -91,8 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     timer, _, _ = gpu_setup()
     rows = []
-    for m, n in SHAPES:
-        rows += probe(m, n, timer, args.rounds)
+    for (m, n), counts in CASES.items():
+        rows += probe(m, n, counts, timer, args.rounds)
     write_csv(args.out, "park_parts_probe.csv", rows)
 
 
