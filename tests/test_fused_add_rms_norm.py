@@ -193,14 +193,16 @@ def test_few_rows_backward_has_no_partials(monkeypatch, dtype, mode, offset, dre
 
 
 # (rows, columns, config or None for the table's): configs whose row blocks hold an fp32 row
-# of dW; the interpreter has 4 SMs, so 13 blocks give programs of 3 and 4 blocks.
+# of dW, widths that 4 programs (the interpreter's SMs) or 128 (an H100's or H200's 132) split
+# into whole 32-word slices; 13 blocks give programs of 3 and 4 blocks. 266 rows are "few"
+# (_partials.few_rows): the call asks to park.
 if ON_GPU:
-    PARK_CASES = [(2048, 4096, None), (4096, 3000, None), (2 * 132 + 2, 4096, None)]
+    PARK_CASES = [(2048, 4096, None), (4096, 4096, None), (266, 4096, None)]
 else:
     PARK_CASES = [
-        (26, 700, LaunchConfig(block_n=1024, rows=2, programs_per_sm=1, num_stages=2)),
-        (48, 300, LaunchConfig(block_n=512, rows=4, programs_per_sm=1)),
-        (64, 64, None),  # the interpreter table's 16-row blocks: four programs of one block
+        (26, 256, LaunchConfig(block_n=256, rows=2, programs_per_sm=1, num_stages=2)),
+        (48, 128, LaunchConfig(block_n=128, rows=4, programs_per_sm=1)),
+        (64, 128, None),  # the interpreter table's 16-row blocks: four programs of one block
     ]
 
 
@@ -222,16 +224,16 @@ def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
     y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
     fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
     outs = {}
-    for park in (None, False):
+    for park in (True, False):
         with poisoned(), monkeypatch.context() as patch:
-            if park is None:
+            if park:
                 patch.setattr(far, "empty", lambda *a, **k: pytest.fail("allocated partials"))
                 patch.setattr(far, "sum_partials", lambda *a, **k: pytest.fail("summed partials"))
             ds = torch.full_like(x, float("nan"))
             dw = torch.full_like(w, float("nan"))
             fused_add_rms_norm_bwd_launch(dy, d_res, s, w, rstd, ds, dw, 0.0, "llama", cfg, park)
         outs[park] = ds, dw
-    (ds, dw), (ds_partials, dw_partials) = outs[None], outs[False]
+    (ds, dw), (ds_partials, dw_partials) = outs[True], outs[False]
     assert torch.equal(ds, ds_partials)
     same = 1e-6 if dtype == torch.float32 else TOL[dtype].fwd  # summation order only
     assert rel_norm_error(dw, dw_partials) < same
@@ -245,11 +247,11 @@ def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
 @pytest.mark.gpu
 def test_park_barrier_across_launches_streams_and_graphs():
     # The barrier's counter is never reset (_split.grid_counter): each launch must find it at a
-    # multiple of GENERATION whatever ran before — other program counts (128 and 125 programs
+    # multiple of GENERATION whatever ran before — other program counts (128 and 124 programs
     # here), another stream with its own counter, a CUDA graph replayed. Every parked result
     # equals the partial-row form's ds bit for bit, and the first parked dW bit for bit.
     cases = []
-    for m, n in ((2048, 4096), (4096, 3000)):
+    for m, n in ((2048, 4096), (2048, 3968)):
         x, r, w = _inputs((m, n), torch.bfloat16, 27).values()
         y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
         fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
@@ -287,34 +289,56 @@ def test_park_barrier_across_launches_streams_and_graphs():
         assert counter.item() % _split.GENERATION.value == 0
 
 
-def test_backward_parks_only_where_it_can():
+def test_backward_parks_only_where_it_can(monkeypatch):
     # An odd row count (a last block half full), a row block narrower than an fp32 row (one bf16
-    # row), padded ds rows and ds sharing dy's storage all keep the partial rows: park=None takes
-    # them, park=True is refused.
-    m, n = (2 * 132 + 1, 4096) if ON_GPU else (27, 700)
-    blocks = LaunchConfig(block_n=1024 if not ON_GPU else 4096, rows=2, programs_per_sm=1)
-    one_row = LaunchConfig(block_n=blocks.block_n, rows=1, programs_per_sm=1)
+    # row), padded ds rows, ds sharing dy's storage and a width that the programs do not split
+    # into whole 32-word slices all keep the partial rows: park=True is refused.
+    m, n = (2 * 132 + 1, 4096) if ON_GPU else (27, 256)
+    blocks = LaunchConfig(block_n=n, rows=2, programs_per_sm=1)
+    one_row = LaunchConfig(block_n=n, rows=1, programs_per_sm=1)
     x, r, w = _inputs((m + 1, n), torch.bfloat16, 25).values()
     y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m + 1, device=DEVICE)
     fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
     dy = rand((m + 1, n), torch.bfloat16, DEVICE, gen=generator(26))
     padded = torch.empty(m + 1, n + 8, dtype=torch.bfloat16, device=DEVICE)[:, :n]
+    narrow = 3200 if ON_GPU else 200  # 100 x 32 (too few programs); 200 / 4 = 50 (not 32k)
     calls = (
-        (dy[:m], s[:m], rstd[:m], torch.empty_like(x[:m]), blocks),  # odd rows
-        (dy, s, rstd, torch.empty_like(x), one_row),  # 2 bytes per column per block
-        (dy, s, rstd, padded, blocks),  # ds rows not contiguous
-        (dy, s, rstd, dy, blocks),  # ds over dy
+        (dy[:m], s[:m], rstd[:m], torch.empty_like(x[:m]), w, blocks),  # odd rows
+        (dy, s, rstd, torch.empty_like(x), w, one_row),  # 2 bytes per column per block
+        (dy, s, rstd, padded, w, blocks),  # ds rows not contiguous
+        (dy, s, rstd, dy, w, blocks),  # ds over dy
+        (
+            dy[:, :narrow],
+            s[:, :narrow].contiguous(),
+            rstd,
+            torch.empty_like(x[:, :narrow]),
+            w[:narrow],
+            blocks,
+        ),  # fmt: skip
     )
-    for dy_, s_, rstd_, ds, cfg in calls:
+    for dy_, s_, rstd_, ds, w_, cfg in calls:
         with pytest.raises(ValueError, match="cannot park"):
             fused_add_rms_norm_bwd_launch(
-                dy_, None, s_, w, rstd_, ds, w.clone(), 0.0, "llama", cfg, True
+                dy_, None, s_, w_, rstd_, ds, w_.clone(), 0.0, "llama", cfg, True
             )
     device = device_info(x.device)
     inputs = (dy, None, s, rstd)
     assert far._park_programs(m + 1, n, blocks, torch.empty_like(x), inputs, device) == (
-        128 if ON_GPU else 4  # n's largest divisor up to the SMs (132 on an H100 or H200; 4)
+        128 if ON_GPU else 4  # the most programs up to the SMs (132 on an H100 or H200; 4)
     )
+    if ON_GPU:
+        # Left to itself the launcher parks where the partial rows would pass PARK_SHARE of
+        # ds (2048 rows of 4096: 12.9%), not where they are less (8192 rows: 3.2%).
+        parked = []
+        real = far._park_programs
+        monkeypatch.setattr(far, "_park_programs", lambda *a: parked.append(real(*a)) or real(*a))
+        for rows in (2048, 8192):
+            x, r, w = _inputs((rows, n), torch.bfloat16, 29).values()
+            y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(rows, device=DEVICE)
+            fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
+            ds, dw = torch.empty_like(x), torch.empty_like(w)
+            fused_add_rms_norm_bwd_launch(x, None, s, w, rstd, ds, dw, 0.0, "llama")
+        assert parked == [128]
 
 
 @pytest.mark.parametrize("shape", [FUSED, LOOPED], ids=str)

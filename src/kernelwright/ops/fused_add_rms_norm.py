@@ -435,10 +435,19 @@ def fused_add_rms_norm_fwd_launch(
         _fused_add_rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
 
 
-# The parking backward runs N / d programs for the largest divisor d of N up to the usual
-# programs' count (one per SM), but not fewer than this share of them (4096 columns: 128
-# programs on a 132-SM GPU).
+# Where the fp32 partial rows (one per program) would pass this share of ds's bytes, the
+# backward parks dW in ds instead (`_park_programs`): at 2048-4096 tokens of 4096 they are 2 MB,
+# 6-13% of ds and all the memory torch.compile's backward does not take; parking costs ~2 us of
+# fwd+bwd there (the cooperative launch), nothing alone (H200, NOTES 47). Past a quarter
+# (_partials.PARTIALS_SHARE) the few-rows column kernel takes dW instead.
+PARK_SHARE = 1 / 20
+# The parking backward runs P programs, P dividing N into slices of whole 128-byte lines (32 fp32
+# words), but not fewer than this share of the SMs (4096 columns: 128 programs of 32 columns on
+# a 132-SM GPU). Fewer programs than SMs read less (64 programs: 1.6x the time), and at 3584
+# columns 128 programs of 28 columns ran 17-20% slower than partial rows where 112 of 32 ran 7%
+# slower (not understood; NOTES 47).
 PARK_MIN_SHARE = 0.9
+PARK_SLICE_WORDS = 32
 COOPERATIVE = True  # launched cooperatively (off only to time what that costs)
 
 
@@ -447,10 +456,11 @@ def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, 
     (the kernel's PARK), or 0 where it cannot: each program on an SM of its own
     (programs_per_sm = 1, so a cooperative launch holds them all and the grid barrier cannot
     wait on a program without an SM), a row block of ds wide enough for an fp32 row (rows x
-    element size >= 4 bytes), full blocks (rows divide M), a program count that divides N (each
-    sums N / P columns of every program's dW) within PARK_MIN_SHARE of the SMs and at most the
-    row blocks, ds one contiguous piece of memory, and no input sharing its storage (the last
-    block's ds is recomputed from them)."""
+    element size >= 4 bytes), full blocks (rows divide M), a program count P that divides N
+    into slices of PARK_SLICE_WORDS columns or a multiple (each program sums one slice of every
+    program's dW) within PARK_MIN_SHARE of the SMs and at most the row blocks, ds one contiguous
+    piece of memory, and no input sharing its storage (the last block's ds is recomputed from
+    them)."""
     storage = ds.untyped_storage().data_ptr()
     if not (
         cfg.programs_per_sm == 1
@@ -462,7 +472,7 @@ def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, 
         return 0
     most = min(M // cfg.rows, device.sm_count)
     for programs in range(most, max(1, math.ceil(PARK_MIN_SHARE * device.sm_count)) - 1, -1):
-        if N % programs == 0:
+        if N % programs == 0 and (N // programs) % PARK_SLICE_WORDS == 0:
             return programs
     return 0
 
@@ -484,7 +494,7 @@ def fused_add_rms_norm_bwd_launch(
     offset: float,
     casting_mode: str,
     config: LaunchConfig | None = None,
-    park: bool | None = None,  # dW parked in ds (_park_programs): None where it can, False never
+    park: bool | None = None,  # dW parked in ds: None where PARK_SHARE says, True where it can
 ) -> None:
     M, N = residual_out.shape
     if M == 0:
@@ -500,12 +510,13 @@ def fused_add_rms_norm_bwd_launch(
     block = _dw_block(residual_out)
     few = has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device)
     parked = 0
-    if has_dw and fits and not few and park is not False:
+    large = programs * N * 4 > PARK_SHARE * M * N * ds.element_size()  # the partial rows
+    if has_dw and fits and (park or (park is None and large and not few)):
         inputs = (dy, d_residual_out, residual_out, rstd)
         parked = _park_programs(M, N, cfg, ds, inputs, device)
     if park and not parked:
         raise ValueError(f"{_OP}: park=True, but this call cannot park dW in ds (_park_programs)")
-    if few:
+    if few and not parked:
         # dW first, should ds share dy's storage: the dw kernel reads dy
         rms_norm_dw_launch(dy, residual_out, rstd, dw, casting_mode)
         has_dw = False
