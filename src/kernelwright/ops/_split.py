@@ -15,6 +15,10 @@ no later ticket is out), so fewer than `splits` programs are resident and anothe
 start. The only condition: `splits` programs fit on the GPU at once (`MAX_SPLITS`, well under
 one per SM).
 
+The grid barrier further down (`arrive`, `wait_until`, `grid_counter`) serves a different
+case: every program of a launch waits for all the others (fused_add_rms_norm's parked dW),
+which is safe only when the launch is cooperative (every program has an SM before any starts).
+
 The Triton interpreter runs program instances one after another, so nothing may wait there:
 the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: merge and
 write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.

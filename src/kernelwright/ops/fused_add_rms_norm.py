@@ -8,6 +8,9 @@ docstring); the kernels reuse its `@triton.jit` helpers so both ops round identi
 Memory traffic, the reason to fuse: the forward reads x and residual once and writes y and s
 once (unfused: the add reads 2 and writes 1, then the norm reads 1 and writes 1). The backward
 reads s, dy and d_residual_out and writes ds once; ds is the gradient of both x and residual.
+dW is summed in fp32 per program, then over programs: through fp32 partial rows, or, where those
+rows would be a noticeable share of the memory (`PARK_SHARE`), through ds's own storage before
+its last row blocks are written (the kernel's PARK; benchmarks/NOTES.md, issue 3, 47).
 
 Layer order: kernels → launchers → custom ops → autograd Function → `fused_add_rms_norm` →
 `FusedAddRMSNorm`.
