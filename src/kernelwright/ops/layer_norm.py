@@ -471,6 +471,85 @@ def _layer_norm_dwdb_kernel(
         tl.store(db_ptr + cols, tl.sum(db_acc, axis=0).to(db_ptr.dtype.element_ty), mask=col_mask)
 
 
+@triton.jit
+def _layer_norm_bwd_corun_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,  # dW, dB: [N], the parameters' dtypes
+    M,
+    N,
+    stride_dy,
+    stride_x,
+    stride_dx,
+    ROW_PROGRAMS,  # programs 0 .. ROW_PROGRAMS - 1 write dx; the others dW and dB
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DW: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= N: a row of dx held by one program
+    COL_N: tl.constexpr,  # columns per dW/dB program
+    COL_ROWS: tl.constexpr,  # rows per dW/dB step
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
+):
+    # dx and dW/dB in one launch, on different programs reading the same rows at about the same
+    # time: row programs walk rows p, p + ROW_PROGRAMS, ... (dx, as the fused kernel without
+    # dW/dB); column program c walks every row in order for columns [c * COL_N, (c + 1) * COL_N)
+    # and stores dW and dB itself (no partial rows). Whichever reads a row first brings it from
+    # memory; the other, a moment later, finds it in L2 - where the dx and dwdb kernels one after
+    # the other read x and dy twice from memory. Nothing waits on anything: only the timing
+    # makes the second read cheap, never the result.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
+    pid = tl.program_id(0)
+    if pid < ROW_PROGRAMS:
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        if HAS_WEIGHT:
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        for row in range(pid, M, ROW_PROGRAMS):
+            row64 = tl.cast(row, tl.int64)
+            x = tl.load(x_ptr + row64 * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=col_mask, other=0.0)
+            dy = dy.to(tl.float32)  # 0 outside the mask
+            mean = tl.load(mean_ptr + row64)
+            rstd = tl.load(rstd_ptr + row64)
+            x_hat = (x - mean) * rstd
+            g = dy
+            if HAS_WEIGHT:
+                g = dy * w
+            c1 = tl.sum(g, axis=0) / N
+            c2 = tl.sum(g * x_hat, axis=0) / N
+            dx = (g - c1 - x_hat * c2) * rstd
+            tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
+    else:
+        cols = (pid - ROW_PROGRAMS) * COL_N + tl.arange(0, COL_N)
+        col_mask = cols < N
+        dw_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
+        db_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
+        for r0 in range(0, M, COL_ROWS):
+            rows = tl.cast(r0, tl.int64) + tl.arange(0, COL_ROWS)
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]
+            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+            dy = dy.to(tl.float32)  # 0 outside the mask
+            if HAS_DW:
+                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+                mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
+                rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+                dw_acc += dy * ((x.to(tl.float32) - mean) * rstd)
+            if HAS_DB:
+                db_acc += dy
+        if HAS_DW:
+            dw = tl.sum(dw_acc, axis=0)
+            tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
+        if HAS_DB:
+            db = tl.sum(db_acc, axis=0)
+            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -635,6 +714,51 @@ def _sum_partials(dw_partial, dw, db_partial, db) -> None:
         sum_partials(dw_partial, dw, db_partial, db)
     elif db is not None:
         sum_partials(db_partial, db)
+
+
+def layer_norm_bwd_corun_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1
+    x: torch.Tensor,  # [M, N], stride(1) == 1
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,  # [M] fp32
+    rstd: torch.Tensor,  # [M] fp32
+    dx: torch.Tensor,  # [M, N], stride(1) == 1
+    dw: torch.Tensor | None,
+    db: torch.Tensor | None,
+    config: LaunchConfig,  # block_n >= N; num_warps for both kinds of program
+    col_programs: int,  # programs for dW and dB; the rest of the SMs' programs write dx
+    col_rows: int = 16,
+) -> None:
+    """dx and dW/dB in one launch on different programs (`_layer_norm_bwd_corun_kernel`)."""
+    M, N = x.shape
+    dev = device_info(x.device)
+    col_n = triton.next_power_of_2(triton.cdiv(N, col_programs))
+    col_programs = triton.cdiv(N, col_n)
+    row_programs = max(1, min(M, dev.sm_count * config.programs_per_sm - col_programs))
+    _layer_norm_bwd_corun_kernel[(row_programs + col_programs,)](
+        dy,
+        x,
+        weight if weight is not None else x,
+        mean,
+        rstd,
+        dx,
+        dw if dw is not None else rstd,
+        db if db is not None else rstd,
+        M,
+        N,
+        dy.stride(0),
+        x.stride(0),
+        dx.stride(0),
+        row_programs,
+        HAS_WEIGHT=weight is not None,
+        HAS_DW=dw is not None,
+        HAS_DB=db is not None,
+        BLOCK_N=config.block_n,
+        COL_N=col_n,
+        COL_ROWS=col_rows,
+        num_warps=config.num_warps,
+        **pdl_args(dev),
+    )
 
 
 def layer_norm_dwdb_launch(
