@@ -524,30 +524,34 @@ def _layer_norm_bwd_corun_kernel(
             c2 = tl.sum(g * x_hat, axis=0) / N
             dx = (g - c1 - x_hat * c2) * rstd
             tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
-    else:
-        cols = (pid - ROW_PROGRAMS) * COL_N + tl.arange(0, COL_N)
-        col_mask = cols < N
+    else:  # names of their own: a runtime branch's values must match in type across branches
+        c_cols = (pid - ROW_PROGRAMS) * COL_N + tl.arange(0, COL_N)
+        c_mask = c_cols < N
         dw_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
         db_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
         for r0 in range(0, M, COL_ROWS):
-            rows = tl.cast(r0, tl.int64) + tl.arange(0, COL_ROWS)
-            row_mask = rows < M
-            mask = row_mask[:, None] & col_mask[None, :]
-            dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-            dy = dy.to(tl.float32)  # 0 outside the mask
+            c_rows = tl.cast(r0, tl.int64) + tl.arange(0, COL_ROWS)
+            c_row_mask = c_rows < M
+            tile = c_row_mask[:, None] & c_mask[None, :]
+            c_dy = tl.load(
+                dy_ptr + c_rows[:, None] * stride_dy + c_cols[None, :], mask=tile, other=0.0
+            )
+            c_dy = c_dy.to(tl.float32)  # 0 outside the mask
             if HAS_DW:
-                x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-                mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
-                rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
-                dw_acc += dy * ((x.to(tl.float32) - mean) * rstd)
+                c_x = tl.load(
+                    x_ptr + c_rows[:, None] * stride_x + c_cols[None, :], mask=tile, other=0.0
+                )
+                c_mean = tl.load(mean_ptr + c_rows, mask=c_row_mask, other=0.0)[:, None]
+                c_rstd = tl.load(rstd_ptr + c_rows, mask=c_row_mask, other=0.0)[:, None]
+                dw_acc += c_dy * ((c_x.to(tl.float32) - c_mean) * c_rstd)
             if HAS_DB:
-                db_acc += dy
+                db_acc += c_dy
         if HAS_DW:
             dw = tl.sum(dw_acc, axis=0)
-            tl.store(dw_ptr + cols, dw.to(dw_ptr.dtype.element_ty), mask=col_mask)
+            tl.store(dw_ptr + c_cols, dw.to(dw_ptr.dtype.element_ty), mask=c_mask)
         if HAS_DB:
             db = tl.sum(db_acc, axis=0)
-            tl.store(db_ptr + cols, db.to(db_ptr.dtype.element_ty), mask=col_mask)
+            tl.store(db_ptr + c_cols, db.to(db_ptr.dtype.element_ty), mask=c_mask)
 
 
 # --------------------------------------------------------------------------- launchers
