@@ -4,14 +4,15 @@ dx and dwdb kernels one after the other (prints, CSV to $OUT). Kernels alone, on
 The table's form reads x and dy twice from memory (dx, then the column kernel: 65% of copy for
 fwd+bwd at 8192 x 16384, NOTES 21, 38, 39). `_layer_norm_bwd_corun_kernel` gives some programs
 dx and the others dW/dB column blocks, all walking the rows top to bottom at once, so that the
-second reader of a row may find it in L2. Variants: the number of column programs and the rows
-per column step; correctness against the table's form (dx, dW, dB to 1e-2 relative).
+second reader of a row may find it in L2. Variants: the number of column programs, the rows
+per column step and the steps in flight; correctness against the table's form (dx, dW, dB to 1e-2 relative).
 
     python benchmarks/ln_corun_probe.py
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from functools import partial
 from pathlib import Path
@@ -46,11 +47,17 @@ def probe(m: int, n: int, timer, copy: float) -> list[dict]:
         "dx alone": partial(ln.layer_norm_bwd_launch, *args, None, None),
     }
     cfg = LaunchConfig(block_n=triton_pow2(n), rows=1, num_warps=16, programs_per_sm=1)
-    for cols in (8, 16, 24, 32, 64):
-        for col_rows in (8, 16, 32):
-            variants[f"corun cols={cols} col_rows={col_rows}"] = partial(
-                ln.layer_norm_bwd_corun_launch, *args, dw, db, cfg, cols, col_rows=col_rows
-            )
+    for cols, col_rows, stages in itertools.product((32, 64), (8, 16, 32), (1, 2, 3, 4)):
+        variants[f"corun cols={cols} col_rows={col_rows} stages={stages}"] = partial(
+            ln.layer_norm_bwd_corun_launch,
+            *args,
+            dw,
+            db,
+            cfg,
+            cols,
+            col_rows=col_rows,
+            col_stages=stages,
+        )
     rows = []
     for name, fn in variants.items():
         try:
@@ -60,15 +67,15 @@ def probe(m: int, n: int, timer, copy: float) -> list[dict]:
             if "alone" not in name:
                 errs = [rel(a, r) for a, r in zip((dx, dw, db), ref, strict=True)]
                 if not max(errs) < 1e-2:
-                    print(f"{m}x{n} {name:32s} WRONG {errs}", flush=True)
+                    print(f"{m}x{n} {name:42s} WRONG {errs}", flush=True)
                     continue
             p50 = timer(fn, lambda: None)[1]
         except Exception as e:  # a variant that fails to compile or run is a result
-            print(f"{m}x{n} {name:32s} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
+            print(f"{m}x{n} {name:42s} FAILED {type(e).__name__}: {str(e)[:160]}", flush=True)
             continue
         pct = gb / (p50 * 1e-3) / copy * 100
         rows.append(dict(shape=f"{m}x{n}", variant=name, ms=p50, pct_copy=pct))
-        print(f"{m}x{n} {name:32s} {p50 * 1e3:8.1f} us  {pct:5.1f}% of copy (3 passes)",
+        print(f"{m}x{n} {name:42s} {p50 * 1e3:8.1f} us  {pct:5.1f}% of copy (3 passes)",
               flush=True)  # fmt: skip
     return rows
 

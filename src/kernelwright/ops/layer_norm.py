@@ -493,6 +493,7 @@ def _layer_norm_bwd_corun_kernel(
     BLOCK_N: tl.constexpr,  # >= N: a row of dx held by one program
     COL_N: tl.constexpr,  # columns per dW/dB program
     COL_ROWS: tl.constexpr,  # rows per dW/dB step
+    COL_STAGES: tl.constexpr,  # dW/dB steps in flight (tl.range's software pipeline)
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # dx and dW/dB in one launch, on different programs reading the same rows at about the same
@@ -529,7 +530,7 @@ def _layer_norm_bwd_corun_kernel(
         c_mask = c_cols < N
         dw_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
         db_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
-        for r0 in range(0, M, COL_ROWS):
+        for r0 in tl.range(0, M, COL_ROWS, num_stages=COL_STAGES):
             c_rows = tl.cast(r0, tl.int64) + tl.arange(0, COL_ROWS)
             c_row_mask = c_rows < M
             tile = c_row_mask[:, None] & c_mask[None, :]
@@ -732,6 +733,7 @@ def layer_norm_bwd_corun_launch(
     config: LaunchConfig,  # block_n >= N; num_warps for both kinds of program
     col_programs: int,  # programs for dW and dB; the rest of the SMs' programs write dx
     col_rows: int = 16,
+    col_stages: int = 1,
 ) -> None:
     """dx and dW/dB in one launch on different programs (`_layer_norm_bwd_corun_kernel`)."""
     M, N = x.shape
@@ -760,6 +762,7 @@ def layer_norm_bwd_corun_launch(
         BLOCK_N=config.block_n,
         COL_N=col_n,
         COL_ROWS=col_rows,
+        COL_STAGES=col_stages,
         num_warps=config.num_warps,
         **pdl_args(dev),
     )
