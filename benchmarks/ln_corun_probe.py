@@ -5,7 +5,8 @@ The table's form reads x and dy twice from memory (dx, then the column kernel: 6
 fwd+bwd at 8192 x 16384, NOTES 21, 38, 39). `_layer_norm_bwd_corun_kernel` gives some programs
 dx and the others dW/dB column blocks, all walking the rows top to bottom at once, so that the
 second reader of a row may find it in L2. Variants: the number of column programs, the rows
-per column step and the steps in flight; correctness against the table's form (dx, dW, dB to 1e-2 relative).
+per column step and the steps in flight; correctness against the table's form (dx, dW, dB
+to 1e-2 relative).
 
     python benchmarks/ln_corun_probe.py
 """
