@@ -85,6 +85,53 @@ def test_wide_rows_split_dw_db(monkeypatch, has_weight, has_bias):
             _check(_inputs(shape, dtype, 3, weight=has_weight, bias=has_bias), dtype, eps=1e-5)
 
 
+@pytest.mark.parametrize("has_weight,has_bias", [(True, True), (True, False), (False, True)])
+def test_wide_rows_corun_backward(monkeypatch, has_weight, has_bias):
+    # From SPLIT_DWDB_FROM columns and CORUN_MIN_ROWS rows, dx programs and dW/dB column programs
+    # share one launch; lowered here so the interpreter's short rows take it. Against the fp32
+    # reference (check_op: poisoned outputs, every gradient), and taken.
+    calls = []
+    real = ln.layer_norm_bwd_corun_launch
+    monkeypatch.setattr(
+        ln, "layer_norm_bwd_corun_launch", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
+    monkeypatch.setattr(ln, "CORUN_MIN_ROWS", 1)
+    monkeypatch.setattr(ln, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
+    for shape in [SHAPES[0], SHAPES[2]]:
+        for dtype in (torch.float32, torch.bfloat16):
+            _check(_inputs(shape, dtype, 3, weight=has_weight, bias=has_bias), dtype, eps=1e-5)
+    assert len(calls) == 4
+
+
+@pytest.mark.gpu
+def test_corun_backward_matches_the_two_kernels(monkeypatch):
+    # At 16384 columns from CORUN_MIN_ROWS rows the backward is the co-running kernel; fewer rows
+    # keep dx then dwdb. Both forms on the same inputs: dx bit for bit (the same row math), dW
+    # and dB up to summation order; poisoned outputs.
+    m, n = ln.CORUN_MIN_ROWS, 16384
+    x, w, b = _inputs((m, n), torch.bfloat16, 31).values()
+    dy = rand((m, n), torch.bfloat16, DEVICE, gen=generator(32))
+    xf = x.float()
+    mean, rstd = xf.mean(-1), torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5)
+    calls = []
+    real = ln.layer_norm_bwd_corun_launch
+    monkeypatch.setattr(
+        ln, "layer_norm_bwd_corun_launch", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    outs = []
+    for min_rows in (ln.CORUN_MIN_ROWS, m + 1):
+        monkeypatch.setattr(ln, "CORUN_MIN_ROWS", min_rows)
+        with poisoned():
+            dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, w, b))
+            layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db)
+        outs.append((dx, dw, db))
+    assert calls == [1]
+    (dx, dw, db), (dx2, dw2, db2) = outs
+    assert rel_norm_error(dx, dx2) < 1e-2 and rel_norm_error(dw, dw2) < 1e-2
+    assert rel_norm_error(db, db2) < 1e-2
+
+
 @pytest.mark.parametrize("layout", ["row_strided", "transposed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_non_contiguous_input(layout, dtype):
@@ -463,6 +510,10 @@ def test_kernels_compile_for_hopper(monkeypatch):
                         db = torch.empty_like(b) if affine else None
                         dy = torch.randn_like(x)
                         ln.layer_norm_bwd_launch(dy, x, w, mean, rstd, y, dw, db, config=cfg)
+                        if n == ln.SPLIT_DWDB_FROM:  # the co-running form, as the GPU runs it
+                            ln.layer_norm_bwd_corun_launch(
+                                dy, x, w, mean, rstd, y, dw, db, cfg, **ln.CORUN
+                            )
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW and dB in the
     # fused kernels everywhere, once as the table has it (the dwdb kernel there).
@@ -476,3 +527,4 @@ def test_kernels_compile_for_hopper(monkeypatch):
     assert not failures, "\n".join(failures)
     assert len(results) >= 30
     assert any(r.launch.name == "_layer_norm_dwdb_kernel" for r in few)
+    assert any(r.launch.name == "_layer_norm_bwd_corun_kernel" for r in results)

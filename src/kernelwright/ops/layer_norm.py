@@ -9,7 +9,8 @@ held in registers; in the looped kernel, per-lane Welford sums merged exactly).
 The backward, by row length (the launch table): a row held by one program, which also keeps its
 fp32 dW/dB sums (from 16384 columns, and for few rows where those partial sums would be a large
 share of the memory, `_partials.few_rows`: dx alone, then the `dwdb` kernel reads x and dy
-again);
+again; at 16384 columns from CORUN_MIN_ROWS rows, dx programs and dW/dB column programs in one
+launch, reading each row at about the same time);
 past 16384 columns, up to 32 chunks, the row split over a group of programs that exchange their
 chunk sums (ops/_split.py), one read of x and dy; past that a looped kernel.
 
@@ -37,6 +38,12 @@ from kernelwright.runtime.tables.layer_norm import TABLE
 # file, one program per SM. H200, 8192 x 16384: fused 0.409 ms; dx alone 0.218 + dW/dB 0.134
 # (reading x and dy again) = 0.35 ms (benchmarks/NOTES, issue 3, 21).
 SPLIT_DWDB_FROM = 16384
+# There, from this many rows, dx and dW/dB run in one launch on different programs walking the
+# rows at once (`_layer_norm_bwd_corun_kernel`): 32 programs for dW/dB (512 columns each, 16-row
+# steps, 4 in flight), the rest of the SMs for dx. H200 at 16384 columns, 4096-16384 rows:
+# 0.293 ms against 0.340 at 8192 rows, -12 to -14% (benchmarks/ln_corun_probe.py; NOTES 48).
+CORUN_MIN_ROWS = 4096
+CORUN = {"col_programs": 32, "col_rows": 16, "col_stages": 4}
 
 # The one-row forward loads w and b before x for rows of up to this many columns (block_n), so
 # their latency overlaps x's (as in rms_norm); for longer rows after the statistics, so that
@@ -626,6 +633,9 @@ def layer_norm_bwd_launch(
     grads = (dw is not None) + (db is not None)
     dwdb_block = _config("bwd_dwdb", x, None).block_n
     few = few_rows(M, N, programs * grads, dx.element_size(), dwdb_block, x.device)
+    if fits and grads and N >= SPLIT_DWDB_FROM and M >= CORUN_MIN_ROWS:
+        layer_norm_bwd_corun_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg, **CORUN)
+        return
     if fits and grads and (N >= SPLIT_DWDB_FROM or few):
         layer_norm_bwd_launch(dy, x, weight, mean, rstd, dx, None, None, config=cfg)
         layer_norm_dwdb_launch(dy, x, mean, rstd, dw, db)
