@@ -338,6 +338,79 @@ def _fused_add_rms_norm_bwd_kernel(
 
 
 @triton.jit
+def _fused_add_rms_norm_bwd_corun_kernel(
+    dy_ptr,
+    dres_ptr,
+    s_ptr,
+    w_ptr,
+    rstd_ptr,
+    ds_ptr,
+    dw_ptr,  # dy, dres, s, ds: [M, N] with row strides; dw: [N], the weight's dtype
+    M,
+    N,
+    stride_dy,
+    stride_dres,
+    stride_s,
+    stride_ds,
+    offset,
+    ROW_PROGRAMS,  # programs 0 .. ROW_PROGRAMS - 1 write ds; the others dW
+    CASTING: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # >= N: a row of ds held by one program
+    COL_N: tl.constexpr,  # columns per dW program
+    COL_ROWS: tl.constexpr,  # rows per dW step
+    COL_STAGES: tl.constexpr,  # dW steps in flight (tl.range's software pipeline)
+    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
+):
+    # ds and dW in one launch, on different programs reading the same rows at about the same
+    # time (as layer_norm's `_layer_norm_bwd_corun_kernel`): row programs walk rows p, p +
+    # ROW_PROGRAMS, ... (ds, as the fused kernel without dW); column program c walks every row in
+    # order for its COL_N columns and stores dW itself. Whichever reads a row of s and dy first
+    # brings it from memory, the other finds it in L2. Nothing waits.
+    wait_for_inputs(GDC_WAIT)  # before any load or store
+    pid = tl.program_id(0)
+    if pid < ROW_PROGRAMS:
+        cols = tl.arange(0, BLOCK_N)
+        col_mask = cols < N
+        if HAS_WEIGHT:
+            w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+        else:
+            w = tl.zeros([BLOCK_N], dtype=tl.float32)  # unused
+        for row in range(pid, M, ROW_PROGRAMS):
+            rows = tl.cast(row, tl.int64) + tl.arange(0, 1)
+            mask = (rows < M)[:, None] & col_mask[None, :]
+            s = tl.load(s_ptr + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0)
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
+            dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
+            dres = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+            if HAS_DRES:
+                dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
+                dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(rstd_ptr + rows)[:, None]
+            ds = _ds_block(s.to(tl.float32), dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
+            ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
+            tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
+    else:  # names of their own: a runtime branch's values must match in type across branches
+        c_cols = (pid - ROW_PROGRAMS) * COL_N + tl.arange(0, COL_N)
+        c_mask = c_cols < N
+        dw_acc = tl.zeros([COL_ROWS, COL_N], dtype=tl.float32)
+        for r0 in tl.range(0, M, COL_ROWS, num_stages=COL_STAGES):
+            c_rows = tl.cast(r0, tl.int64) + tl.arange(0, COL_ROWS)
+            c_row_mask = c_rows < M
+            tile = c_row_mask[:, None] & c_mask[None, :]
+            c_s_ptrs = s_ptr + c_rows[:, None] * stride_s + c_cols[None, :]
+            c_s = tl.load(c_s_ptrs, mask=tile, other=0.0).to(tl.float32)
+            c_dy_ptrs = dy_ptr + c_rows[:, None] * stride_dy + c_cols[None, :]
+            c_dy = tl.load(c_dy_ptrs, mask=tile, other=0.0).to(tl.float32)  # 0 outside
+            c_rstd = tl.load(rstd_ptr + c_rows, mask=c_row_mask, other=0.0)[:, None]
+            # dW sees s_hat as the forward multiplied it: rounded unless gemma.
+            dw_acc += c_dy * _normalize(c_s, c_rstd, s_ptr.dtype.element_ty, CASTING)
+        dw = tl.sum(dw_acc, axis=0)
+        tl.store(dw_ptr + c_cols, dw.to(dw_ptr.dtype.element_ty), mask=c_mask)
+
+
+@triton.jit
 def _fused_add_rms_norm_bwd_looped_kernel(
     dy_ptr,
     dres_ptr,
@@ -478,6 +551,56 @@ def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, 
         if N % programs == 0 and (N // programs) % PARK_SLICE_WORDS == 0:
             return programs
     return 0
+
+
+def fused_add_rms_norm_bwd_corun_launch(
+    dy: torch.Tensor,  # [M, N], stride(1) == 1
+    d_residual_out: torch.Tensor | None,
+    residual_out: torch.Tensor,  # [M, N], stride(1) == 1
+    weight: torch.Tensor,
+    rstd: torch.Tensor,  # [M] fp32
+    ds: torch.Tensor,  # [M, N], stride(1) == 1
+    dw: torch.Tensor,  # [N]
+    offset: float,
+    casting_mode: str,
+    config: LaunchConfig,  # block_n >= N; num_warps for both kinds of program
+    col_programs: int,  # programs for dW; the rest of the SMs' programs write ds
+    col_rows: int = 16,
+    col_stages: int = 4,
+) -> None:
+    """ds and dW in one launch on different programs (`_fused_add_rms_norm_bwd_corun_kernel`)."""
+    M, N = residual_out.shape
+    dev = device_info(ds.device)
+    col_n = triton.next_power_of_2(triton.cdiv(N, col_programs))
+    col_programs = triton.cdiv(N, col_n)
+    row_programs = max(1, min(M, dev.sm_count * config.programs_per_sm - col_programs))
+    has_dres = d_residual_out is not None
+    _fused_add_rms_norm_bwd_corun_kernel[(row_programs + col_programs,)](
+        dy,
+        d_residual_out if has_dres else dy,
+        residual_out,
+        weight,
+        rstd,
+        ds,
+        dw,
+        M,
+        N,
+        dy.stride(0),
+        d_residual_out.stride(0) if has_dres else 0,
+        residual_out.stride(0),
+        ds.stride(0),
+        offset,
+        row_programs,
+        CASTING=CASTING_MODES[casting_mode],
+        HAS_WEIGHT=True,
+        HAS_DRES=has_dres,
+        BLOCK_N=config.block_n,
+        COL_N=col_n,
+        COL_ROWS=col_rows,
+        COL_STAGES=col_stages,
+        num_warps=config.num_warps,
+        **pdl_args(dev),
+    )
 
 
 def _park_phases(device) -> tuple[int, ...]:

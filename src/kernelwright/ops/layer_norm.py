@@ -41,7 +41,7 @@ SPLIT_DWDB_FROM = 16384
 # There, from this many rows, dx and dW/dB run in one launch on different programs walking the
 # rows at once (`_layer_norm_bwd_corun_kernel`): 32 programs for dW/dB (512 columns each, 16-row
 # steps, 4 in flight), the rest of the SMs for dx. H200 at 16384 columns, 4096-16384 rows:
-# 0.293 ms against 0.340 at 8192 rows, -12 to -14% (benchmarks/ln_corun_probe.py; NOTES 48).
+# 0.293 ms against 0.340 at 8192 rows, -12 to -14% (benchmarks/corun_probe.py; NOTES 48).
 CORUN_MIN_ROWS = 4096
 CORUN = {"col_programs": 32, "col_rows": 16, "col_stages": 4}
 
