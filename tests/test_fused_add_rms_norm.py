@@ -244,6 +244,50 @@ def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
     assert rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
 
 
+@pytest.mark.parametrize("dres", [True, False], ids=["dres", "no_dres"])
+@pytest.mark.parametrize("mode,offset", [("llama", 0.0), ("gemma", 1.0), ("none", 0.0)])
+def test_corun_backward(monkeypatch, mode, offset, dres):
+    # From CORUN_FROM columns and CORUN_MIN_ROWS rows, ds programs and dW column programs share
+    # one launch (lowered here so that small rows take it). Against the fused kernel on the same
+    # inputs: ds bit for bit (the same row math), dW up to summation order; against the
+    # reference; poisoned outputs; taken.
+    calls = []
+    real = far.fused_add_rms_norm_bwd_corun_launch
+    spy = lambda *a, **k: calls.append(1) or real(*a, **k)  # noqa: E731
+    m, n = (4096, 16384) if ON_GPU else (37, 300)
+    dtype = torch.bfloat16
+    inputs = _inputs((m, n), dtype, 33)
+    gen = generator(34)
+    dy = rand((m, n), dtype, DEVICE, gen=gen)
+    d_res = rand((m, n), dtype, DEVICE, gen=gen) if dres else None
+    x, r, w = inputs["x"], inputs["residual"], inputs["weight"]
+    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device=DEVICE)
+    fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, offset, mode)
+    outs = []
+    for corun in (True, False):
+        with poisoned(), monkeypatch.context() as patch:
+            patch.setattr(far, "fused_add_rms_norm_bwd_corun_launch", spy)
+            if not ON_GPU:
+                patch.setattr(far, "CORUN_FROM", 1)
+                patch.setattr(far, "CORUN_MIN_ROWS", 1)
+                patch.setattr(far, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
+            if not corun:
+                patch.setattr(far, "CORUN_MIN_ROWS", m + 1)
+            ds, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
+            fused_add_rms_norm_bwd_launch(dy, d_res, s, w, rstd, ds, dw, offset, mode, park=False)
+        outs.append((ds, dw))
+    assert calls == [1]
+    (ds, dw), (ds_fused, dw_fused) = outs
+    assert torch.equal(ds, ds_fused) and rel_norm_error(dw, dw_fused) < TOL[dtype].fwd
+    ref_in = {"x": x.float(), "residual": r.float(), "weight": w.float()}
+    kwargs = dict(eps=1e-6, offset=offset, casting_mode=mode)
+    dres_f = d_res.float() if dres else None
+    _, _, ref_ds, _, ref_dw = _grads(fused_add_rms_norm_ref, ref_in, dy.float(), dres_f, **kwargs)
+    assert (
+        rel_norm_error(ds, ref_ds) < TOL[dtype].bwd and rel_norm_error(dw, ref_dw) < TOL[dtype].bwd
+    )
+
+
 @pytest.mark.gpu
 def test_park_barrier_across_launches_streams_and_graphs():
     # The barrier's counter is never reset (_split.grid_counter): each launch must find it at a
@@ -568,6 +612,10 @@ def test_kernels_compile_for_hopper(monkeypatch):
                         far.fused_add_rms_norm_bwd_launch(
                             x, dres, x, w, rstd, y, dw, 0.0, mode, config=cfg
                         )
+                        if n == far.CORUN_FROM and w is not None:  # as the GPU runs it
+                            far.fused_add_rms_norm_bwd_corun_launch(
+                                x, dres, x, w, rstd, y, dw, 0.0, mode, cfg, **far.CORUN
+                            )
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW in the fused
     # kernels everywhere, once as the table has it (rms_norm's dw kernel there). The 4096
@@ -584,7 +632,10 @@ def test_kernels_compile_for_hopper(monkeypatch):
     ]
     assert not failures, "\n".join(failures)
     # 8 configs x 3 modes, forward + backward with and without dres; plus the dW reduction
-    assert len([r for r in results if r.launch.name != "_sum_partials_kernel"]) == 72
+    corun = "_fused_add_rms_norm_bwd_corun_kernel"
+    others = ("_sum_partials_kernel", corun)
+    assert len([r for r in results if r.launch.name not in others]) == 72
+    assert len([r for r in results if r.launch.name == corun]) == 4  # the modes with w, dres
     assert any(r.launch.name == "_sum_partials_kernel" for r in results)
     parked = [dict(r.launch.constexprs) for r in results if dict(r.launch.constexprs).get("PARK")]
     # the two casting modes with a weight, with and without dres

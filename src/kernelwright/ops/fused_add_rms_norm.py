@@ -10,7 +10,9 @@ once (unfused: the add reads 2 and writes 1, then the norm reads 1 and writes 1)
 reads s, dy and d_residual_out and writes ds once; ds is the gradient of both x and residual.
 dW is summed in fp32 per program, then over programs: through fp32 partial rows, or, where those
 rows would be a noticeable share of the memory (`PARK_SHARE`), through ds's own storage before
-its last row blocks are written (the kernel's PARK; benchmarks/NOTES.md, issue 3, 47).
+its last row blocks are written (the kernel's PARK; benchmarks/NOTES.md, issue 3, 47). At 16384
+columns from CORUN_MIN_ROWS rows, ds and dW run in one launch on different programs reading the
+same rows at about the same time (the corun kernel; NOTES 49).
 
 Layer order: kernels → launchers → custom ops → autograd Function → `fused_add_rms_norm` →
 `FusedAddRMSNorm`.
@@ -526,6 +528,15 @@ PARK_MIN_SHARE = 0.9
 PARK_SLICE_WORDS = 32
 COOPERATIVE = True  # launched cooperatively (off only to time what that costs)
 
+# From this row length (where a row still fits one program) and CORUN_MIN_ROWS rows, ds and dW
+# run in one launch on different programs walking the rows at once (as layer_norm's CORUN): 64
+# programs for dW (256 columns each, 16-row steps, 3 in flight), the rest of the SMs for ds.
+# H200 at 16384 columns, 4096-16384 rows: 0.316 ms against the fused kernel's 0.338 at 8192
+# rows, -6 to -8%; 4 in flight was up to 1.5x slower (benchmarks/corun_probe.py; NOTES 49).
+CORUN_FROM = 16384
+CORUN_MIN_ROWS = 4096
+CORUN = {"col_programs": 64, "col_rows": 16, "col_stages": 3}
+
 
 def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, device) -> int:
     """How many programs the fused backward runs to park dW in ds instead of fp32 partial rows
@@ -633,6 +644,10 @@ def fused_add_rms_norm_bwd_launch(
     device = device_info(ds.device)
     programs = max(1, min(row_blocks, device.sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
+    if has_dw and fits and N >= CORUN_FROM and M >= CORUN_MIN_ROWS and park is not True:
+        args = (dy, d_residual_out, residual_out, weight, rstd, ds, dw, offset, casting_mode)
+        fused_add_rms_norm_bwd_corun_launch(*args, cfg, **CORUN)
+        return
     block = _dw_block(residual_out)
     few = has_dw and fits and few_rows(M, N, programs, ds.element_size(), block, ds.device)
     parked = 0
