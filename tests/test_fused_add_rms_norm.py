@@ -270,6 +270,7 @@ def test_corun_backward(monkeypatch, mode, offset, dres):
             if not ON_GPU:
                 patch.setattr(far, "CORUN_FROM", 1)
                 patch.setattr(far, "CORUN_MIN_ROWS", 1)
+                patch.setattr(far, "CORUN_MIN_SMS", 1)
                 patch.setattr(far, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
             if not corun:
                 patch.setattr(far, "CORUN_MIN_ROWS", m + 1)

@@ -97,6 +97,7 @@ def test_wide_rows_corun_backward(monkeypatch, has_weight, has_bias):
     )
     monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
     monkeypatch.setattr(ln, "CORUN_MIN_ROWS", 1)
+    monkeypatch.setattr(ln, "CORUN_MIN_SMS", 1)
     monkeypatch.setattr(ln, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
     for shape in [SHAPES[0], SHAPES[2]]:
         for dtype in (torch.float32, torch.bfloat16):

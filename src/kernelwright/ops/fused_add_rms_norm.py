@@ -234,7 +234,7 @@ def _fused_add_rms_norm_bwd_kernel(
     # end: its storage takes the dW columns [j * SLICE, (j + 1) * SLICE) of every program's sum
     # (program q's at word q * SLICE; P * SLICE = N words fit, since rows x element size >= 4
     # bytes). Phase 1: the rows, then this program's dW sum scattered to its P owners. Phase 2,
-    # once every program has arrived (a grid barrier): this program sums its slice in program
+    # once every program has arrived (a grid barrier): this program sums its slice in a fixed
     # order, stores it to dW, then recomputes its last block's ds and stores it over the slice.
     # No other program reads that storage, so one barrier is enough.
     wait_for_inputs(GDC_WAIT)  # before any load or store
@@ -295,7 +295,7 @@ def _fused_add_rms_norm_bwd_kernel(
                 dw_acc += tl.sum(dy * _normalize(s, rstd, s_ptr.dtype.element_ty, CASTING), axis=0)
             ds = _ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT, HAS_DRES)
             if PARK:
-                # the last block waits for phase 3 (the rows divide into full blocks)
+                # the last block waits for phase 2 (the rows divide into full blocks)
                 mask = mask & (rows + step < M)[:, None]
             ds_ptrs = ds_ptr + rows[:, None] * stride_ds + cols[None, :]
             tl.store(ds_ptrs, ds.to(ds_ptr.dtype.element_ty), mask)
@@ -536,6 +536,7 @@ COOPERATIVE = True  # launched cooperatively (off only to time what that costs)
 CORUN_FROM = 16384
 CORUN_MIN_ROWS = 4096
 CORUN = {"col_programs": 64, "col_rows": 16, "col_stages": 3}
+CORUN_MIN_SMS = 120  # swept on 132-SM GPUs; with fewer, ds would lose too many SMs to dW
 
 
 def _park_programs(M: int, N: int, cfg: LaunchConfig, ds: torch.Tensor, inputs, device) -> int:
@@ -644,7 +645,8 @@ def fused_add_rms_norm_bwd_launch(
     device = device_info(ds.device)
     programs = max(1, min(row_blocks, device.sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
-    if has_dw and fits and N >= CORUN_FROM and M >= CORUN_MIN_ROWS and park is not True:
+    corun = N >= CORUN_FROM and M >= CORUN_MIN_ROWS and device.sm_count >= CORUN_MIN_SMS
+    if has_dw and fits and corun and park is not True:
         args = (dy, d_residual_out, residual_out, weight, rstd, ds, dw, offset, casting_mode)
         fused_add_rms_norm_bwd_corun_launch(*args, cfg, **CORUN)
         return

@@ -44,6 +44,9 @@ SPLIT_DWDB_FROM = 16384
 # 0.293 ms against 0.340 at 8192 rows, -12 to -14% (benchmarks/corun_probe.py; NOTES 48).
 CORUN_MIN_ROWS = 4096
 CORUN = {"col_programs": 32, "col_rows": 16, "col_stages": 4}
+# Swept on 132-SM GPUs (H200, H100 SXM): with fewer SMs the column programs would take too large
+# a share of them from dx, so the two kernels one after the other stay.
+CORUN_MIN_SMS = 120
 
 # The one-row forward loads w and b before x for rows of up to this many columns (block_n), so
 # their latency overlaps x's (as in rms_norm); for longer rows after the statistics, so that
@@ -633,7 +636,8 @@ def layer_norm_bwd_launch(
     grads = (dw is not None) + (db is not None)
     dwdb_block = _config("bwd_dwdb", x, None).block_n
     few = few_rows(M, N, programs * grads, dx.element_size(), dwdb_block, x.device)
-    if fits and grads and N >= SPLIT_DWDB_FROM and M >= CORUN_MIN_ROWS:
+    corun = N >= SPLIT_DWDB_FROM and M >= CORUN_MIN_ROWS
+    if fits and grads and corun and device_info(x.device).sm_count >= CORUN_MIN_SMS:
         layer_norm_bwd_corun_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg, **CORUN)
         return
     if fits and grads and (N >= SPLIT_DWDB_FROM or few):
