@@ -16,32 +16,16 @@ from pathlib import Path
 
 import torch
 from _probe import gpu_setup, write_csv
+from park_probe import backward_calls
 
-import kernelwright as kw
 from kernelwright.ops import fused_add_rms_norm as far
 
 CASES = {(4096, 4096): (128, 64), (4096, 3584): (128, 112, 64, 56), (2048, 4096): (128,)}
 
 
 def probe(m: int, n: int, counts, timer, rounds: int) -> list[dict]:
-    gen = torch.Generator(device="cuda").manual_seed(m + n)
-    x, r, dy, dres = (
-        torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
-    )
-    w = (1 + 0.5 * torch.randn(n, device="cuda", generator=gen)).to(torch.bfloat16)
-    y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(m, device="cuda")
-    far.fused_add_rms_norm_fwd_launch(x, r, w, y, s, rstd, 1e-6, 0.0, "llama")
-    ds, dw = torch.empty_like(x), torch.empty_like(w)
-    xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
+    bwd, full, ds, _ = backward_calls(m, n)
     real, coop = far._park_programs, far.COOPERATIVE
-
-    def bwd():
-        far.fused_add_rms_norm_bwd_launch(dy, dres, s, w, rstd, ds, dw, 0.0, "llama")
-
-    def full():
-        xg.grad = rg.grad = wg.grad = None
-        out, res = kw.fused_add_rms_norm(xg, rg, wg)
-        torch.autograd.backward((out, res), (dy, dres))
 
     def setting(programs: int, cooperative: bool = True):
         def apply():

@@ -30,8 +30,9 @@ def _off(*args, **kwargs) -> int:
     return 0
 
 
-def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
-    real = far._park_programs
+def backward_calls(m: int, n: int) -> tuple:
+    """(bwd, full, ds, dw) at m x n bf16: the backward launcher alone (writing ds and dW) and
+    autograd's forward+backward, on fresh inputs with both upstream gradients."""
     gen = torch.Generator(device="cuda").manual_seed(m + n)
     x, r, dy, dres = (
         torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
@@ -50,6 +51,12 @@ def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
         out, res = kw.fused_add_rms_norm(xg, rg, wg)
         torch.autograd.backward((out, res), (dy, dres))
 
+    return bwd, full, ds, dw
+
+
+def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
+    real = far._park_programs
+    bwd, full, ds, dw = backward_calls(m, n)
     results = {}
     try:
         for on in (True, False):

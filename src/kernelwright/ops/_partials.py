@@ -102,3 +102,13 @@ def few_rows(rows: int, n: int, partial_rows: int, out_elem: int, block_n: int, 
     the column kernel's blocks of `block_n` (one program each) fill at least half the GPU."""
     wide = triton.cdiv(n, block_n) >= device_info(device).sm_count // 2
     return wide and partial_rows * 4 > PARTIALS_SHARE * rows * out_elem
+
+
+def corun_programs(m: int, n: int, col_programs: int, programs: int) -> tuple[int, int, int]:
+    """The split of a co-running norm backward (row gradient and parameter gradients in one
+    launch, layer_norm's and fused_add_rms_norm's corun kernels): (row programs, column
+    programs, columns per column program). About `col_programs` column programs of a power-of-two
+    width cover the n columns; the rest of `programs` (the GPU's, one per SM) take the m rows."""
+    col_n = triton.next_power_of_2(triton.cdiv(n, col_programs))
+    cols = triton.cdiv(n, col_n)
+    return max(1, min(m, programs - cols)), cols, col_n

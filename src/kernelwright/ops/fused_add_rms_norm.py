@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._partials import few_rows, sum_partials
+from kernelwright.ops._partials import corun_programs, few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import GENERATION, arrive, grid_counter, wait_until
 
@@ -577,15 +577,15 @@ def fused_add_rms_norm_bwd_corun_launch(
     casting_mode: str,
     config: LaunchConfig,  # block_n >= N; num_warps for both kinds of program
     col_programs: int,  # programs for dW; the rest of the SMs' programs write ds
-    col_rows: int = 16,
-    col_stages: int = 4,
+    *,
+    col_rows: int,  # rows per column step
+    col_stages: int,  # column steps in flight
 ) -> None:
     """ds and dW in one launch on different programs (`_fused_add_rms_norm_bwd_corun_kernel`)."""
     M, N = residual_out.shape
     dev = device_info(ds.device)
-    col_n = triton.next_power_of_2(triton.cdiv(N, col_programs))
-    col_programs = triton.cdiv(N, col_n)
-    row_programs = max(1, min(M, dev.sm_count * config.programs_per_sm - col_programs))
+    programs = dev.sm_count * config.programs_per_sm
+    row_programs, col_programs, col_n = corun_programs(M, N, col_programs, programs)
     has_dres = d_residual_out is not None
     _fused_add_rms_norm_bwd_corun_kernel[(row_programs + col_programs,)](
         dy,

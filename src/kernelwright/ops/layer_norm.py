@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._partials import few_rows, sum_partials
+from kernelwright.ops._partials import corun_programs, few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import arrive_and_wait, split_count, ticket
 from kernelwright.ops._split import launch as launch_split
@@ -746,15 +746,15 @@ def layer_norm_bwd_corun_launch(
     db: torch.Tensor | None,
     config: LaunchConfig,  # block_n >= N; num_warps for both kinds of program
     col_programs: int,  # programs for dW and dB; the rest of the SMs' programs write dx
-    col_rows: int = 16,
-    col_stages: int = 1,
+    *,
+    col_rows: int,  # rows per column step
+    col_stages: int,  # column steps in flight
 ) -> None:
     """dx and dW/dB in one launch on different programs (`_layer_norm_bwd_corun_kernel`)."""
     M, N = x.shape
     dev = device_info(x.device)
-    col_n = triton.next_power_of_2(triton.cdiv(N, col_programs))
-    col_programs = triton.cdiv(N, col_n)
-    row_programs = max(1, min(M, dev.sm_count * config.programs_per_sm - col_programs))
+    programs = dev.sm_count * config.programs_per_sm
+    row_programs, col_programs, col_n = corun_programs(M, N, col_programs, programs)
     _layer_norm_bwd_corun_kernel[(row_programs + col_programs,)](
         dy,
         x,
