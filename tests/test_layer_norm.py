@@ -108,8 +108,8 @@ def test_wide_rows_corun_backward(monkeypatch, has_weight, has_bias):
 @pytest.mark.gpu
 def test_corun_backward_matches_the_two_kernels(monkeypatch):
     # At 16384 columns from CORUN_MIN_ROWS rows the backward is the co-running kernel; fewer rows
-    # keep dx then dwdb. Both forms on the same inputs: dx bit for bit (the same row math), dW
-    # and dB up to summation order; poisoned outputs.
+    # keep dx then dwdb. Both forms on the same inputs agree up to summation order (dx's row
+    # sums are reduced in another layout, dW's and dB's over other tiles); poisoned outputs.
     m, n = ln.CORUN_MIN_ROWS, 16384
     x, w, b = _inputs((m, n), torch.bfloat16, 31).values()
     dy = rand((m, n), torch.bfloat16, DEVICE, gen=generator(32))
@@ -129,8 +129,8 @@ def test_corun_backward_matches_the_two_kernels(monkeypatch):
         outs.append((dx, dw, db))
     assert calls == [1]
     (dx, dw, db), (dx2, dw2, db2) = outs
-    assert rel_norm_error(dx, dx2) < 1e-2 and rel_norm_error(dw, dw2) < 1e-2
-    assert rel_norm_error(db, db2) < 1e-2
+    for a, b in ((dx, dx2), (dw, dw2), (db, db2)):
+        assert rel_norm_error(a, b) < TOL[torch.bfloat16].fwd
 
 
 @pytest.mark.parametrize("layout", ["row_strided", "transposed"])
