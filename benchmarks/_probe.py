@@ -5,6 +5,7 @@ percentages are taken against, and the CSV they leave in $OUT."""
 from __future__ import annotations
 
 import csv
+import statistics
 from pathlib import Path
 
 import torch
@@ -58,3 +59,11 @@ def time_variants(shape: str, variants: dict, y, ref, tol: float, timer, gb: flo
         pct = gb / (p50 * 1e-3) / copy * 100
         rows.append(dict(shape=shape, variant=name, ms=p50, pct_copy=pct, regs=regs, spills=spills))
     return rows
+
+
+def rounds_summary(label: str, ts: list[float]) -> dict:
+    """Median and spread (ms) of one variant's per-round times; prints `label` with them."""
+    med = statistics.median(ts)
+    print(f"{label} {med * 1e3:7.2f} us (rounds {', '.join(f'{t * 1e3:.2f}' for t in ts)})",
+          flush=True)  # fmt: skip
+    return dict(ms=med, spread=max(ts) - min(ts))

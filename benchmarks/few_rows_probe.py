@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import statistics
 from pathlib import Path
 
 import torch
-from _probe import gpu_setup, write_csv
+from _probe import gpu_setup, rounds_summary, write_csv
 
 import kernelwright as kw
 
@@ -62,11 +61,9 @@ def main() -> None:
         tables.FEW_ROWS.clear()
         tables.FEW_ROWS.update(saved)
         for (mode, override), ts in times.items():
-            med = statistics.median(ts)
-            rows.append(dict(op=op, shape=f"{m}x{n}", mode=mode, override=override, ms=med,
-                             spread=max(ts) - min(ts)))  # fmt: skip
-            print(f"{op} {m}x{n} {mode:8s} override={override!s:5s} {med * 1e3:6.2f} us "
-                  f"(rounds {', '.join(f'{t * 1e3:.2f}' for t in ts)})", flush=True)  # fmt: skip
+            label = f"{op} {m}x{n} {mode:8s} override={override!s:5s}"
+            stats = rounds_summary(label, ts)
+            rows.append(dict(op=op, shape=f"{m}x{n}", mode=mode, override=override, **stats))
     write_csv(args.out, "few_rows_probe.csv", rows)
 
 

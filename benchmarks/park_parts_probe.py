@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 import torch
-from _probe import gpu_setup, write_csv
+from _probe import gpu_setup, rounds_summary, write_csv
 from park_probe import backward_calls
 
 from kernelwright.ops import fused_add_rms_norm as far
@@ -55,11 +54,8 @@ def probe(m: int, n: int, counts, timer, rounds: int) -> list[dict]:
     finally:
         far._park_programs, far.COOPERATIVE = real, coop
     for (name, mode), ts in times.items():
-        med = statistics.median(ts)
-        rows.append(dict(shape=f"{m}x{n}", variant=name, mode=mode, ms=med,
-                         spread=max(ts) - min(ts)))  # fmt: skip
-        print(f"{m}x{n} {name:28s} {mode:8s} {med * 1e3:7.2f} us "
-              f"(rounds {', '.join(f'{t * 1e3:.2f}' for t in ts)})", flush=True)  # fmt: skip
+        stats = rounds_summary(f"{m}x{n} {name:28s} {mode:8s}", ts)
+        rows.append(dict(shape=f"{m}x{n}", variant=name, mode=mode, **stats))
     return rows
 
 

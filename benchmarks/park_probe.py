@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 import torch
-from _probe import gpu_setup, write_csv
+from _probe import gpu_setup, rounds_summary, write_csv
 
 import kernelwright as kw
 from kernelwright.ops import fused_add_rms_norm as far
@@ -86,12 +85,10 @@ def probe(m: int, n: int, timer, rounds: int) -> list[dict]:
         far._park_programs = real
     rows = []
     for (mode, on), ts in times.items():
-        med = statistics.median(ts)
-        rows.append(dict(shape=f"{m}x{n}", mode=mode, parked=on, ms=med,
-                         spread=max(ts) - min(ts), workspace_mb=results[on][2],
-                         ds_identical=same_ds, dw_rel_err=dw_err))  # fmt: skip
-        print(f"{m}x{n} {mode:8s} parked={on!s:5s} {med * 1e3:7.2f} us "
-              f"(rounds {', '.join(f'{t * 1e3:.2f}' for t in ts)})", flush=True)  # fmt: skip
+        stats = rounds_summary(f"{m}x{n} {mode:8s} parked={on!s:5s}", ts)
+        rows.append(dict(shape=f"{m}x{n}", mode=mode, parked=on, **stats,
+                         workspace_mb=results[on][2], ds_identical=same_ds,
+                         dw_rel_err=dw_err))  # fmt: skip
     return rows
 
 

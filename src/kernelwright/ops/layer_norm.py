@@ -756,14 +756,7 @@ def layer_norm_bwd_corun_launch(
     programs = dev.sm_count * config.programs_per_sm
     row_programs, col_programs, col_n = corun_programs(M, N, col_programs, programs)
     _layer_norm_bwd_corun_kernel[(row_programs + col_programs,)](
-        dy,
-        x,
-        weight if weight is not None else x,
-        mean,
-        rstd,
-        dx,
-        dw if dw is not None else rstd,
-        db if db is not None else rstd,
+        *_bwd_tensors(dy, x, weight, mean, rstd, dx, dw, db),  # dW, dB in the partials' places
         M,
         N,
         dy.stride(0),
