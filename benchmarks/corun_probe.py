@@ -74,12 +74,9 @@ def layer_norm_probe(m: int, n: int, sweep, timer, copy: float) -> list[dict]:
         "table (dx, then dwdb)": lambda: (with_table(), ln.layer_norm_bwd_launch(*args, dw, db)),
         "dx alone": partial(ln.layer_norm_bwd_launch, *args, None, None),
     }
-    for cols, col_rows, stages, warps, hold, prefetch in sweep:
-        cfg = LaunchConfig(block_n=triton_pow2(n), rows=1, num_warps=warps, programs_per_sm=1)
-        name = f"corun cols={cols} col_rows={col_rows} stages={stages}"
-        if (warps, hold, prefetch) != (16, 0, False):
-            name += f" warps={warps} hold={hold} prefetch={int(prefetch)}"
-        variants[name] = partial(
+    cfg = LaunchConfig(block_n=triton_pow2(n), rows=1, num_warps=16, programs_per_sm=1)
+    for cols, col_rows, stages in sweep:
+        variants[f"corun cols={cols} col_rows={col_rows} stages={stages}"] = partial(
             ln.layer_norm_bwd_corun_launch,
             *args,
             dw,
@@ -88,8 +85,6 @@ def layer_norm_probe(m: int, n: int, sweep, timer, copy: float) -> list[dict]:
             cols,
             col_rows=col_rows,
             col_stages=stages,
-            row_hold=hold,
-            row_prefetch=prefetch,
         )
     saved = ln.CORUN_MIN_ROWS
     try:
@@ -131,22 +126,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", choices=("layer_norm", "fused_add_rms_norm"), default="layer_norm")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    ap.add_argument(
-        "--rows-form",
-        action="store_true",
-        help="layer_norm: sweep the dx programs' warps, held dtype and prefetch (NOTES 50)",
-    )
     args = ap.parse_args()
     timer, _, copy = gpu_setup()
     rows = []
     for m, n in SHAPES:
-        if args.op == "layer_norm" and args.rows_form:
-            sweep = [(32, r, s, w, h, p) for r, s in ((16, 4), (8, 4)) for w in (16, 32)
-                     for h in (0, 1, 2) for p in (False, True)]  # fmt: skip
-            rows += layer_norm_probe(m, n, sweep, timer, copy)
-        elif args.op == "layer_norm":
-            sweep = [(16, r, s, 16, 0, False) for r in (4, 8, 16) for s in (3, 4, 5)]
-            sweep += [(32, r, s, 16, 0, False) for r in (16, 32) for s in (4, 5, 6)]
+        if args.op == "layer_norm":
+            sweep = [(16, r, s) for r in (4, 8, 16) for s in (3, 4, 5)]
+            sweep += [(32, r, s) for r in (16, 32) for s in (4, 5, 6)]
             rows += layer_norm_probe(m, n, sweep, timer, copy)
         else:
             sweep = [(c, r, s) for c in (32, 64) for r in (8, 16, 32) for s in (3, 4)]

@@ -23,7 +23,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._held import again
 from kernelwright.ops._partials import corun_programs, few_rows, sum_partials
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import arrive_and_wait, split_count, ticket
@@ -505,8 +504,6 @@ def _layer_norm_bwd_corun_kernel(
     COL_N: tl.constexpr,  # columns per dW/dB program
     COL_ROWS: tl.constexpr,  # rows per dW/dB step
     COL_STAGES: tl.constexpr,  # dW/dB steps in flight (tl.range's software pipeline)
-    ROW_HOLD: tl.constexpr,  # 0: rows as fp32; 1: x and dy in their dtype (ops/_held); 2: w too
-    ROW_PREFETCH: tl.constexpr,  # each row program loads its next row before this row's math
     GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
 ):
     # dx and dW/dB in one launch, on different programs reading the same rows at about the same
@@ -522,39 +519,20 @@ def _layer_norm_bwd_corun_kernel(
         cols = tl.arange(0, BLOCK_N)
         col_mask = cols < N
         if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0)
-            if ROW_HOLD < 2:
-                w = w.to(tl.float32)
-        if ROW_PREFETCH:  # the first row; each step then loads the next before its math
-            first = tl.cast(pid, tl.int64)
-            x_next = tl.load(x_ptr + first * stride_x + cols, mask=col_mask, other=0.0)
-            dy_next = tl.load(dy_ptr + first * stride_dy + cols, mask=col_mask, other=0.0)
-            mean_next = tl.load(mean_ptr + first)
-            rstd_next = tl.load(rstd_ptr + first)
+            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         for row in range(pid, M, ROW_PROGRAMS):
             row64 = tl.cast(row, tl.int64)
-            if ROW_PREFETCH:
-                x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
-                nxt = tl.minimum(row64 + ROW_PROGRAMS, M - 1)  # past the end: the last row again
-                x_next = tl.load(x_ptr + nxt * stride_x + cols, mask=col_mask, other=0.0)
-                dy_next = tl.load(dy_ptr + nxt * stride_dy + cols, mask=col_mask, other=0.0)
-                mean_next = tl.load(mean_ptr + nxt)
-                rstd_next = tl.load(rstd_ptr + nxt)
-            else:
-                x = tl.load(x_ptr + row64 * stride_x + cols, mask=col_mask, other=0.0)
-                dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=col_mask, other=0.0)
-                mean = tl.load(mean_ptr + row64)
-                rstd = tl.load(rstd_ptr + row64)
-            x_hat = (x.to(tl.float32) - mean) * rstd
-            g = dy.to(tl.float32)
+            x = tl.load(x_ptr + row64 * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + row64 * stride_dy + cols, mask=col_mask, other=0.0)
+            dy = dy.to(tl.float32)  # 0 outside the mask
+            mean = tl.load(mean_ptr + row64)
+            rstd = tl.load(rstd_ptr + row64)
+            x_hat = (x - mean) * rstd
+            g = dy
             if HAS_WEIGHT:
-                g = g * again(w, rstd, ROW_HOLD == 2).to(tl.float32)
+                g = dy * w
             c1 = tl.sum(g, axis=0) / N
             c2 = tl.sum(g * x_hat, axis=0) / N
-            x_hat = (again(x, c2, ROW_HOLD > 0).to(tl.float32) - mean) * rstd
-            g = again(dy, c2, ROW_HOLD > 0).to(tl.float32)
-            if HAS_WEIGHT:
-                g = g * again(w, c2, ROW_HOLD == 2).to(tl.float32)
             dx = (g - c1 - x_hat * c2) * rstd
             tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
     else:  # names of their own: a runtime branch's values must match in type across branches
@@ -771,8 +749,6 @@ def layer_norm_bwd_corun_launch(
     *,
     col_rows: int,  # rows per column step
     col_stages: int,  # column steps in flight
-    row_hold: int = 0,  # what the row programs hold in the inputs' dtypes (ROW_HOLD)
-    row_prefetch: bool = False,  # ROW_PREFETCH
 ) -> None:
     """dx and dW/dB in one launch on different programs (`_layer_norm_bwd_corun_kernel`)."""
     M, N = x.shape
@@ -794,8 +770,6 @@ def layer_norm_bwd_corun_launch(
         COL_N=col_n,
         COL_ROWS=col_rows,
         COL_STAGES=col_stages,
-        ROW_HOLD=row_hold,
-        ROW_PREFETCH=row_prefetch,
         num_warps=config.num_warps,
         **pdl_args(dev),
     )
