@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import torch
+import triton
 
 from kernelwright.bench.harness import cuda_timer
 from kernelwright.ops.rope import _launch, rope_tables
@@ -26,7 +27,7 @@ from kernelwright.runtime.launch import LaunchConfig
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", default="1024,4096,8192,32768")
+    ap.add_argument("--tokens", default="1024,2048,4096,8192,16384,32768")
     ap.add_argument("--heads", default="32,8,128")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
@@ -44,17 +45,21 @@ def main() -> None:
         qo, ko = torch.empty_like(q), torch.empty_like(k)
         gb = (2 * (hq + hk) * d * s * 2) / 1e9
         ref = None
-        for bn, w in itertools.product((1024, 4096, 8192), (2, 4, 8)):
+        qi, ki = q.clone(), k.clone()  # rotated in place, over and over (as Liger's below)
+        for bn, w, place in itertools.product((1024, 4096, 8192), (2, 4, 8), ("out", "in")):
             cfg = LaunchConfig(block_n=bn, rows=1, num_warps=w)
-            fn = functools.partial(_launch, "fwd", q, k, cos, sin, qo, ko, 1, False, cfg)
-            fn()
-            # every config must write the same bits (the GPU tests check them against rope_ref)
-            if ref is None:
-                ref = (qo.clone(), ko.clone())
-            assert torch.equal(qo, ref[0]) and torch.equal(ko, ref[1]), cfg
+            outs = (qo, ko) if place == "out" else (qi, ki)
+            ins = (q, k) if place == "out" else (qi, ki)
+            fn = functools.partial(_launch, "fwd", *ins, cos, sin, *outs, 1, False, cfg)
+            if place == "out":
+                fn()
+                # every config writes the same bits (the GPU tests check them against rope_ref)
+                if ref is None:
+                    ref = (qo.clone(), ko.clone())
+                assert torch.equal(qo, ref[0]) and torch.equal(ko, ref[1]), cfg
             p20, p50, p80 = timer(fn, lambda: None)
-            rows.append(dict(tokens=s, provider="kw", block_n=bn, warps=w, rows=1, ms=p50,
-                             gbps=gb / (p50 / 1e3)))  # fmt: skip
+            rows.append(dict(tokens=s, provider=f"kw_{place}", block_n=bn, warps=w, rows=1,
+                             ms=p50, gbps=gb / (p50 / 1e3)))  # fmt: skip
         if rope_forward is not None:
             liger = functools.partial(rope_forward, q.clone(), k.clone(), cos, sin)
             p20, p50, p80 = timer(liger, lambda: None)
@@ -75,7 +80,7 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(torch.cuda.get_device_name(), torch.__version__)
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
 
 
 if __name__ == "__main__":
