@@ -340,6 +340,39 @@ def test_cuda_timer_times_host_overhead_unless_hidden():
     assert gpu_only < 0.1, gpu_only
 
 
+def test_timer_flush_choices_are_checked():
+    with pytest.raises(ValueError, match="flush"):
+        cuda_timer(flush="none")
+    with pytest.raises(ValueError, match="flush"):
+        make_context(copy_gbps=1.0, flush="zero")
+
+
+@pytest.mark.gpu
+def test_demote_flush_clears_lines_loaded_with_evict_last():
+    # A buffer read with evict_last survives a plain read flush (NOTES 51: the next provider on
+    # the same addresses read it from L2). After the "demote" flush, reading it must cost what
+    # reading an untouched buffer of the same size costs.
+    from kernelwright.bench._l2 import _read_evict_last_kernel
+
+    n = 2**22  # 16 MB of fp32, well under L2
+    hot, cold = torch.ones(n, device=DEVICE), torch.ones(n, device=DEVICE)
+    out = torch.zeros((), device=DEVICE)
+
+    def load_hot():
+        _read_evict_last_kernel[(n // 4096,)](hot, out, n, 4096)
+
+    def read(x):
+        return lambda: torch.sum(x, dim=0, out=out)
+
+    times = {}
+    for flush in ("read", "demote"):
+        timer = cuda_timer(warmup_ms=5, rep_ms=30, hide_host=True, flush=flush)
+        times[flush] = (timer(read(hot), load_hot)[1], timer(read(cold), lambda: None)[1])
+    hot_ms, cold_ms = times["demote"]
+    assert hot_ms > 0.85 * cold_ms, times
+    print(times)  # the plain read's hot/cold ratio, for the log
+
+
 def test_providers_that_write_their_inputs_get_them_back_every_rep():
     # A provider whose backward writes dx into x (as Liger's SwiGLU does): every rep, warm-up
     # and memory runs included, must start from the original x, and the retained graph of

@@ -123,3 +123,20 @@ def test_two_pass_kernels_compile_with_their_l2_flags():
     results = check_compiles(run)
     _assert_all_compiled(results)
     assert len(results) == 3 * len(flags)
+
+
+def test_the_timers_l2_reset_kernels_compile_for_hopper():
+    # bench/_l2's kernels: an evict_last read and inline PTX (applypriority), which the
+    # interpreter cannot run, so their launches are described here rather than captured.
+    from kernelwright.testing.gpu_compile import Launch, compile_launches
+
+    launches = [
+        Launch("kernelwright.bench._l2", "_read_evict_last_kernel",
+               (("x_ptr", "*fp32"), ("out_ptr", "*fp32"), ("n", "i32"), ("BLOCK", "constexpr")),
+               (("BLOCK", 4096),), 4, 3),
+        Launch("kernelwright.bench._l2", "_demote_kernel",
+               (("x_ptr", "*fp32"), ("n", "i32"), ("BLOCK", "constexpr"),
+                ("LINE_WORDS", "constexpr")),
+               (("BLOCK", 4096), ("LINE_WORDS", 32)), 4, 3),
+    ]  # fmt: skip
+    _assert_all_compiled(compile_launches(launches))

@@ -76,6 +76,14 @@ def bench(
             "kernels first, so Python/launch overhead drops out (as in a training step)."
         ),
     ] = False,
+    flush: Annotated[
+        str,
+        typer.Option(
+            help="L2 flush before each rep: 'read' (a plain read of a 256 MB buffer) or "
+            "'demote' (also clears L2 lines an earlier kernel loaded with evict_last, which a "
+            "plain read leaves; benchmarks/NOTES.md, issue 3, 51)."
+        ),
+    ] = "read",
     strict: Annotated[
         bool,
         typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
@@ -131,7 +139,9 @@ def bench(
         except KeyError as e:
             raise typer.BadParameter(str(e.args[0]), param_hint="--sweep") from None
 
-    ctx = make_context(hide_host=hide_host)
+    if flush not in ("read", "demote"):
+        raise typer.BadParameter("flush must be 'read' or 'demote'", param_hint="--flush")
+    ctx = make_context(hide_host=hide_host, flush=flush)
     console.print(
         f"[bold]kernelwright bench[/] on {ctx.gpu} · torch {ctx.torch} · triton {ctx.triton} · "
         f"commit {ctx.commit} · copy bandwidth {ctx.copy_gbps:,.0f} GB/s"

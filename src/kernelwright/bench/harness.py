@@ -48,6 +48,7 @@ import numpy as np
 import torch
 import triton
 
+from kernelwright.bench._l2 import demote_l2
 from kernelwright.bench.specs import MODES, BenchSpec, Provider, importable
 from kernelwright.runtime import default_device, device_info, interpreter_mode
 
@@ -146,10 +147,11 @@ class RunContext:
     commit: str
     timestamp: str
     copy_gbps: float
-    # "cuda_events" | "cuda_events_gpu_only" (hide_host), + "_read_flush" with the default
-    # timer's flush (cuda_timer) | "interpreter"
+    # "cuda_events" | "cuda_events_gpu_only" (hide_host), + "_read_flush" / "_demote_flush"
+    # with the default timer's flush (cuda_timer) | "interpreter"
     timing: str
     hide_host: bool = False  # see cuda_timer
+    flush: str = "read"  # see cuda_timer
 
     @property
     def interpreter(self) -> bool:
@@ -162,20 +164,24 @@ def make_context(
     timer: Timer | None = None,
     copy_gbps: float | None = None,
     hide_host: bool = False,
+    flush: str = "read",
 ) -> RunContext:
     """Describe this run and measure the copy bandwidth once (unless `copy_gbps` is given).
 
-    `hide_host`: time GPU work alone, without host overhead (see `cuda_timer`).
+    `hide_host`: time GPU work alone, without host overhead; `flush`: the L2 flush before each
+    rep, "read" or "demote" (see `cuda_timer`).
     """
+    if flush not in ("read", "demote"):
+        raise ValueError(f"make_context: flush must be 'read' or 'demote', got {flush!r}")
     device = device or default_device()
     own_timer = timer is None
-    timer = timer or default_timer(device, hide_host=hide_host)
+    timer = timer or default_timer(device, hide_host=hide_host, flush=flush)
     on_cuda = device.type == "cuda"
     timing = "interpreter"
     if on_cuda:
         timing = "cuda_events_gpu_only" if hide_host else "cuda_events"
-        if own_timer:  # cuda_timer's default flush (rows before 2026-11-22 zeroed instead)
-            timing += "_read_flush"
+        if own_timer:  # cuda_timer's flush (rows before 2026-11-22 zeroed instead)
+            timing += f"_{flush}_flush"
     if copy_gbps is None:
         copy_gbps = measure_copy_bandwidth(device, timer=timer)
     return RunContext(
@@ -188,6 +194,7 @@ def make_context(
         copy_gbps=float(copy_gbps),
         timing=timing,
         hide_host=hide_host and on_cuda,
+        flush=flush,
     )
 
 
@@ -214,6 +221,10 @@ def cuda_timer(
     any L2 so far: `flush="read"` sums it, leaving L2 full of clean lines (the default);
     `"zero"` zeroes it, as do_bench does and as this timer did before 2026-11-22 (the results
     committed before then): the dirty zeros are then written back inside the timed region.
+    `"demote"` reads it as "read" does, after first taking every evict_last place in L2 with
+    the buffer's lines and returning them to normal priority (bench/_l2.py): a plain read
+    cannot evict lines an earlier kernel loaded with evict_last (torch.compile's do), and a
+    provider timed next on the same addresses would read them from L2 (NOTES 51).
 
     `hide_host`: before the start event, the GPU also sleeps for twice the CPU time fn takes
     to issue, so all of fn's kernels are queued before the clock starts: the times are GPU
@@ -221,16 +232,19 @@ def cuda_timer(
     and how the published numbers were taken) a launch-bound call also times its Python and
     launch overhead.
     """
-    if flush not in ("read", "zero"):
-        raise ValueError(f"cuda_timer: flush must be 'read' or 'zero', got {flush!r}")
+    if flush not in ("read", "zero", "demote"):
+        raise ValueError(f"cuda_timer: flush must be 'read', 'zero' or 'demote', got {flush!r}")
     buffers: list[torch.Tensor] = []  # the flush buffer, then the read's 0-d sum
 
     def flush_l2() -> None:
         if flush == "zero":
             buffers[0].zero_()
-        else:  # fp32: 67 us on an H200, where an int32 sum into int64 took 365 us; without
-            # hide_host the flush's GPU time hides as much host time (flush_probe.py)
-            torch.sum(buffers[0], dim=0, out=buffers[1])
+            return
+        if flush == "demote":
+            demote_l2(buffers[0], buffers[1])
+        # fp32: 67 us on an H200, where an int32 sum into int64 took 365 us; without hide_host
+        # the flush's GPU time hides as much host time (flush_probe.py)
+        torch.sum(buffers[0], dim=0, out=buffers[1])
 
     def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
         if not buffers:
@@ -305,8 +319,10 @@ def interpreter_timer(reps: int = 3) -> Timer:
     return time_fn
 
 
-def default_timer(device: torch.device, *, hide_host: bool = False) -> Timer:
-    return cuda_timer(hide_host=hide_host) if device.type == "cuda" else interpreter_timer()
+def default_timer(device: torch.device, *, hide_host: bool = False, flush: str = "read") -> Timer:
+    if device.type != "cuda":
+        return interpreter_timer()
+    return cuda_timer(hide_host=hide_host, flush=flush)
 
 
 def measure_copy_bandwidth(
@@ -611,7 +627,7 @@ def run_plan(
     on_row: Callable[[BenchRow], None] | None = None,
 ) -> list[BenchRow]:
     """Measure the points of `p` (see `run_spec`)."""
-    timer = timer or default_timer(ctx.device, hide_host=ctx.hide_host)
+    timer = timer or default_timer(ctx.device, hide_host=ctx.hide_host, flush=ctx.flush)
     if not any(pr.compiled for pr in p.providers):
         return _run_points(p, dtype, ctx, timer, on_row)
     import torch._dynamo
