@@ -13,7 +13,9 @@ copies of the inputs land on the same addresses (the caching allocator hands the
 back). Flush variants: the timer's (`read`), a Triton read of the buffer with evict_last loads
 (`read_last`: the buffer's lines take over every evict_last slot), that followed by a plain
 read (`read_last_normal`), and the evict_last read followed by
-`applypriority.global.L2::evict_normal` on every line of the buffer (`read_last_demote`).
+`applypriority.global.L2::evict_normal` on every line of the buffer (`read_last_demote`, now
+the harness's `flush="demote"`; its kernels are bench/_l2's, which the logs' runs had as copies
+in this file with 32-bit program offsets).
 
     python benchmarks/order_probe.py [--flush | --l2-reuse]
 """
@@ -24,9 +26,9 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 
 from kernelwright.bench import harness
+from kernelwright.bench._l2 import _read_evict_last_kernel, demote_l2
 from kernelwright.bench.specs import ROPE
 
 ORDERS = {
@@ -35,28 +37,6 @@ ORDERS = {
     "eager_first": ["torch", "liger", "kernelwright_inplace", "kernelwright"],
     "no_torch": ["liger", "kernelwright_inplace", "kernelwright"],
 }
-
-
-@triton.jit
-def _sum_last_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0, eviction_policy="evict_last")
-    tl.atomic_add(out_ptr, tl.sum(x, axis=0))
-
-
-@triton.jit
-def _demote_kernel(x_ptr, n, BLOCK: tl.constexpr):
-    # One address per 128-byte line (32 fp32): its L2 eviction priority back to normal.
-    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)) * 32
-    ptrs = x_ptr + tl.where(offs < n, offs, 0)
-    tl.inline_asm_elementwise(
-        "applypriority.global.L2::evict_normal [$1], 128; mov.u32 $0, 0;",
-        "=r,l",
-        [ptrs],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 def flush_timer(kind: str):
@@ -68,17 +48,28 @@ def flush_timer(kind: str):
     def time_fn(fn, setup):
         def setup_and_flush():
             setup()
-            if kind in ("read_last", "read_last_normal", "read_last_demote"):
-                _sum_last_kernel[(triton.cdiv(buf.numel(), 4096),)](buf, out, buf.numel(), 4096)
+            if kind in ("read_last", "read_last_normal"):
+                _read_evict_last_kernel[(triton.cdiv(buf.numel(), 4096),)](
+                    buf, out, buf.numel(), 4096
+                )
             if kind == "read_last_demote":
-                lines = triton.cdiv(buf.numel(), 32)
-                _demote_kernel[(triton.cdiv(lines, 1024),)](buf, buf.numel(), 1024)
+                demote_l2(buf, out)  # the same read, then applypriority on every line
             if kind == "read_last_normal":
                 torch.sum(buf, dim=0, out=out)
 
         return timer(fn, setup_and_flush)  # then the timer's own read flush, as always
 
     return time_fn
+
+
+def print_rows(prefix: str, rows) -> None:
+    for tokens in (1024, 4096, 8192, 16384):
+        times = {
+            r.provider: f"{r.ms_p50 * 1e3:.1f}"
+            for r in rows
+            if r.x_value == tokens and r.provider != "torch"
+        }
+        print(f"{prefix} {tokens:6d} {times}", flush=True)
 
 
 def flush_main() -> None:
@@ -88,13 +79,7 @@ def flush_main() -> None:
         timer = flush_timer(kind)
         rows = harness.run_spec(ROPE, modes=("forward",), sweep="tokens",
                                 providers=ORDERS["torch_first"], ctx=ctx, timer=timer)  # fmt: skip
-        for tokens in (1024, 4096, 8192, 16384):
-            times = {
-                r.provider: f"{r.ms_p50 * 1e3:.1f}"
-                for r in rows
-                if r.x_value == tokens and r.provider != "torch"
-            }
-            print(f"flush={kind:16s} torch_first {tokens:6d} {times}", flush=True)
+        print_rows(f"flush={kind:16s} torch_first", rows)
 
 
 def l2_reuse_main() -> None:
@@ -143,13 +128,7 @@ def main() -> None:
                 )
             finally:
                 harness.measure = measure
-            for tokens in (1024, 4096, 8192, 16384):
-                times = {
-                    r.provider: f"{r.ms_p50 * 1e3:.1f}"
-                    for r in rows
-                    if r.x_value == tokens and r.provider != "torch"
-                }
-                print(f"free_each={int(free_each)} {tag:12s} {tokens:6d} {times}", flush=True)
+            print_rows(f"free_each={int(free_each)} {tag:12s}", rows)
 
 
 if __name__ == "__main__":
