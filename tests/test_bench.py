@@ -606,4 +606,6 @@ def test_cli_rejects_unknown_names(tmp_path):
     assert runner.invoke(app, ["bench", "no_such_op", "--out", str(tmp_path)]).exit_code != 0
     res = runner.invoke(app, ["bench", "rms_norm", "--providers", "nope", "--out", str(tmp_path)])
     assert res.exit_code != 0
+    res = runner.invoke(app, ["bench", "rms_norm", "--flush", "zero", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "flush" in res.output
     assert runner.invoke(app, ["info"]).exit_code == 0
