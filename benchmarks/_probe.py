@@ -4,7 +4,9 @@ percentages are taken against, and the CSV they leave in $OUT."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import os
 import statistics
 from pathlib import Path
 
@@ -22,6 +24,14 @@ def gpu_setup() -> tuple:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}"
           f"  copy {copy:.0f} GB/s", flush=True)  # fmt: skip
     return timer, sms, copy
+
+
+def rounds_args() -> argparse.Namespace:
+    """The alternating-rounds probes' options: --rounds (default 5) and --out ($OUT or .)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
+    return ap.parse_args()
 
 
 def write_csv(out: Path, name: str, rows: list[dict]) -> None:

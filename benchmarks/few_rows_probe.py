@@ -12,13 +12,10 @@ process. GPU time (host hidden), the reading flush before each rep.
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import os
-from pathlib import Path
 
 import torch
-from _probe import gpu_setup, rounds_summary, write_csv
+from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
 
 import kernelwright as kw
 
@@ -29,10 +26,7 @@ CASES = {  # op: (tokens, width, the op's call on x)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    args = ap.parse_args()
+    args = rounds_args()
     timer, _, _ = gpu_setup()
     rows = []
     for op, (m, n, call) in CASES.items():

@@ -9,12 +9,8 @@ cooperative launch attribute, and with fp32 partial rows.
 
 from __future__ import annotations
 
-import argparse
-import os
-from pathlib import Path
-
 import torch
-from _probe import gpu_setup, rounds_summary, write_csv
+from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
 from park_probe import backward_calls
 
 from kernelwright.ops import fused_add_rms_norm as far
@@ -60,10 +56,7 @@ def probe(m: int, n: int, counts, timer, rounds: int) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
-    args = ap.parse_args()
+    args = rounds_args()
     timer, _, _ = gpu_setup()
     rows = []
     for (m, n), counts in CASES.items():
