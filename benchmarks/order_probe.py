@@ -88,6 +88,7 @@ def l2_reuse_main() -> None:
     48), so stale evict_last lines left by the flush would slow it."""
     from kernelwright.ops.layer_norm import layer_norm_bwd_launch
 
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     m, n = 8192, 16384
     x, dy = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in "ab")
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
