@@ -51,9 +51,10 @@ format: $(STAMP)
 # --hide-host times GPU work alone (the CPU's launch overhead is recorded as host_ms).
 # gpu-test and gpu-bench are its two halves, for when one call must stay short; OPS picks
 # the benchmarked ops (default: all, one run and one summary.md; each op writes <op>.csv);
-# FLUSH the timer's L2 flush (read, or demote: benchmarks/NOTES.md, issue 3, 51).
+# FLUSH the timer's L2 flush (read or demote; default demote on sm_80+: benchmarks/NOTES.md,
+# issue 3, 51).
 OPS ?= all
-FLUSH ?= read
+FLUSH ?=
 GPU_ENV = PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1
 
 gpu-check: gpu-test gpu-bench
@@ -63,7 +64,7 @@ gpu-test:
 
 gpu-bench:
 	for op in $(OPS); do \
-		$(GPU_ENV) $(PYTHON) -m kernelwright.cli bench $$op --strict --hide-host --flush $(FLUSH) \
+		$(GPU_ENV) $(PYTHON) -m kernelwright.cli bench $$op --strict --hide-host $(if $(FLUSH),--flush $(FLUSH)) \
 			--out $(OUT) \
 		|| exit 1; done
 

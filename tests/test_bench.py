@@ -32,6 +32,7 @@ from kernelwright.bench import (
 from kernelwright.bench.harness import (
     RunContext,
     cuda_timer,
+    default_flush,
     interpreter_timer,
     measure_copy_bandwidth,
 )
@@ -345,6 +346,19 @@ def test_timer_flush_choices_are_checked():
         cuda_timer(flush="none")
     with pytest.raises(ValueError, match="flush"):
         make_context(copy_gbps=1.0, flush="zero")
+
+
+def test_default_flush_is_demote_where_the_gpu_has_applypriority():
+    # demote needs sm_80+; the CPU interpreter flushes nothing, and a row must not claim a flush
+    assert default_flush(torch.device("cpu")) == "read"
+    ctx = make_context(torch.device(DEVICE), copy_gbps=1.0)
+    if DEVICE == "cuda":
+        sm80 = torch.cuda.get_device_capability() >= (8, 0)
+        assert ctx.flush == ("demote" if sm80 else "read")
+        assert ctx.timing.endswith(f"_{ctx.flush}_flush"), ctx.timing
+    else:
+        assert ctx.timing == "interpreter"
+    assert make_context(torch.device(DEVICE), copy_gbps=1.0, flush="read").flush == "read"
 
 
 @pytest.mark.gpu

@@ -77,13 +77,15 @@ def bench(
         ),
     ] = False,
     flush: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="L2 flush before each rep: 'read' (a plain read of a 256 MB buffer) or "
             "'demote' (also clears L2 lines an earlier kernel loaded with evict_last, which a "
-            "plain read leaves; benchmarks/NOTES.md, issue 3, 51)."
+            "plain read leaves; benchmarks/NOTES.md, issue 3, 51). Default: demote on sm_80 "
+            "and later GPUs, read on older ones.",
+            show_default=False,
         ),
-    ] = "read",
+    ] = None,
     strict: Annotated[
         bool,
         typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
@@ -139,7 +141,7 @@ def bench(
         except KeyError as e:
             raise typer.BadParameter(str(e.args[0]), param_hint="--sweep") from None
 
-    if flush not in ("read", "demote"):
+    if flush not in (None, "read", "demote"):
         raise typer.BadParameter("flush must be 'read' or 'demote'", param_hint="--flush")
     ctx = make_context(hide_host=hide_host, flush=flush)
     console.print(

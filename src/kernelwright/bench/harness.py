@@ -19,8 +19,10 @@ flush reads a buffer larger than L2 instead of zeroing one. Zeros stay in L2 as 
 and the timed kernel then pays to write them back to DRAM as it evicts them: up to ~6 us, a
 tax that grows with the kernel's footprint up to L2's size, so small kernels looked slower
 against the 1 GB copy than they are (H200: a 128 MB copy at 88% of the 1 GB copy's bandwidth
-with the zeroing flush, 96% with the reading one; `benchmarks/flush_probe.py`). CSV rows say
-which flush timed them (`timing`). Under the interpreter a perf_counter fallback runs a few
+with the zeroing flush, 96% with the reading one; `benchmarks/flush_probe.py`). Before that
+read, on sm_80+ GPUs, the flush also demotes lines an earlier kernel loaded with evict_last,
+which a read cannot evict (torch.compile's kernels leave them; NOTES 51). CSV rows say which
+flush timed them (`timing`). Under the interpreter a perf_counter fallback runs a few
 reps and the rows say so: those numbers are not speeds.
 
 Losses (`BenchSpec.backward_once`) allow one backward per graph: in "backward" mode every rep
@@ -151,7 +153,7 @@ class RunContext:
     # with the default timer's flush (cuda_timer) | "interpreter"
     timing: str
     hide_host: bool = False  # see cuda_timer
-    flush: str = "read"  # see cuda_timer
+    flush: str = "demote"  # see cuda_timer and default_flush
 
     @property
     def interpreter(self) -> bool:
@@ -164,16 +166,17 @@ def make_context(
     timer: Timer | None = None,
     copy_gbps: float | None = None,
     hide_host: bool = False,
-    flush: str = "read",
+    flush: str | None = None,
 ) -> RunContext:
     """Describe this run and measure the copy bandwidth once (unless `copy_gbps` is given).
 
     `hide_host`: time GPU work alone, without host overhead; `flush`: the L2 flush before each
-    rep, "read" or "demote" (see `cuda_timer`).
+    rep, "read" or "demote" (see `cuda_timer`); None picks `default_flush(device)`.
     """
-    if flush not in ("read", "demote"):
+    if flush not in (None, "read", "demote"):
         raise ValueError(f"make_context: flush must be 'read' or 'demote', got {flush!r}")
     device = device or default_device()
+    flush = flush or default_flush(device)
     own_timer = timer is None
     timer = timer or default_timer(device, hide_host=hide_host, flush=flush)
     on_cuda = device.type == "cuda"
@@ -212,19 +215,20 @@ def cuda_timer(
     *,
     hide_host: bool = False,
     flush_bytes: int = 2**28,
-    flush: str = "read",
+    flush: str | None = None,
 ) -> Timer:
     """CUDA-event timer, do_bench's method with a per-rep setup outside the timed region.
 
     Each rep: setup(), L2 flush, start event, fn(), end event. Rep counts come from a 5-rep
     estimate and the time budgets. The flush goes through a `flush_bytes` buffer, larger than
-    any L2 so far: `flush="read"` sums it, leaving L2 full of clean lines (the default);
-    `"zero"` zeroes it, as do_bench does and as this timer did before 2026-11-22 (the results
-    committed before then): the dirty zeros are then written back inside the timed region.
-    `"demote"` reads it as "read" does, after first taking every evict_last place in L2 with
-    the buffer's lines and returning them to normal priority (bench/_l2.py): a plain read
-    cannot evict lines an earlier kernel loaded with evict_last (torch.compile's do), and a
-    provider timed next on the same addresses would read them from L2 (NOTES 51).
+    any L2 so far: `flush="read"` sums it, leaving L2 full of clean lines; `"zero"` zeroes it,
+    as do_bench does and as this timer did before 2026-11-22 (the results committed before
+    then): the dirty zeros are then written back inside the timed region. `"demote"` reads it
+    as "read" does, after first taking every evict_last place in L2 with the buffer's lines
+    and returning them to normal priority (bench/_l2.py): a plain read cannot evict lines an
+    earlier kernel loaded with evict_last (torch.compile's do), and a provider timed next on
+    the same addresses would read them from L2 (NOTES 51). None (the default) picks
+    `default_flush`: "demote" on sm_80 and later, which have the instruction, else "read".
 
     `hide_host`: before the start event, the GPU also sleeps for twice the CPU time fn takes
     to issue, so all of fn's kernels are queued before the clock starts: the times are GPU
@@ -232,22 +236,31 @@ def cuda_timer(
     and how the published numbers were taken) a launch-bound call also times its Python and
     launch overhead.
     """
-    if flush not in ("read", "zero", "demote"):
+    if flush not in (None, "read", "zero", "demote"):
         raise ValueError(f"cuda_timer: flush must be 'read', 'zero' or 'demote', got {flush!r}")
     buffers: list[torch.Tensor] = []  # the flush buffer, then the read's 0-d sum
+    mode = flush
 
     def flush_l2() -> None:
-        if flush == "zero":
+        if mode == "zero":
             buffers[0].zero_()
             return
-        if flush == "demote":
+        if mode == "demote":
             demote_l2(buffers[0], buffers[1])
         # fp32: 67 us on an H200, where an int32 sum into int64 took 365 us; without hide_host
         # the flush's GPU time hides as much host time (flush_probe.py)
         torch.sum(buffers[0], dim=0, out=buffers[1])
 
     def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
+        nonlocal mode
         if not buffers:
+            device = torch.device("cuda", torch.cuda.current_device())
+            mode = mode or default_flush(device)
+            if mode == "demote" and not _has_applypriority(device):
+                raise ValueError(
+                    f"cuda_timer: flush='demote' needs sm_80 or later ({device_info(device).name} "
+                    "is older); use flush='read'"
+                )
             buffers.append(torch.ones(flush_bytes // 4, dtype=torch.float32, device="cuda"))
             buffers.append(torch.empty((), dtype=torch.float32, device="cuda"))
         sleep_cycles = 0
@@ -319,7 +332,20 @@ def interpreter_timer(reps: int = 3) -> Timer:
     return time_fn
 
 
-def default_timer(device: torch.device, *, hide_host: bool = False, flush: str = "read") -> Timer:
+def _has_applypriority(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def default_flush(device: torch.device) -> str:
+    """The timer's L2 flush unless one is asked for: "demote" where the GPU has
+    `applypriority` (sm_80+), "read" elsewhere (bench/_l2.py; the CPU timer flushes nothing).
+    Rows before 2026-11-23 were timed with "read" (their `timing` column says so)."""
+    return "demote" if _has_applypriority(device) else "read"
+
+
+def default_timer(
+    device: torch.device, *, hide_host: bool = False, flush: str | None = None
+) -> Timer:
     if device.type != "cuda":
         return interpreter_timer()
     return cuda_timer(hide_host=hide_host, flush=flush)
