@@ -40,6 +40,7 @@ from kernelwright.bench.models import MODELS, distinct, token_counts
 from kernelwright.bench.specs import (
     CROSS_ENTROPY,
     FUSED_LINEAR_CROSS_ENTROPY,
+    JAGGED_MEAN,
     RMS_NORM,
     SPECS,
     SWIGLU,
@@ -197,6 +198,23 @@ def test_cpu_defaults_leave_out_compile_and_missing_peers():
     assert [p.name for p in select_providers(spec, device=torch.device("cpu"))] == ["ours"]
 
 
+def test_quick_gpu_runs_leave_out_slow_providers_unless_named(monkeypatch):
+    # jagged_mean's Python loop takes seconds a call at the real shapes (its backward 0.6-8.6 s
+    # on an H200): the demo's quick run on a GPU must not wait on it; full sweeps keep it.
+    import kernelwright.bench.harness as harness
+
+    monkeypatch.setattr(harness, "interpreter_mode", lambda: False)
+    gpu = torch.device("cuda")
+
+    def chosen(**kw):
+        return [p.name for p in select_providers(JAGGED_MEAN, device=gpu, **kw)]
+
+    assert "loop" not in chosen(quick=True) and "kernelwright" in chosen(quick=True)
+    assert "loop" in chosen() and "loop" in chosen(names=["loop"], quick=True)
+    cpu = [p.name for p in select_providers(JAGGED_MEAN, device=torch.device("cpu"), quick=True)]
+    assert "loop" in cpu  # tiny shapes under the interpreter
+
+
 # --------------------------------------------------------------------------- arithmetic
 
 
@@ -352,7 +370,7 @@ def test_default_flush_is_demote_where_the_gpu_has_applypriority():
     # demote needs sm_80+; the CPU interpreter flushes nothing, and a row must not claim a flush
     assert default_flush(torch.device("cpu")) == "read"
     ctx = make_context(torch.device(DEVICE), copy_gbps=1.0)
-    if DEVICE == "cuda":
+    if torch.device(DEVICE).type == "cuda":
         sm80 = torch.cuda.get_device_capability() >= (8, 0)
         assert ctx.flush == ("demote" if sm80 else "read")
         assert ctx.timing.endswith(f"_{ctx.flush}_flush"), ctx.timing

@@ -63,7 +63,11 @@ def bench(
         Path, typer.Option(help="Output folder: <op>.csv, PNG plots, summary.md.")
     ] = Path("kernelwright-runs/bench"),
     quick: Annotated[
-        bool, typer.Option(help="A couple of shapes per op (tiny ones on the CPU interpreter).")
+        bool,
+        typer.Option(
+            help="A couple of shapes per op (tiny ones on the CPU interpreter); on a GPU "
+            "without the slow providers (jagged_mean's Python loop) unless --providers names them."
+        ),
     ] = False,
     append: Annotated[
         bool, typer.Option(help="Append to existing CSVs instead of replacing them.")

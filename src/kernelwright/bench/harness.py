@@ -541,22 +541,30 @@ def with_bandwidth(row: BenchRow) -> BenchRow:
 
 
 def select_providers(
-    spec: BenchSpec, names: Iterable[str] | None = None, *, device: torch.device | None = None
+    spec: BenchSpec,
+    names: Iterable[str] | None = None,
+    *,
+    device: torch.device | None = None,
+    quick: bool = False,
 ) -> list[Provider]:
     """The providers to run: `names` as given (unknown names raise), or the defaults.
 
     Defaults: every provider whose required package imports; on the CPU, without the
-    torch.compile ones (inductor takes ~15 s per shape there, for numbers that mean nothing).
+    torch.compile ones (inductor takes ~15 s per shape there, for numbers that mean nothing);
+    in a quick run on a GPU, without the slow ones (`Provider.slow`: seconds a call there).
     A provider named explicitly always runs, and fails into an error row if it cannot.
     """
     if names is not None:
         return [spec.provider(n) for n in names]
     device = device or default_device()
+    on_gpu = device.type == "cuda" and not interpreter_mode()
     chosen = []
     for p in spec.providers:
         if p.requires and not importable(p.requires):
             continue
         if p.compiled and device.type != "cuda":
+            continue
+        if p.slow and quick and on_gpu:
             continue
         chosen.append(p)
     return chosen
@@ -618,7 +626,8 @@ def plan(
     if sweep is not None:
         sweeps = (spec.sweep(sweep, quick=quick, interpreter=interp),)
     points = [(s.name, x, shape) for s in sweeps for x, shape in s.shapes()]
-    return Plan(spec, points, select_providers(spec, providers, device=device), list(modes))
+    chosen = select_providers(spec, providers, device=device, quick=quick)
+    return Plan(spec, points, chosen, list(modes))
 
 
 def run_spec(

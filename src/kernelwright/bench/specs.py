@@ -49,6 +49,9 @@ class Provider:
     # Writes into its inputs or into dy (in-place backward): the harness copies the original
     # values back before every rep, so no rep runs on what the last one wrote.
     mutates: bool = False
+    # Seconds a call at the sweeps' real shapes (a Python loop of launches): left out of quick
+    # runs on a GPU (`--quick`, the demo) unless named; full sweeps and the CPU keep it.
+    slow: bool = False
 
 
 @dataclass(frozen=True)
@@ -628,7 +631,7 @@ def _jagged_providers() -> tuple[Provider, ...]:
     return (
         Provider("kernelwright", _call(m, "jagged_mean", names, validate=False)),
         Provider("kernelwright_validate", _call(m, "jagged_mean", names, validate=True)),
-        Provider("loop", _call(m, "jagged_mean_loop", names)),
+        Provider("loop", _call(m, "jagged_mean_loop", names), slow=True),
         *_torch_providers(m, "jagged_mean_vectorized", names),
         Provider("torch_segment_reduce", _call(m, "jagged_mean_segment_reduce", names)),
         Provider(
