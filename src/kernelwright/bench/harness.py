@@ -333,7 +333,7 @@ def interpreter_timer(reps: int = 3) -> Timer:
 
 
 def _has_applypriority(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cuda" and device_info(device).capability >= (8, 0)
 
 
 def default_flush(device: torch.device) -> str:
