@@ -5,7 +5,9 @@ other warp counts) and of Liger's under the interpreter, then compiles each for 
 specialization the JIT gives on a GPU (16-divisible pointers and ints, ints equal to 1 as
 constants) and reads the cubin with the wheel's cuobjdump: registers per thread, spill stack,
 SASS instructions, fp32 and packed 16-bit math instructions, programs per SM, and waves over 132
-SMs at a few token counts.
+SMs at a few token counts. (kernelwright.testing.gpu_compile records argument types only and
+compiles without that specialization, which is enough to catch compile errors but not to count
+registers as the GPU would: hence the capture here keeps the argument values.)
 
     python benchmarks/rope_regs_probe.py [--heads 32,8,128] [--warps 4,8] [--liger-src DIR]
 
