@@ -147,18 +147,12 @@ def _rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
     ROWS: tl.constexpr,
-    TILES_Q: tl.constexpr, TILES_K: tl.constexpr,  # head tiles per token, split form; else 0
     IS_INTERLEAVED: tl.constexpr,
     IS_BACKWARD: tl.constexpr,
 ):  # fmt: skip
     # Program p owns tokens s0 .. s0 + ROWS of batch b; the token blocks of one batch are on
-    # consecutive programs, so neighbouring programs touch neighbouring memory. Split form
-    # (TILES_Q + TILES_K > 0): TILES_Q + TILES_K consecutive programs share a token block, one
-    # head tile each (q's tiles first, then k's), and each loads the cos/sin rows itself.
+    # consecutive programs, so neighbouring programs touch neighbouring memory.
     pid = tl.program_id(0)
-    if TILES_Q + TILES_K > 0:
-        tile = pid % (TILES_Q + TILES_K)
-        pid = pid // (TILES_Q + TILES_K)
     s_blocks = tl.cdiv(S, ROWS)
     b = (pid // s_blocks).to(tl.int64)  # int64: b * stride may pass 2^31
     s0 = (pid % s_blocks) * ROWS
@@ -180,18 +174,7 @@ def _rope_kernel(
         k_tok = k_ptr + b * stride_kb + pos * stride_ks
         ko_tok = ko_ptr + b * stride_kob + pos * stride_kos
         hq_end, hk_end = tl.where(valid, HQ, 0), tl.where(valid, HK, 0)
-        if TILES_Q + TILES_K > 0:
-            if tile < TILES_Q:
-                _rotate_heads(
-                    q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, tile * BLOCK_HQ, hq_end,
-                    c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
-                )  # fmt: skip
-            else:
-                _rotate_heads(
-                    k_tok, ko_tok, stride_kh, stride_kd, stride_koh, (tile - TILES_Q) * BLOCK_HK,
-                    hk_end, c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
-                )  # fmt: skip
-        elif BLOCK_HQ >= HQ and BLOCK_HK >= HK:
+        if BLOCK_HQ >= HQ and BLOCK_HK >= HK:
             # One tile holds every head of q and one every head of k: issue all four loads
             # before any store (a store may alias a later load, in place, so the compiler
             # cannot hoist loads past it: a tile loop waits out one memory latency per tile).
@@ -226,10 +209,9 @@ def _bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
     return t.transpose(1, 2) if unsqueeze_dim == 1 else t
 
 
-def _grid(b: int, s: int, cfg: LaunchConfig, tiles: int) -> tuple[int]:
-    # One program per (batch, block of cfg.rows tokens), or per (batch, block, head tile) in
-    # the split form (`tiles` > 0). Axis 0 takes up to 2^31 - 1.
-    programs = b * triton.cdiv(s, cfg.rows) * max(tiles, 1)
+def _grid(b: int, s: int, cfg: LaunchConfig) -> tuple[int]:
+    # One program per (batch, block of cfg.rows tokens). Axis 0 takes up to 2^31 - 1.
+    programs = b * triton.cdiv(s, cfg.rows)
     if programs >= 2**31:
         raise ValueError(f"{_OP}: {b} x {s} tokens need {programs} programs, over the grid limit")
     return (programs,)
@@ -256,21 +238,16 @@ def _launch(
     cfg = config or lookup(TABLE, _OP, kernel, device_info(q.device), n)
     block_r = triton.next_power_of_2(R // 2)  # rotated pairs, padded
     heads = max(1, cfg.block_n // triton.next_power_of_2(D))  # heads per tile
-    block_hq = min(heads, triton.next_power_of_2(max(HQ, 1)))
-    block_hk = min(heads, triton.next_power_of_2(max(HK, 1)))
-    # split_row: each head tile of a token on its own program (see _rope_kernel)
-    tiles_q = triton.cdiv(HQ, block_hq) if cfg.split_row else 0
-    tiles_k = triton.cdiv(HK, block_hk) if cfg.split_row else 0
-    _rope_kernel[_grid(B, S, cfg, tiles_q + tiles_k)](
+    _rope_kernel[_grid(B, S, cfg)](
         q, k, q_out, k_out, cos, sin, S,
         *q.stride(), *k.stride(), *q_out.stride()[:3], *k_out.stride()[:3],
         cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
         sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
         HQ=HQ, HK=HK, D=D, R=R,
-        BLOCK_HQ=block_hq, BLOCK_HK=block_hk,
+        BLOCK_HQ=min(heads, triton.next_power_of_2(max(HQ, 1))),
+        BLOCK_HK=min(heads, triton.next_power_of_2(max(HK, 1))),
         BLOCK_R=block_r, BLOCK_P=triton.next_power_of_2(D - R) if D > R else 1,
-        ROWS=cfg.rows, TILES_Q=tiles_q, TILES_K=tiles_k,
-        IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
+        ROWS=cfg.rows, IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
