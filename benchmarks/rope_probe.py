@@ -95,7 +95,7 @@ def main() -> None:
     for s in sorted({key[0] for key in med}):
         ours = {key: v for key, v in med.items() if key[0] == s and key[1] != "liger"}
         best = min(ours, key=ours.get)
-        mine = ours[(s, "kw_out", table.block_n, table.num_warps)]
+        mine = ours.get((s, "kw_out", table.block_n, table.num_warps), float("nan"))
         liger = med.get((s, "liger", 0, 0), float("nan"))
         print(f"{s:6d} tokens  liger {liger:7.2f} us  table {mine:7.2f} ({liger / mine:.3f}x)  "
               f"best {ours[best]:7.2f} ({best[1]} bn={best[2]} w={best[3]})")  # fmt: skip
