@@ -592,7 +592,7 @@ def test_kernels_compile_for_hopper(monkeypatch):
     # casting mode, with and without the residual gradient, for sm_90.
     def row_lengths(kernel):
         rows = TABLE[kernel]["default"]
-        # each row's upper bound, capped so the interpreter run stays cheap (the last, looped
+        # each row's upper bound, capped so the host tensors stay small (the last, looped
         # row gets a length past the previous bound)
         return [(min(n, rows[-2][0] + 7), cfg) for n, cfg in rows]
 

@@ -3,8 +3,13 @@
 The interpreter runs code that the GPU compiler rejects; this catches it before the GPU does.
 """
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import ON_GPU
 
 from kernelwright.ops import _partials
@@ -17,13 +22,14 @@ from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.rms_norm import TABLE as RMS_TABLE
 from kernelwright.runtime.tables.rope import TABLE as ROPE_TABLE
 from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
-from kernelwright.testing.gpu_compile import check_compiles
+from kernelwright.testing import gpu_compile
+from kernelwright.testing.gpu_compile import capture_launches, check_compiles
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 
 
 def _row_lengths(table, kernel):
-    # One row length per table row: its upper bound, capped so the interpreter run stays cheap
+    # One row length per table row: its upper bound, capped so the host tensors stay small
     # (the last, looped row gets a length past the previous bound).
     bounds = [max_n for max_n, _ in table[kernel]["default"]]
     return [min(b, bounds[-2] + 7) for b in bounds], [cfg for _, cfg in table[kernel]["default"]]
@@ -140,3 +146,54 @@ def test_the_timers_l2_reset_kernels_compile_for_hopper():
                (("BLOCK", 4096), ("LINE_WORDS", 32)), 4, 3),
     ]  # fmt: skip
     _assert_all_compiled(compile_launches(launches))
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+_SCALE = 2.0  # a plain global: the interpreter reads it, the GPU compiler refuses to
+
+
+@triton.jit
+def _double_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2.0, mask=mask)
+
+
+@triton.jit
+def _global_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=mask) * _SCALE, mask=mask)
+
+
+def test_capture_records_launches_and_runs_them_only_when_asked():
+    x = torch.ones(8)
+    with capture_launches(execute=False) as launches:
+        _double_kernel[(1,)](x, 8, BLOCK=8)
+    assert torch.equal(x, torch.ones(8))  # recorded, not run
+    assert [(la.name, dict(la.constexprs)) for la in launches] == [("_double_kernel", {"BLOCK": 8})]
+    with capture_launches() as launches:
+        _double_kernel[(1,)](x, 8, BLOCK=8)
+    assert torch.equal(x, torch.full((8,), 2.0)) and len(launches) == 1
+
+
+def test_a_kernel_the_gpu_compiler_rejects_is_reported_as_itself(monkeypatch):
+    # Good and bad launches interleaved: the compile processes (one per core, the launches
+    # dealt out in turn) must hand each result back to its own launch.
+    tests_dir = str(Path(__file__).parent)  # the compile processes import this module
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(gpu_compile, "_workers", lambda launches: min(launches, 2))
+
+    def run():
+        x = torch.ones(64)
+        for kernel, block in [(_double_kernel, 16), (_global_kernel, 16), (_double_kernel, 32),
+                              (_double_kernel, 64), (_global_kernel, 32)]:  # fmt: skip
+            kernel[(1,)](x, 64, BLOCK=block)
+
+    results = check_compiles(run)
+    got = [(r.launch.name, dict(r.launch.constexprs)["BLOCK"], r.ok) for r in results]
+    assert got == [("_double_kernel", 16, True), ("_global_kernel", 16, False),
+                   ("_double_kernel", 32, True), ("_double_kernel", 64, True),
+                   ("_global_kernel", 32, False)]  # fmt: skip
+    assert all("_SCALE" in r.error for r in results if not r.ok), [r.error for r in results]

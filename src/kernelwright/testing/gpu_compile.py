@@ -4,8 +4,9 @@ The interpreter accepts code the GPU compiler rejects (a plain Python global rea
 kernel, say), so interpreter tests alone let such kernels reach the GPU machine. This module
 records every launch a piece of code makes under the interpreter — the kernel, its argument
 types, its compile-time constants and `num_warps` — and compiles each distinct one for an
-NVIDIA target (sm_90 by default) in a subprocess with the interpreter off. No GPU is needed:
-Triton's wheel carries ptxas.
+NVIDIA target (sm_90 by default) in subprocesses with the interpreter off, one per core. No
+GPU is needed: Triton's wheel carries ptxas. `check_compiles` records the launches without
+running them, so a compile check costs the compiles, not the interpreter's run of wide rows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -56,8 +58,10 @@ def _type_code(value: object) -> str:
 
 
 @contextlib.contextmanager
-def capture_launches() -> Iterator[list[Launch]]:
-    """Record every interpreted kernel launch made inside the block (launches still run)."""
+def capture_launches(execute: bool = True) -> Iterator[list[Launch]]:
+    """Record every interpreted kernel launch made inside the block. With `execute=False` the
+    launches are recorded only, not run: outputs stay as they were (a compile check does not
+    read them, and the interpreter's run of a wide row is what takes its time)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launches: list[Launch] = []
@@ -89,6 +93,8 @@ def capture_launches() -> Iterator[list[Launch]]:
                 int(kwargs.get("num_stages", 3)),
             )
         )
+        if not execute:
+            return None
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = run
@@ -106,9 +112,15 @@ class CompileResult:
     shared: int = 0  # bytes of shared memory per program (0 when it did not compile)
 
 
-def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResult]:
-    """Compile each distinct launch for sm_`arch` in a subprocess without the interpreter."""
-    unique = list(dict.fromkeys(launches))
+def _workers(launches: int) -> int:
+    # One compile process per core (the tests themselves run on one), at most 4: each holds
+    # its own torch and triton.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(launches, cores or 1, 4))
+
+
+def _compile_batch(launches: list[Launch], arch: int) -> list[list]:
+    # [error or "", shared bytes] per launch, from one subprocess with the interpreter off.
     payload = json.dumps(
         [
             {
@@ -119,7 +131,7 @@ def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResu
                 "num_warps": launch.num_warps,
                 "num_stages": launch.num_stages,
             }
-            for launch in unique
+            for launch in launches
         ]
     )
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
@@ -134,15 +146,33 @@ def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResu
     if proc.returncode != 0:
         raise RuntimeError(f"compile subprocess failed:\n{proc.stderr[-4000:]}")
     results = json.loads(proc.stdout.strip().splitlines()[-1])
+    if len(results) != len(launches):
+        raise RuntimeError(f"compile subprocess answered {len(results)} of {len(launches)}")
+    return results
+
+
+def compile_launches(launches: list[Launch], arch: int = 90) -> list[CompileResult]:
+    """Compile each distinct launch for sm_`arch` in subprocesses without the interpreter,
+    one per core (up to 4), the launches dealt out in turn."""
+    unique = list(dict.fromkeys(launches))
+    n = _workers(len(unique))
+    batches = [unique[i::n] for i in range(n)]
+    with ThreadPoolExecutor(n) as pool:
+        answers = list(pool.map(lambda batch: _compile_batch(batch, arch), batches))
+    results: list[list] = [[]] * len(unique)
+    for i, answer in enumerate(answers):
+        results[i::n] = answer
     return [
         CompileResult(launch, not err, err, shared)
-        for launch, (err, shared) in zip(unique, results, strict=False)
+        for launch, (err, shared) in zip(unique, results, strict=True)
     ]
 
 
 def check_compiles(run: Callable[[], object], arch: int = 90) -> list[CompileResult]:
-    """Run `run()` under the interpreter, then compile every launch it made for sm_`arch`."""
-    with capture_launches() as launches:
+    """Run `run()` with the interpreter on and its kernel launches recorded but not executed
+    (their outputs are the interpreter tests' business), then compile every distinct launch
+    it made for sm_`arch`."""
+    with capture_launches(execute=False) as launches:
         run()
     if not launches:
         raise AssertionError("no kernel launches were captured")
