@@ -36,9 +36,12 @@ demo: $(STAMP)
 	$(BIN)/kernelwright demo
 	$(BIN)/kernelwright create examples/create/relu_squared.py --yes
 
-# The CPU test suite, through Triton's interpreter (also on machines that have a GPU).
+# The CPU test suite, through Triton's interpreter (also on machines that have a GPU), on two
+# workers, each test file whole on one (test_create_library writes into the checkout).
+# `make test TEST_ARGS=` runs it in one process; `TEST_ARGS="-n auto --dist loadfile"` on more.
+TEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
