@@ -16,7 +16,6 @@ which was slower everywhere and went with it: see 42a694a.)
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import itertools
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 import triton
+from _probe import write_csv
 
 from kernelwright.bench.harness import cuda_timer
 from kernelwright.ops.rope import _launch, rope_tables
@@ -81,11 +81,7 @@ def main() -> None:
             rows.append(dict(round=rnd, tokens=s, provider="liger", block_n=0, warps=0, rows=0,
                              ms=p50, gbps=gb / (p50 / 1e3)))  # fmt: skip
         print(f"round {rnd} tokens {s} done", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "rope_probe.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out, "rope_probe.csv", rows)
     times: dict[tuple, list[float]] = {}
     for row in rows:
         key = (row["tokens"], row["provider"], row["block_n"], row["warps"])
