@@ -47,16 +47,17 @@ def write_csv(out: Path, name: str, rows: list[dict]) -> None:
 
 def time_variants(shape: str, variants: dict, y, ref, tol: float, timer, gb: float, copy: float):
     """Check then time each variant of a probe: a callable that writes `y` (or, for
-    "torch_compile", returns its output). A variant whose output is off `ref` by `tol` or more,
-    or that fails to compile or run, is printed and skipped; the others give a row each (p50 ms,
-    % of copy for `gb` GB moved, and the registers and spills of a Triton launch's kernel)."""
+    "torch_compile" and "liger", returns its output). A variant whose output is off `ref` by
+    `tol` or more, or that fails to compile or run, is printed and skipped; the others give a
+    row each (p50 ms, % of copy for `gb` GB moved, and the registers and spills of a Triton
+    launch's kernel)."""
     rows = []
     for name, fn in variants.items():
         try:
             y.fill_(float("nan"))
             out = fn()
             torch.cuda.synchronize()
-            got = out if name == "torch_compile" else y
+            got = out if name in ("torch_compile", "liger") else y
             err = (got.float() - ref).abs().max().item()
             if not err < tol:
                 print(f"{shape} {name:32s} WRONG max err {err:.3g}")

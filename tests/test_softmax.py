@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+import triton
 from conftest import DEVICE, H100, ON_GPU
 
 from kernelwright.ops import _split
@@ -23,6 +24,7 @@ from kernelwright.ops.softmax import (
     softmax_ref,
 )
 from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.tables.softmax import TABLE
 from kernelwright.testing import (
     Tolerance,
     check_op,
@@ -52,11 +54,13 @@ OP_IDS = ["softmax", "log_softmax"]
 if ON_GPU:
     # (33, 20001): the one-row forward's masked rows at an odd row stride (no 16-byte
     # alignment); (17, 65535): split rows (4 chunks forward, 8 backward), the last partial;
-    # (5, 262144) split, (3, 600000) looped. They go last: SHAPES[2] and SHAPES[4] are the
-    # one-row and the wider widths the tests below pick by index.
+    # (5, 262144) split, (3, 600000) looped; (129, 8191) and (65, 12289): the backward's looped
+    # rows under the one-row widths (16-bit values; fp32 one-row), the last chunk partial.
+    # They go last: SHAPES[2] and SHAPES[4] are the one-row and the wider widths the tests below
+    # pick by index.
     SHAPES = [
         (4099, 64), (3, 1000, 257), (1023, 4096), (257, 32768), (9, 32769), (5, 262144),
-        (33, 20001), (17, 65535), (3, 600000),
+        (33, 20001), (17, 65535), (3, 600000), (129, 8191), (65, 12289),
     ]  # fmt: skip
     LONG = 600000  # past the split rows: the looped kernels
 else:
@@ -295,6 +299,31 @@ def test_forward_holds_at_most_128_kb_of_a_row(monkeypatch):
     assert cfg(65536, torch.float32) == looped_row
     explicit = LaunchConfig(block_n=65536, rows=1, num_warps=32)
     assert cfg(65536, torch.float32, explicit) is explicit
+
+
+def test_backward_loops_16bit_rows_only(monkeypatch):
+    # The table's looped backward rows under the one-row widths (4097-16384 on an H100) serve
+    # 16-bit values; fp32 rows there take the table's widest one-row config (the 32768 row's
+    # warps) at their power of two. Past the one-row widths fp32 rows keep the table's row
+    # (split, then looped); an explicit config is taken as given.
+    monkeypatch.setattr(softmax_module, "device_info", lambda device=None: H100)
+
+    def cfg(n, dtype, config=None):
+        return softmax_module.backward_config(torch.empty(1, n, dtype=dtype).expand(4, n), config)
+
+    widest = [c for max_n, c in TABLE["bwd"]["default"] if c.block_n >= max_n][-1]
+    for n in (4097, 8192, 12289, 16384):
+        for dtype in (torch.bfloat16, torch.float16):
+            looped = cfg(n, dtype)
+            assert looped.block_n < n and looped.evict_hints and not looped.split_row
+        one_row = cfg(n, torch.float32)
+        assert one_row == widest.with_(block_n=triton.next_power_of_2(n))
+    assert cfg(4096, torch.float32) == cfg(4096, torch.bfloat16)  # one-row in the table
+    assert cfg(32768, torch.float32) == widest
+    assert cfg(65536, torch.float32).split_row
+    assert cfg(2**21, torch.float32) == TABLE["bwd"]["default"][-1][1]  # the looped row
+    explicit = LaunchConfig(block_n=4096, num_warps=8)
+    assert cfg(8192, torch.float32, explicit) is explicit
 
 
 def _split_launches(x, dy, is_log, block_n, num_warps=4):

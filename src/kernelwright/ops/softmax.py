@@ -11,7 +11,9 @@ backward (the input is never needed):
 
 A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds rows
 of 16384 and more in their own dtype (ops/_held.py: half the registers of fp32 for bf16/fp16).
-Longer rows, up to 32 chunks (524288 columns forward, 262144 backward), are split over programs
+The backward's 16-bit rows of 4097-16384 columns instead take the looped kernel below (two reads,
+the second from L2), compiled per row length: faster there than holding dy and y.
+Rows past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split over programs
 that each hold one chunk and wait for each other's statistics (ops/_split.py): one read and one
 write of the row. Past that an online pass — running max and rescaled running sum in one
 read — and a second read of the row to write y; rows that long do not all stay in L2 between
@@ -36,7 +38,7 @@ from kernelwright.ops._split import launch as launch_split
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
+from kernelwright.runtime.launch import LaunchConfig, table_rows, two_pass_flags
 from kernelwright.runtime.tables.softmax import TABLE
 
 # --------------------------------------------------------------------------- kernels
@@ -233,7 +235,7 @@ def _softmax_bwd_looped_kernel(
     y_ptr,
     dx_ptr,
     M,
-    N,
+    N: tl.constexpr,  # a constant: the chunk count is known, the loops unroll (see below)
     stride_dy,
     stride_y,
     stride_dx,
@@ -243,7 +245,12 @@ def _softmax_bwd_looped_kernel(
     EVICT_2ND: tl.constexpr,
     REVERSE: tl.constexpr,
 ):
-    # Long rows: pass 1 reduces sum(dy * y) (softmax) or sum(dy) (log_softmax), pass 2 writes dx.
+    # Rows walked in BLOCK_N chunks: pass 1 reduces sum(dy * y) (softmax) or sum(dy)
+    # (log_softmax), pass 2 re-reads dy and y — from L2 with the table's flags — and writes dx,
+    # so the DRAM reads and writes fall in separate passes. N is a constexpr, as in layer_norm's
+    # looped forward: with a runtime N this form was slower than the one-row kernel everywhere
+    # (NOTES 23); compiled per row length it runs at torch.compile's speed and 2-4% ahead of
+    # the one-row kernel at 8192-16384 columns (benchmarks/softmax_bwd_probe.py, NOTES 56).
     row = tl.program_id(0).to(tl.int64)
     dy_row = dy_ptr + row * stride_dy
     y_row = y_ptr + row * stride_y
@@ -342,13 +349,33 @@ def forward_config(x: torch.Tensor, config: LaunchConfig | None = None) -> Launc
     return cfg
 
 
+def _widest_one_row(kernel: str, x: torch.Tensor) -> LaunchConfig | None:
+    """The table's widest one-row config (a row whose `block_n` covers its bound) with
+    `block_n` x's row length rounded up to a power of two; None where x's rows are wider."""
+    n = x.shape[-1]
+    one_row = [c for max_n, c in table_rows(TABLE, kernel, device_info(x.device).arch)
+               if c.block_n >= max_n and not c.split_row]  # fmt: skip
+    if not one_row or one_row[-1].block_n < n:
+        return None
+    return one_row[-1].with_(block_n=triton.next_power_of_2(n))
+
+
 def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
-    """The backward's launch config for `y` ([M, N]): the table's row for its length, or the
-    table's looped row where a split row could not be split. An explicit `config` is taken as
-    given (a split row that cannot be split runs looped at its `block_n`)."""
+    """The backward's launch config for `y` ([M, N]): the table's row for its length; the
+    table's looped row where a split row could not be split; and for 4-byte values, where the
+    table's row is looped but the row fits the table's widest one-row config, that config. An
+    explicit `config` is taken as given (a split row that cannot be split runs looped at its
+    `block_n`).
+
+    The table's looped rows under the one-row widths were swept with 16-bit values (NOTES 56);
+    with fp32 ones the same configs were slower than the one-row kernel (H200, 4096 x 8192:
+    98.8 against 93.3 us), which holds fp32 dy and y in registers whatever the input dtype."""
     cfg = _config("bwd", y, config)
-    if config is None and cfg.block_n < y.shape[-1] and cfg.split_row and not _split_count(y, cfg):
-        cfg = _looped_row("bwd", y)
+    if config is None and cfg.block_n < y.shape[-1]:
+        if cfg.split_row and not _split_count(y, cfg):
+            cfg = _looped_row("bwd", y)
+        elif not cfg.split_row and y.element_size() > 2:
+            cfg = _widest_one_row("bwd", y) or cfg
     return cfg
 
 

@@ -80,6 +80,12 @@ Table = dict[str, dict[str, list[Row]]]
 FewRows = dict[str, dict[str, list[tuple[int, int, LaunchConfig]]]]
 
 
+def table_rows(table: Table, kernel: str, arch: str) -> list[Row]:
+    """The rows `lookup` uses for `kernel` on `arch`: its own entry, else "default"."""
+    per_arch = table[kernel]
+    return per_arch.get(arch) or per_arch["default"]
+
+
 def lookup(
     table: Table,
     op: str,
@@ -93,7 +99,7 @@ def lookup(
     count) and `few_rows`, a few-rows override of that row where one applies."""
     per_arch = table[kernel]
     arch = device.arch if device.arch in per_arch else "default"
-    rows = per_arch.get(arch) or per_arch["default"]
+    rows = table_rows(table, kernel, arch)
     for max_n, cfg in rows:
         if n <= max_n:
             overrides = (few_rows or {}).get(kernel, {}).get(arch, [])

@@ -52,8 +52,16 @@ TABLE = {
             (256, C(block_n=256, rows=16, num_warps=4)),
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=4)),
-            (8192, C(block_n=8192, rows=1, num_warps=16)),
-            (16384, C(block_n=16384, rows=1, num_warps=4)),
+            # 4097-16384: the looped kernel compiled per row length, second read from L2
+            # (benchmarks/softmax_bwd_probe.py, 4096 rows, bf16, NOTES 56): 8192 63.4 -> 62.1
+            # us on an H100, 47.9 -> 46.2 on an H200; 16384 132.1 -> 127.9 and 95.3 -> 91.8.
+            # fp32 values keep the one-row kernel at the 32768 row's warps (backward_config).
+            (8192, C(block_n=4096, rows=1, num_warps=16, evict_hints=True)),
+            (16384, C(block_n=8192, rows=1, num_warps=32, evict_hints=True)),
+            # 32768: the one-row kernel. The looped one was 2% faster on an H100 (8192 x 32
+            # warps) and 1% slower on an H200, where some configs of it (and torch.compile's
+            # kernel of the same form at 24576) fell to 82% of copy: the rows in flight hold
+            # 34 MB of dy and y, two-thirds of L2, so the second read misses more (NOTES 56).
             (32768, C(block_n=32768, rows=1, num_warps=16)),
             # Past 32768: split rows as in the forward, 8192-wide chunks (dy and y held as
             # fp32; NOTES 31), at most 32 of them; past that the looped kernel.

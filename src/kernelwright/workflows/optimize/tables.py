@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kernelwright.profiles.optimization import ConfigRow
-from kernelwright.runtime.launch import LaunchConfig, Row, Table
+from kernelwright.runtime.launch import LaunchConfig, Row, Table, table_rows
 
 ArchRows = dict[str, list[Row]]  # kernel -> the rows of one architecture
 MAX_N_OPEN = 2**31 - 1  # the "any longer row" bound the tables use
@@ -44,9 +44,8 @@ def get_table(op: str) -> Table:
 
 
 def rows_for(table: Table, kernel: str, arch: str) -> list[Row]:
-    """The rows `lookup` uses for `arch`: its own entry, else "default"."""
-    per_arch = table[kernel]
-    return list(per_arch.get(arch) or per_arch["default"])
+    """The rows `lookup` uses for `arch`: its own entry, else "default" (a copy)."""
+    return list(table_rows(table, kernel, arch))
 
 
 def arch_rows(table: Table, kernels: list[str], arch: str) -> ArchRows:
