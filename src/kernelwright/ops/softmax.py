@@ -11,14 +11,14 @@ backward (the input is never needed):
 
 A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds rows
 of 16384 and more in their own dtype (ops/_held.py: half the registers of fp32 for bf16/fp16).
-The backward's 16-bit rows of 4097-16384 columns instead take the looped kernel below (two reads,
-the second from L2), compiled per row length: faster there than holding dy and y.
-Rows past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split over programs
-that each hold one chunk and wait for each other's statistics (ops/_split.py): one read and one
-write of the row. Past that an online pass — running max and rescaled running sum in one
-read — and a second read of the row to write y; rows that long do not all stay in L2 between
-the passes: at worst this form moves 3/2 of the minimal bytes. The table's L2 flags (eviction
-hints, the write pass from the row's end) serve part of the second read from L2.
+The backward's 16-bit rows of 4097-16384 columns instead take the looped kernel below (two
+reads, the second from L2), compiled per row length: faster there than holding dy and y. Rows
+past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split
+over programs that each hold one chunk and wait for each other's statistics (ops/_split.py):
+one read and one write of the row. Past that an online pass — running max and rescaled running
+sum in one read — and a second read of the row to write y; rows that long do not all stay in L2
+between the passes: at worst this form moves 3/2 of the minimal bytes. The table's L2 flags
+(eviction hints, the write pass from the row's end) serve part of the second read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
