@@ -377,6 +377,29 @@ def layer_norm_fwd_looped_cases():
         del x, y
 
 
+def layer_norm_fwd_warps_cases():
+    # NOTES 57: the looped forward (row length a constexpr since NOTES 42) at 16 and 32 warps and
+    # chunks up to 8192, where 42's sweeps stopped at 16 warps; softmax's looped backward gained
+    # 1.5% at 16384 from 32 warps (NOTES 56). The table's config (block_n=-2), torch.compile
+    # (-1) and Liger (0) in the same process.
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    from kernelwright.ops import layer_norm as ln
+
+    compiled = torch.compile(ln.layer_norm_eager, dynamic=False)
+    for m, n in [(8192, 16384), (16384, 16384), (4096, 32768)]:
+        x, _, w, b, y, _, _, _, mean, rstd = _layer_norm_tensors(m, n)
+        nb = 2 * m * n * 2
+        yield "fwd", (m, n), C(block_n=0), partial(LigerLayerNormFunction.apply, x, w, b, 1e-5), nb
+        yield "fwd", (m, n), C(block_n=-1), partial(compiled, x, w, b, 1e-5), nb
+        table = partial(ln.layer_norm_fwd_launch, x, w, b, y, mean, rstd, 1e-5)
+        yield "fwd", (m, n), C(block_n=-2), table, nb
+        for bn, nw, rev in itertools.product((2048, 4096, 8192), (16, 32), (False, True)):
+            cfg = C(block_n=bn, num_warps=nw, evict_hints=True, reverse_pass=rev)
+            yield "fwd", (m, n), cfg, partial(table, config=cfg), nb
+        del x, y
+
+
 def softmax_cases():
     from kernelwright.ops import softmax as sm
 
@@ -970,6 +993,7 @@ CASES = {
     "jagged_mean_balance": jagged_mean_balance_cases,
     "jagged_mean_staged": jagged_mean_staged_cases,
     "layer_norm_fwd_looped": layer_norm_fwd_looped_cases,
+    "layer_norm_fwd_warps": layer_norm_fwd_warps_cases,
     "geglu": geglu_cases,
     "relu_squared": relu_squared_cases,
     "jagged_mean": jagged_mean_cases,
