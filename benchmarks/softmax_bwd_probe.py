@@ -15,6 +15,7 @@ end, the config inductor's autotuner kept for its backward kernel at each shape.
 
 `--sweep wide` (default): chunk widths 2048 to the whole row x 8-32 warps, and the switches one at
 a time. `--sweep focus`: the wide sweep's candidates with 32- and 64-bit row offsets, and Liger.
+`--sweep held`: the one-row kernel with dy and y held in their own dtype (NOTES 58).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 from _probe import gpu_setup, time_variants, write_csv
 
+from kernelwright.ops._held import again
 from kernelwright.ops.softmax import softmax_bwd_launch
 from kernelwright.runtime.launch import LaunchConfig
 
@@ -66,6 +68,24 @@ def _softmax_bwd_looped(dy_ptr, y_ptr, dx_ptr, N_RT, stride, N_CONST: tl.constex
                  eviction_policy=EVICT_2ND)  # fmt: skip
 
 
+@triton.jit
+def _softmax_bwd_onerow(dy_ptr, y_ptr, dx_ptr, N, stride, BLOCK_N: tl.constexpr,
+                        HOLD: tl.constexpr):  # fmt: skip
+    # the library's one-row backward (softmax, ROWS = 1) with dy and y held in their own dtype
+    # (HOLD, ops/_held.py: converted afresh after the sum) instead of as fp32
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    dy = tl.load(dy_ptr + row * stride + cols, mask=mask, other=0.0)
+    y = tl.load(y_ptr + row * stride + cols, mask=mask, other=0.0)
+    if not HOLD:
+        dy = dy.to(tl.float32)
+        y = y.to(tl.float32)
+    s = tl.sum(dy.to(tl.float32) * y.to(tl.float32), axis=0)
+    dx = again(y, s, HOLD).to(tl.float32) * (again(dy, s, HOLD).to(tl.float32) - s)
+    tl.store(dx_ptr + row * stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 def _variants(dy, y, dx, compiled, sweep: str) -> dict:
     m, n = y.shape
     variants = {
@@ -93,6 +113,14 @@ def _variants(dy, y, dx, compiled, sweep: str) -> dict:
         cfg = LaunchConfig(block_n=triton.next_power_of_2(n), rows=1, num_warps=warps)
         return functools.partial(softmax_bwd_launch, dy, y, dx, False, cfg)
 
+    if sweep == "held":
+        # NOTES 58: the one-row kernel with dy and y held in their dtype, at 16 and 32 warps
+        for warps, hold in itertools.product((16, 32), (0, 1)):
+            variants[f"onerow_w{warps}_hold{hold}"] = functools.partial(
+                _softmax_bwd_onerow[(m,)], dy, y, dx, n, y.stride(0),
+                BLOCK_N=triton.next_power_of_2(n), HOLD=bool(hold), num_warps=warps,
+            )  # fmt: skip
+        return variants
     if sweep == "focus":
         # the candidates of the wide sweep (H100 and H200), 32- and 64-bit row offsets
         for block, warps, i64 in itertools.product((4096, 8192, 16384), (16, 32), (0, 1)):
@@ -132,7 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="4096x4096,4096x8192,4096x16384,4096x32768")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--sweep", choices=("wide", "focus"), default="wide")
+    ap.add_argument("--sweep", choices=("wide", "focus", "held"), default="wide")
     ap.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()

@@ -272,6 +272,30 @@ def test_one_row_forward_holds_16bit_rows(dtype, is_log):
 
 
 @pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_one_row_backward_holds_16bit_rows(dtype, is_log):
+    # From HOLD_FROM columns the one-row backward keeps dy and y in their 16-bit dtype and
+    # converts them again after the sum (`again`): dx must be fp32 math on the dy and y it
+    # reads, rounded once. y from the forward (log_softmax: all negative), dy random of both
+    # signs; 700 columns of the 16384-wide block.
+    x = _x((5, 700), torch.float32, 30, std=4.0).to(dtype)
+    dy = _x((5, 700), dtype, 31)
+    y = _one_row_forward(x, is_log)
+    dx = torch.full_like(x, float("nan"))
+    with poisoned():
+        softmax_bwd_launch(dy, y, dx, is_log, config=LaunchConfig(block_n=HOLD_FROM, rows=1))
+    yf, dyf = y.float(), dy.float()
+    s = (dyf if is_log else dyf * yf).sum(-1, keepdim=True)
+    ref = dyf - yf.exp() * s if is_log else yf * (dyf - s)
+    # one rounding (a full ulp: the interpreter's truncating cast; fp16's subnormal step at
+    # the bottom), plus fp32 noise in the sum scaled by what multiplies it
+    info = torch.finfo(dtype)
+    bound = info.eps * (ref.abs() + info.smallest_normal)
+    bound += 1e-5 * (s.abs() * (yf.exp() if is_log else yf))
+    assert ((dx.float() - ref).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
 def test_one_row_forward_int64_offsets(is_log):
     # Row 2 starts past 2^31 elements: an int32 offset would wrap and read/write elsewhere.
     x = large_offset_rows(300, 3, torch.bfloat16, DEVICE, gen=generator(12))

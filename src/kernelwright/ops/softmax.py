@@ -205,13 +205,22 @@ def _softmax_bwd_kernel(
 ):
     cols = tl.arange(0, BLOCK_N)
     if ROWS == 1:
-        # One row: a 1-D block, as in the forward.
+        # One row: a 1-D block, as in the forward. 16-bit rows from HOLD_FROM columns stay in
+        # their dtype, converted again after the sum (_held): at 32768 columns -0.9% on both
+        # GPUs against holding them as fp32 (benchmarks/softmax_bwd_probe.py --sweep held,
+        # NOTES 58). fp32 rows gain nothing from it and would pay the extra adds.
         row = tl.program_id(0).to(tl.int64)
         col_mask = cols < N
-        dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
+        hold: tl.constexpr = BLOCK_N >= HOLD_FROM and y_ptr.dtype.element_ty.primitive_bitwidth < 32
+        dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0)
+        y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0)
         # log_softmax: dx = dy - softmax * sum(dy); softmax: dx = y * (dy - sum(dy * y))
-        s = tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0)
+        if IS_LOG:
+            s = tl.sum(dy.to(tl.float32), axis=0)
+        else:
+            s = tl.sum(dy.to(tl.float32) * y.to(tl.float32), axis=0)
+        dy = again(dy, s, hold).to(tl.float32)
+        y = again(y, s, hold).to(tl.float32)
         dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
         tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
     else:
