@@ -9,8 +9,8 @@ backward (the input is never needed):
     softmax:      dx = y * (dy - sum(dy * y))
     log_softmax:  dx = dy - exp(y) * sum(dy)
 
-A row that fits one program (`block_n >= n`) is reduced in registers — the forward holds rows
-of 16384 and more in their own dtype (ops/_held.py: half the registers of fp32 for bf16/fp16).
+A row that fits one program (`block_n >= n`) is reduced in registers — 16-bit rows of 16384
+and more are held in their own dtype (ops/_held.py: half the registers of fp32).
 The backward's 16-bit rows of 4097-16384 columns instead take the looped kernel below (two
 reads, the second from L2), compiled per row length: faster there than holding dy and y. Rows
 past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split
