@@ -206,9 +206,10 @@ def _softmax_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     if ROWS == 1:
         # One row: a 1-D block, as in the forward. 16-bit rows from HOLD_FROM columns stay in
-        # their dtype, converted again after the sum (_held): at 32768 columns -0.9% on both
-        # GPUs against holding them as fp32 (benchmarks/softmax_bwd_probe.py --sweep held,
-        # NOTES 58). fp32 rows gain nothing from it and would pay the extra adds.
+        # their dtype, converted again after the sum (_held): at 32768 columns 188.8 against
+        # 190.0 us on an H200 and 264.4 against 266.7 on an H100, against holding them as fp32
+        # (benchmarks/softmax_bwd_probe.py --sweep held, 16 warps, NOTES 58). fp32 rows gain
+        # nothing from it and would pay the extra adds.
         row = tl.program_id(0).to(tl.int64)
         col_mask = cols < N
         hold: tl.constexpr = BLOCK_N >= HOLD_FROM and y_ptr.dtype.element_ty.primitive_bitwidth < 32
@@ -378,7 +379,8 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
 
     The table's looped rows under the one-row widths were swept with 16-bit values (NOTES 56);
     with fp32 ones the same configs were slower than the one-row kernel (H200, 4096 x 8192:
-    98.8 against 93.3 us), which holds fp32 dy and y in registers whatever the input dtype."""
+    98.8 against 93.3 us), which holds dy and y as fp32 below HOLD_FROM columns whatever the
+    input dtype."""
     cfg = _config("bwd", y, config)
     if config is None and cfg.block_n < y.shape[-1]:
         if cfg.split_row and not _split_count(y, cfg):
