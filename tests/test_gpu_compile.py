@@ -131,6 +131,29 @@ def test_two_pass_kernels_compile_with_their_l2_flags():
     assert len(results) == 3 * len(flags)
 
 
+def test_split_row_kernels_compile_for_hopper(monkeypatch):
+    # softmax's split rows in their waiting form (PHASE 0, which the interpreter never runs),
+    # their exchange in the output and in the workspace (a bf16 output view 2 bytes in; fp32's,
+    # 4 bytes in, is aligned: the same launch again), bf16 rows and fp32 (ops/_split.py).
+    # Recorded only, not run: nothing may wait under the interpreter.
+    from kernelwright.ops import _split
+
+    monkeypatch.setattr(_split, "phases", lambda device: (0,))
+
+    def run():
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(2, 700, dtype=dtype)
+            cfg = LaunchConfig(block_n=256, num_warps=4, split_row=True)
+            for y in (torch.empty_like(x), torch.empty(2, 701, dtype=dtype)[:, 1:]):
+                sm.softmax_fwd_launch(x, y, False, config=cfg)
+                sm.softmax_bwd_launch(x, x, y, True, config=cfg)
+
+    results = check_compiles(run)
+    _assert_all_compiled(results)
+    in_out = sorted(dict(r.launch.constexprs)["IN_OUT"] for r in results)
+    assert len(results) == 6 and in_out == [False] * 2 + [True] * 4
+
+
 def test_the_timers_l2_reset_kernels_compile_for_hopper():
     # bench/_l2's kernels: an evict_last read and inline PTX (applypriority), which the
     # interpreter cannot run, so their launches are described here rather than captured.

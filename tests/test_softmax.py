@@ -405,6 +405,49 @@ def test_split_row_int64_offsets(is_log):
     assert rel_norm_error(dx, dx_ref) < 1e-5
 
 
+@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_split_row_exchange_in_the_output(monkeypatch, dtype, is_log):
+    # The split rows keep their slots and counters in the output's rows (ops/_split.py): no
+    # workspace is allocated, and the results are bit for bit the workspace form's. 301 values
+    # a row: 16-bit rows start at odd values every other row (the words one value in); three
+    # chunks of 128, the last partial; poisoned outputs.
+    x = _x((5, 301), torch.float32, 30, std=4.0).to(dtype)
+    x[3, :128] = float("-inf")  # chunk 0, whose values hold the words, all -inf
+    dy = _x((5, 301), dtype, 31)
+
+    def no_workspace(*args, **kwargs):
+        raise AssertionError("the split rows allocated a workspace")
+
+    with monkeypatch.context() as m:
+        m.setattr(_split, "workspace", no_workspace)
+        y, dx = _split_launches(x, dy, is_log, 128)
+    _assert_one_rounding(y, x, is_log)
+    with monkeypatch.context() as m:
+        m.setattr(_split, "exchange_values", lambda *args: 0)  # the workspace form
+        y2, dx2 = _split_launches(x, dy, is_log, 128)
+    assert torch.equal(y, y2) and torch.equal(dx, dx2)
+
+
+def test_split_row_exchange_only_where_it_fits():
+    # The exchange lives in the output only where it cannot touch another tensor's values or a
+    # misaligned word: header values to zero (16-bit: 3 words + a possible one-value shift), or
+    # 0 for the workspace.
+    ev = _split.exchange_values
+    y16, y32 = torch.empty(4, 301, dtype=torch.bfloat16), torch.empty(4, 301)
+    x16 = torch.empty_like(y16)
+    assert ev(y16, [x16], 128, 3, 2) == 7 and ev(y32, [y32.clone()], 128, 3, 2) == 3
+    assert ev(y16, [y16], 128, 3, 2) == 0  # in place
+    assert ev(y16[:, 2:], [x16], 128, 3, 2) == 7  # 4 bytes in: aligned
+    assert ev(y16[:, 1:], [x16], 128, 3, 2) == 0  # 2 bytes in: misaligned words
+    # 3 + 32 * 2 words = 134 values + the shift: 135 fit in chunk 0 of 135, not of 134
+    assert ev(y16, [x16], 135, 32, 2) == 7 and ev(y16, [x16], 134, 32, 2) == 0
+    assert ev(y32, [x16], 67, 32, 2) == 3 and ev(y32, [x16], 66, 32, 2) == 0
+    big = torch.empty(2, 4096, dtype=torch.bfloat16)
+    assert ev(big[:, :2048], [big[:, 2048:]], 128, 3, 2) == 7  # interleaved halves: disjoint
+    assert ev(big[:, :2048], [big[:, 1024:3072]], 128, 3, 2) == 0
+
+
 def test_split_row_chosen_only_where_it_can_split(monkeypatch):
     # The table's split rows (an H100's) take rows past the one-row widths; a row of more than
     # MAX_SPLITS chunks (or than the GPU's SMs), or more programs in all than int32 tickets,
@@ -458,9 +501,39 @@ def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
         dxg.fill_(float("nan"))
         graph.replay()
         assert torch.equal(yg, y) and torch.equal(dxg, dx)
+    with monkeypatch.context() as m:
+        m.setattr(_split, "exchange_values", lambda *args: 0)  # the workspace form
+        y3, dx3 = _split_launches(x, dy, is_log, 16384, num_warps=16)
+    assert torch.equal(y3, y) and torch.equal(dx3, dx)
     monkeypatch.setattr(_split, "phases", lambda device: (1, 2))
     y2, dx2 = _split_launches(x, dy, is_log, 16384, num_warps=16)
     assert torch.equal(y2, y) and torch.equal(dx2, dx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [131072, 65535], ids=["even", "odd"])
+def test_split_row_needs_no_memory(n):
+    # The table's split rows (past 32768 columns) allocate nothing beyond the output: their
+    # exchange lives in it (ops/_split.py). 65535 bf16 values a row: every other row's words
+    # one value in.
+    x = _x((256, n), torch.bfloat16, 32, std=4.0)
+    dy = _x((256, n), torch.bfloat16, 33)
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    assert softmax_module.forward_config(x).split_row
+    assert softmax_module.backward_config(y).split_row
+
+    def both():
+        softmax_fwd_launch(x, y, False)
+        softmax_bwd_launch(dy, y, dx, False)
+
+    both()  # compiled outside the measurement
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    both()
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == base
+    _assert_one_rounding(y, x, False)
 
 
 def test_zero_rows():

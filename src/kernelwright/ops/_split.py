@@ -23,6 +23,17 @@ The Triton interpreter runs program instances one after another, so nothing may 
 the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: merge and
 write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.
 H200 numbers: benchmarks/NOTES.md 31.
+
+The exchange in the output (`IN_OUT`, softmax): the slots and counters need no memory of their
+own. A row's words — the launch's ticket (used in the last row only), the row's arrivals, its
+reads done, then each chunk's slots — sit at the start of the row's own output, inside chunk 0
+(`out_words`), zeroed by one strided fill before the launch. Chunk 0's program writes its chunk
+only once every chunk of the row has counted itself in on the reads (the others write at
+once), and the last row's chunk 0 is the last to need the ticket's word: every ticket is out by
+then. Under the interpreter the write phase takes a row's chunks last to first, so chunk 0
+writes over the words after its siblings read them. An output that overlaps another tensor of
+the launch (in place), does not start 4-byte aligned, or whose chunk 0 is too short for the
+words takes the workspace instead (`exchange_values`). NOTES 59.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.runtime import device_info
+from kernelwright.runtime.alias import disjoint
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.device import DeviceInfo
 from kernelwright.runtime.launch import LaunchConfig
@@ -39,6 +51,10 @@ from kernelwright.runtime.launch import LaunchConfig
 # At most this many programs share a row: far fewer than any GPU's SMs (the ticket argument
 # above needs `splits` programs resident at once, and a chunk program fits on any SM).
 MAX_SPLITS = 32
+
+# The int32 words before a row's slots in the exchange in the output: the launch's ticket (the
+# last row's only), the row's arrivals, the row's chunks that have read the slots.
+HEADER = tl.constexpr(3)
 
 
 @triton.jit
@@ -100,6 +116,30 @@ def arrive_and_wait(count_ptr, expected):
     tl.debug_barrier()
 
 
+@triton.jit
+def out_words(out_ptr, row, stride):
+    """int32 pointer to `row`'s exchange words at the start of its output (`out_ptr` 4-byte
+    aligned): a 16-bit row that starts at an odd value begins them one value in."""
+    start = row.to(tl.int64) * stride
+    if out_ptr.dtype.element_ty.primitive_bitwidth == 16:
+        start += start % 2
+    return (out_ptr + start).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def exchange(
+    out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, IN_OUT: tl.constexpr
+):
+    """`row`'s fp32 slots (ROW_SLOTS of them), its arrivals counter and its reads counter (the
+    exchange in the output only; the workspace form returns the arrivals counter again): in the
+    row's output words (IN_OUT) or in the workspace (`workspace`)."""
+    if IN_OUT:
+        words = out_words(out_ptr, row, stride)
+        return (words + HEADER).to(tl.pointer_type(tl.float32)), words + 1, words + 2
+    else:
+        return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row, sync_ptr + 1 + row
+
+
 def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
     """How many programs share each of `m` rows of `n` values at `block_n` per program, or 0
     where the split form must not be used: a single chunk (nothing to split), more than
@@ -126,6 +166,22 @@ def workspace(m: int, splits: int, slots: int, device: torch.device, counters: i
     return partials, sync
 
 
+def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots: int) -> int:
+    """How many values at the start of each row of `out` ([M, N]) the header words take (16-bit
+    rows one more: they may start one value in, `out_words`), or 0 where the exchange cannot
+    live in `out`: it overlaps a tensor of `others`, it does not start 4-byte aligned, or the
+    words and slots do not fit in chunk 0 (`block_n` values)."""
+    size = out.element_size()
+    if size not in (2, 4) or out.data_ptr() % 4:
+        return 0
+    shift = 1 if size == 2 else 0
+    if (HEADER.value + splits * slots) * 4 // size + shift > min(block_n, out.shape[1]):
+        return 0
+    if not all(disjoint(out, t) for t in others):
+        return 0
+    return HEADER.value * 4 // size + shift
+
+
 def launch(
     kernel,
     tensors,
@@ -136,14 +192,25 @@ def launch(
     *,
     programs: int,
     counters: int | None = None,
+    out: torch.Tensor | None = None,
     **constexprs,
 ) -> None:
     """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
     the first of them M): `programs` programs, `splits` per row, in one launch that waits (a
     GPU) or in two that do not (the interpreter), with `slots` fp32 partials per chunk and
-    `counters` row counters (`workspace`)."""
+    `counters` row counters (`workspace`). A kernel with an `IN_OUT` flag names the output its
+    rows' exchange may live in (`out`, one of `tensors`, one row per kernel row); where it can
+    (`exchange_values`), the header words are zeroed and no workspace is allocated."""
     device = tensors[0].device
-    partials, sync = workspace(scalars[0], splits, slots, device, counters)
+    if out is not None:
+        header = exchange_values(out, [t for t in tensors if t is not out], cfg.block_n, splits,
+                                 slots)  # fmt: skip
+        constexprs["IN_OUT"] = header > 0
+    if out is not None and header:
+        out[:, :header].zero_()  # the ticket and counters; the slots are written before read
+        partials = sync = out  # not read as such: the kernel finds its words in out
+    else:
+        partials, sync = workspace(scalars[0], splits, slots, device, counters)
     for phase in phases(device_info(device)):
         kernel[(programs,)](
             *tensors,

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._split import arrive_and_wait, split_count, ticket
+from kernelwright.ops._split import arrive_and_wait, exchange, out_words, split_count, ticket
 from kernelwright.ops._split import launch as launch_split
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
@@ -143,8 +143,8 @@ def _softmax_fwd_looped_kernel(
 def _softmax_fwd_split_kernel(
     x_ptr,
     y_ptr,
-    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max)
-    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (ops/_split.py)
+    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max) (not IN_OUT)
+    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (not IN_OUT)
     M,
     N,
     stride_x,
@@ -154,18 +154,24 @@ def _softmax_fwd_split_kernel(
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
+    IN_OUT: tl.constexpr,  # the slots and counters in y's rows, not in part/sync (_split)
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started
-    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started.
+    # The write phase of two launches takes a row's chunks last to first: chunk 0 overwrites
+    # the words IN_OUT keeps in it after its siblings read them.
+    if PHASE == 0:
+        t = ticket(out_words(y_ptr, M - 1, stride_y) if IN_OUT else sync_ptr)
+    else:
+        t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
+    j = t % SPLITS if PHASE != 2 else SPLITS - 1 - t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    part = part_ptr + (row * SPLITS) * 2
+    part, arrivals, reads = exchange(y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, IN_OUT)
     if PHASE != 2:
         m = tl.max(x.to(tl.float32), axis=0)
         # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
@@ -175,13 +181,16 @@ def _softmax_fwd_split_kernel(
         tl.store(part + j * 2, m)
         tl.store(part + j * 2 + 1, d)
     if PHASE == 0:
-        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+        arrive_and_wait(arrivals, SPLITS)
     if PHASE != 1:
         # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for
         # an all -inf chunk; a row of only -inf gives NaN, as in torch).
         k = tl.arange(0, SPLITS_P2)
         ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
         ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+        if PHASE == 0 and IN_OUT:
+            # every chunk counts its read in; chunk 0, whose values hold the words, waits for all
+            arrive_and_wait(reads, tl.where(j == 0, SPLITS, 1))
         m_row = tl.max(ms, axis=0)
         d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
         x = again(x, d_row, hold).to(tl.float32)
@@ -305,23 +314,29 @@ def _softmax_bwd_split_kernel(
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     PHASE: tl.constexpr,
+    IN_OUT: tl.constexpr,  # the slots and counters in dx's rows
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
-    t = ticket(sync_ptr) if PHASE == 0 else tl.program_id(0)
+    if PHASE == 0:
+        t = ticket(out_words(dx_ptr, M - 1, stride_dx) if IN_OUT else sync_ptr)
+    else:
+        t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
+    j = t % SPLITS if PHASE != 2 else SPLITS - 1 - t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
-    part = part_ptr + row * SPLITS
+    part, arrivals, reads = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, IN_OUT)
     if PHASE != 2:
         tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
     if PHASE == 0:
-        arrive_and_wait(sync_ptr + 1 + row, SPLITS)
+        arrive_and_wait(arrivals, SPLITS)
     if PHASE != 1:
         k = tl.arange(0, SPLITS_P2)
         s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
+        if PHASE == 0 and IN_OUT:
+            arrive_and_wait(reads, tl.where(j == 0, SPLITS, 1))  # as in the forward
         dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
         tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
 
@@ -410,7 +425,7 @@ def softmax_fwd_launch(
     elif splits:
         launch_split(
             _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
-            programs=M * splits, IS_LOG=is_log,
+            programs=M * splits, out=y, IS_LOG=is_log,
         )  # fmt: skip
     else:
         _softmax_fwd_looped_kernel[(M,)](
@@ -443,7 +458,7 @@ def softmax_bwd_launch(
     elif splits:
         launch_split(
             _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
-            programs=M * splits, IS_LOG=is_log,
+            programs=M * splits, out=dx, IS_LOG=is_log,
         )  # fmt: skip
     else:
         _softmax_bwd_looped_kernel[(M,)](
