@@ -1,0 +1,96 @@
+"""softmax's split rows (past 32768 columns): the exchange of statistics in the output's rows
+against the workspace form, forward and backward, one process (prints, CSV to $OUT).
+
+NOTES 59. The split kernels kept each chunk's statistics and the rows' counters in an fp32/int32
+workspace, 0.14-0.52 MB over torch.compile's peak at 4096 rows. The library now keeps them at
+the start of each row's own output; `workspace` is the library with that switched off
+(`_split.exchange_values` -> 0). Both kernels alone, bf16, `--rounds` alternating rounds,
+medians; then each form's peak memory above its inputs and outputs (the launches alone).
+
+    python benchmarks/softmax_exchange_probe.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
+
+from kernelwright.ops import _split
+from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
+
+SHAPES = [(4096, 65536), (4096, 131072), (4096, 152064), (4096, 262144)]
+FORMS = ("in_out", "workspace")
+
+
+def _form(name: str):
+    """Run a launch in the named form."""
+    original = _split.exchange_values
+
+    def run(fn):
+        _split.exchange_values = original if name == "in_out" else (lambda *args: 0)
+        try:
+            return fn()
+        finally:
+            _split.exchange_values = original
+
+    return run
+
+
+def _peak(fn) -> int:
+    """Bytes allocated by `fn` above what existed before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def main() -> None:
+    args = rounds_args()
+    timer, _, copy = gpu_setup()
+    rows = []
+    for m, n in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        x = torch.randn(m, n, device="cuda", generator=gen).mul_(4).bfloat16()
+        dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        ref_y = torch.softmax(x.float(), -1)
+        for mode in ("fwd", "bwd"):
+            launch = (functools.partial(softmax_fwd_launch, x, y, False) if mode == "fwd"
+                      else functools.partial(softmax_bwd_launch, dy, y, dx, False))  # fmt: skip
+            out = y if mode == "fwd" else dx
+            calls = {form: functools.partial(_form(form), launch) for form in FORMS}
+            results = {}
+            for form, call in calls.items():
+                softmax_fwd_launch(x, y, False)
+                out.fill_(float("nan"))
+                call()
+                torch.cuda.synchronize()
+                if mode == "fwd":
+                    err = (y.float() - ref_y).abs().max().item()
+                else:
+                    s = (dy.float() * y.float()).sum(-1, keepdim=True)
+                    err = (dx.float() - y.float() * (dy.float() - s)).abs().max().item()
+                results[form] = dict(err=err, peak=_peak(call), ts=[])
+            for _ in range(args.rounds):
+                for form, call in calls.items():
+                    results[form]["ts"].append(timer(call, lambda: None)[1])
+            gb = (2 if mode == "fwd" else 3) * m * n * 2 / 1e9
+            for form in FORMS:
+                r = results[form]
+                summary = rounds_summary(f"{m}x{n} {mode} {form:9s}", r["ts"])
+                pct = gb / (summary["ms"] * 1e-3) / copy * 100
+                print(f"    {pct:5.1f}% of copy, peak +{r['peak']} B, max err {r['err']:.3g}")
+                rows.append(dict(shape=f"{m}x{n}", mode=mode, form=form, ms=summary["ms"],
+                                 spread_ms=summary["spread"], pct_copy=pct,
+                                 peak_bytes=r["peak"], max_err=r["err"]))  # fmt: skip
+        del x, dy, y, dx, ref_y
+        torch.cuda.empty_cache()
+    write_csv(args.out, "softmax_exchange_probe.csv", rows)
+
+
+if __name__ == "__main__":
+    main()
