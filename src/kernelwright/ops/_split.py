@@ -24,16 +24,18 @@ the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: 
 write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.
 H200 numbers: benchmarks/NOTES.md 31.
 
-The exchange in the output (`IN_OUT`, softmax): the slots and counters need no memory of their
-own. A row's words — the launch's ticket (used in the last row only), the row's arrivals, its
-reads done, then each chunk's slots — sit at the start of the row's own output, inside chunk 0
-(`out_words`), zeroed by one strided fill before the launch. Chunk 0's program writes its chunk
-only once every chunk of the row has counted itself in on the reads (the others write at
-once), and the last row's chunk 0 is the last to need the ticket's word: every ticket is out by
-then. Under the interpreter the write phase takes a row's chunks last to first, so chunk 0
-writes over the words after its siblings read them. An output that overlaps another tensor of
-the launch (in place), does not start 4-byte aligned, or whose chunk 0 is too short for the
-words takes the workspace instead (`exchange_values`). NOTES 59.
+The exchange in the output (`OUT_WORDS`, softmax): the slots and counters need no memory of
+their own. A row's words — the launch's ticket (used in the last row only), the row's arrivals,
+its reads done, then each chunk's slots — sit at the start of the row's own output, in chunk 0
+(`out_words`), the counters zeroed by one strided fill before the launch. Every program counts
+itself in on the reads once it has merged the slots (`count_in`: no wait) and writes its chunk;
+chunk 0 writes the values over the words last, once every chunk of the row is in (`wait_until`).
+The last row's chunk 0 is the last to need the ticket's word: every ticket is out by then.
+Under the interpreter the write phase takes a row's chunks last to first, so chunk 0 writes
+over the words after its siblings read them; on a GPU two launches would race there, so the
+exchange stays in the output only where the one launch waits (`phases`). An output that
+overlaps another tensor of the launch (in place), does not start 4-byte aligned, or whose chunk 0
+is too short for the words takes the workspace instead (`exchange_values`). NOTES 59.
 """
 
 from __future__ import annotations
@@ -117,6 +119,15 @@ def arrive_and_wait(count_ptr, expected):
 
 
 @triton.jit
+def count_in(count_ptr):
+    """Count this program in on `count_ptr` and go on: the add's result is not read, so no
+    thread waits for its round trip. The barrier first orders every thread's loads and stores
+    before the (release) add."""
+    tl.debug_barrier()
+    tl.atomic_add(count_ptr, 1, sem="release")
+
+
+@triton.jit
 def out_words(out_ptr, row, stride):
     """int32 pointer to `row`'s exchange words at the start of its output (`out_ptr` 4-byte
     aligned): a 16-bit row that starts at an odd value begins them one value in."""
@@ -128,16 +139,33 @@ def out_words(out_ptr, row, stride):
 
 @triton.jit
 def exchange(
-    out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, IN_OUT: tl.constexpr
+    out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, OUT_WORDS: tl.constexpr
 ):
     """`row`'s fp32 slots (ROW_SLOTS of them), its arrivals counter and its reads counter (the
     exchange in the output only; the workspace form returns the arrivals counter again): in the
-    row's output words (IN_OUT) or in the workspace (`workspace`)."""
-    if IN_OUT:
+    row's output words (OUT_WORDS > 0) or in the workspace (`workspace`)."""
+    if OUT_WORDS > 0:
         words = out_words(out_ptr, row, stride)
         return (words + HEADER).to(tl.pointer_type(tl.float32)), words + 1, words + 2
     else:
         return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row, sync_ptr + 1 + row
+
+
+@triton.jit
+def store_row(ptrs, values, mask, cols, j, reads, SPLITS: tl.constexpr, WAITS: tl.constexpr,
+              OUT_WORDS: tl.constexpr):  # fmt: skip
+    """Store a chunk's output; with the exchange in the output, chunk 0 (`j`) stores the values
+    over the row's words last, once every chunk is in on `reads` (WAITS: one launch; under the
+    interpreter's write phase the siblings have run already)."""
+    if OUT_WORDS > 0:
+        over_words = cols < OUT_WORDS  # in chunk 0 only: OUT_WORDS <= BLOCK_N
+        tl.store(ptrs, values, mask=mask & ~over_words)
+        if j == 0:
+            if WAITS:
+                wait_until(reads, SPLITS)
+            tl.store(ptrs, values, mask=mask & over_words)
+    else:
+        tl.store(ptrs, values, mask=mask)
 
 
 def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
@@ -167,19 +195,17 @@ def workspace(m: int, splits: int, slots: int, device: torch.device, counters: i
 
 
 def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots: int) -> int:
-    """How many values at the start of each row of `out` ([M, N]) the header words take (16-bit
-    rows one more: they may start one value in, `out_words`), or 0 where the exchange cannot
-    live in `out`: it overlaps a tensor of `others`, it does not start 4-byte aligned, or the
-    words and slots do not fit in chunk 0 (`block_n` values)."""
+    """How many values at the start of each row of `out` ([M, N]) the exchange's words and slots
+    take (16-bit rows one more: they may start one value in, `out_words`), or 0 where they
+    cannot live in `out`: it overlaps a tensor of `others`, it does not start 4-byte aligned,
+    or they do not fit in chunk 0 (`block_n` values)."""
     size = out.element_size()
     if size not in (2, 4) or out.data_ptr() % 4:
         return 0
-    shift = 1 if size == 2 else 0
-    if (HEADER.value + splits * slots) * 4 // size + shift > min(block_n, out.shape[1]):
+    values = (HEADER.value + splits * slots) * 4 // size + (1 if size == 2 else 0)
+    if values > min(block_n, out.shape[1]) or not all(disjoint(out, t) for t in others):
         return 0
-    if not all(disjoint(out, t) for t in others):
-        return 0
-    return HEADER.value * 4 // size + shift
+    return values
 
 
 def launch(
@@ -198,16 +224,22 @@ def launch(
     """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
     the first of them M): `programs` programs, `splits` per row, in one launch that waits (a
     GPU) or in two that do not (the interpreter), with `slots` fp32 partials per chunk and
-    `counters` row counters (`workspace`). A kernel with an `IN_OUT` flag names the output its
-    rows' exchange may live in (`out`, one of `tensors`, one row per kernel row); where it can
-    (`exchange_values`), the header words are zeroed and no workspace is allocated."""
+    `counters` row counters (`workspace`). A kernel with an `OUT_WORDS` constexpr names the
+    output its rows' exchange may live in (`out`, one of `tensors`, one row per kernel row):
+    where it can (`exchange_values`; one launch that waits, or the interpreter's programs one
+    after another), OUT_WORDS is the values the words take, the counters are zeroed and no
+    workspace is allocated; elsewhere OUT_WORDS is 0."""
     device = tensors[0].device
+    words = 0
     if out is not None:
-        header = exchange_values(out, [t for t in tensors if t is not out], cfg.block_n, splits,
-                                 slots)  # fmt: skip
-        constexprs["IN_OUT"] = header > 0
-    if out is not None and header:
-        out[:, :header].zero_()  # the ticket and counters; the slots are written before read
+        if phases(device_info(device)) == (0,) or device.type != "cuda":
+            others = [t for t in tensors if t is not out]
+            words = exchange_values(out, others, cfg.block_n, splits, slots)
+        constexprs["OUT_WORDS"] = words
+    if words:
+        # the ticket and counters (16-bit rows: the one value they may start in too); the
+        # slots are written before they are read
+        out[:, : words - splits * slots * 4 // out.element_size()].zero_()
         partials = sync = out  # not read as such: the kernel finds its words in out
     else:
         partials, sync = workspace(scalars[0], splits, slots, device, counters)

@@ -33,7 +33,15 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._split import arrive_and_wait, exchange, out_words, split_count, ticket
+from kernelwright.ops._split import (
+    arrive_and_wait,
+    count_in,
+    exchange,
+    out_words,
+    split_count,
+    store_row,
+    ticket,
+)
 from kernelwright.ops._split import launch as launch_split
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
@@ -143,8 +151,8 @@ def _softmax_fwd_looped_kernel(
 def _softmax_fwd_split_kernel(
     x_ptr,
     y_ptr,
-    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max) (not IN_OUT)
-    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (not IN_OUT)
+    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max) (workspace)
+    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (workspace)
     M,
     N,
     stride_x,
@@ -154,15 +162,15 @@ def _softmax_fwd_split_kernel(
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
-    IN_OUT: tl.constexpr,  # the slots and counters in y's rows, not in part/sync (_split)
+    OUT_WORDS: tl.constexpr,  # values of each y row holding the exchange (0: workspace; _split)
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
     # (row, chunk) by ticket, in start order: nobody waits on a program that has not started.
     # The write phase of two launches takes a row's chunks last to first: chunk 0 overwrites
-    # the words IN_OUT keeps in it after its siblings read them.
+    # the words kept in it (OUT_WORDS) after its siblings read them.
     if PHASE == 0:
-        t = ticket(out_words(y_ptr, M - 1, stride_y) if IN_OUT else sync_ptr)
+        t = ticket(out_words(y_ptr, M - 1, stride_y) if OUT_WORDS > 0 else sync_ptr)
     else:
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
@@ -171,7 +179,9 @@ def _softmax_fwd_split_kernel(
     col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    part, arrivals, reads = exchange(y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, IN_OUT)
+    part, arrivals, reads = exchange(
+        y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS
+    )
     if PHASE != 2:
         m = tl.max(x.to(tl.float32), axis=0)
         # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
@@ -188,14 +198,14 @@ def _softmax_fwd_split_kernel(
         k = tl.arange(0, SPLITS_P2)
         ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
         ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
-        if PHASE == 0 and IN_OUT:
-            # every chunk counts its read in; chunk 0, whose values hold the words, waits for all
-            arrive_and_wait(reads, tl.where(j == 0, SPLITS, 1))
         m_row = tl.max(ms, axis=0)
         d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
+        if PHASE == 0 and OUT_WORDS > 0:
+            count_in(reads)  # this chunk is done with the words
         x = again(x, d_row, hold).to(tl.float32)
         y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
-        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
+        store_row(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), col_mask,
+                  cols, j, reads, SPLITS, PHASE == 0, OUT_WORDS)  # fmt: skip
 
 
 @triton.jit
@@ -314,11 +324,11 @@ def _softmax_bwd_split_kernel(
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     PHASE: tl.constexpr,
-    IN_OUT: tl.constexpr,  # the slots and counters in dx's rows
+    OUT_WORDS: tl.constexpr,  # values of each dx row holding the exchange, as in the forward
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
     if PHASE == 0:
-        t = ticket(out_words(dx_ptr, M - 1, stride_dx) if IN_OUT else sync_ptr)
+        t = ticket(out_words(dx_ptr, M - 1, stride_dx) if OUT_WORDS > 0 else sync_ptr)
     else:
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
@@ -327,7 +337,7 @@ def _softmax_bwd_split_kernel(
     col_mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
-    part, arrivals, reads = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, IN_OUT)
+    part, arrivals, reads = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS)
     if PHASE != 2:
         tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
     if PHASE == 0:
@@ -335,10 +345,11 @@ def _softmax_bwd_split_kernel(
     if PHASE != 1:
         k = tl.arange(0, SPLITS_P2)
         s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
-        if PHASE == 0 and IN_OUT:
-            arrive_and_wait(reads, tl.where(j == 0, SPLITS, 1))  # as in the forward
+        if PHASE == 0 and OUT_WORDS > 0:
+            count_in(reads)
         dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
-        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=col_mask)
+        store_row(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask,
+                  cols, j, reads, SPLITS, PHASE == 0, OUT_WORDS)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launchers
