@@ -133,9 +133,9 @@ def test_two_pass_kernels_compile_with_their_l2_flags():
 
 def test_split_row_kernels_compile_for_hopper(monkeypatch):
     # softmax's split rows in their waiting form (PHASE 0, which the interpreter never runs),
-    # their exchange in the output and in the workspace (a bf16 output view 2 bytes in; fp32's,
-    # 4 bytes in, is aligned: the same launch again), bf16 rows and fp32 (ops/_split.py).
-    # Recorded only, not run: nothing may wait under the interpreter.
+    # their exchange in the output (and its words kernels) and in the workspace (a bf16 output
+    # view 2 bytes in; fp32's, 4 bytes in, is aligned: the same launch again), bf16 rows and
+    # fp32 (ops/_split.py). Recorded only, not run: nothing may wait under the interpreter.
     from kernelwright.ops import _split
 
     monkeypatch.setattr(_split, "phases", lambda device: (0,))
@@ -150,8 +150,14 @@ def test_split_row_kernels_compile_for_hopper(monkeypatch):
 
     results = check_compiles(run)
     _assert_all_compiled(results)
-    in_out = sorted(dict(r.launch.constexprs)["OUT_WORDS"] > 0 for r in results)
-    assert len(results) == 6 and in_out == [False] * 2 + [True] * 4
+    split = [r for r in results if "split" in r.launch.name]
+    in_out = sorted(dict(r.launch.constexprs)["OUT_WORDS"] > 0 for r in split)
+    assert len(split) == 6 and in_out == [False] * 2 + [True] * 4
+    # and each in-output launch's words kernel (the values over the words)
+    assert sorted(r.launch.name for r in results if "words" in r.launch.name) == [
+        "_softmax_bwd_words_kernel", "_softmax_bwd_words_kernel",
+        "_softmax_fwd_words_kernel", "_softmax_fwd_words_kernel",
+    ]  # fmt: skip
 
 
 def test_the_timers_l2_reset_kernels_compile_for_hopper():

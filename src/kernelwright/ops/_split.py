@@ -26,16 +26,14 @@ H200 numbers: benchmarks/NOTES.md 31.
 
 The exchange in the output (`OUT_WORDS`, softmax): the slots and counters need no memory of
 their own. A row's words — the launch's ticket (used in the last row only), the row's arrivals,
-its reads done, then each chunk's slots — sit at the start of the row's own output, in chunk 0
-(`out_words`), the counters zeroed by one strided fill before the launch. Every program counts
-itself in on the reads once it has merged the slots (`count_in`: no wait) and writes its chunk;
-chunk 0 writes the values over the words last, once every chunk of the row is in (`wait_until`).
-The last row's chunk 0 is the last to need the ticket's word: every ticket is out by then.
-Under the interpreter the write phase takes a row's chunks last to first, so chunk 0 writes
-over the words after its siblings read them; on a GPU two launches would race there, so the
-exchange stays in the output only where the one launch waits (`phases`). An output that
-overlaps another tensor of the launch (in place), does not start 4-byte aligned, or whose chunk 0
-is too short for the words takes the workspace instead (`exchange_values`). NOTES 59.
+then each chunk's slots — sit at the start of the row's own output, in chunk 0 (`out_words`),
+the counters zeroed by one strided fill before the launch. The split kernel writes every value
+of the row but those over the words; a second, small kernel of the op's then merges each row's
+slots again and writes those values (`launch` returns their count). A wait in the split kernel
+instead (chunk 0 writing them once its siblings had read the slots) cost 1-16% on an H200; the
+second kernel is a few microseconds (NOTES 59). An output that overlaps another tensor of the
+launch (in place), does not start 4-byte aligned, or whose chunk 0 is too short for the words
+takes the workspace instead (`exchange_values`).
 """
 
 from __future__ import annotations
@@ -55,8 +53,8 @@ from kernelwright.runtime.launch import LaunchConfig
 MAX_SPLITS = 32
 
 # The int32 words before a row's slots in the exchange in the output: the launch's ticket (the
-# last row's only), the row's arrivals, the row's chunks that have read the slots.
-HEADER = tl.constexpr(3)
+# last row's only), then the row's arrivals.
+HEADER = tl.constexpr(2)
 
 
 @triton.jit
@@ -119,15 +117,6 @@ def arrive_and_wait(count_ptr, expected):
 
 
 @triton.jit
-def count_in(count_ptr):
-    """Count this program in on `count_ptr` and go on: the add's result is not read, so no
-    thread waits for its round trip. The barrier first orders every thread's loads and stores
-    before the (release) add."""
-    tl.debug_barrier()
-    tl.atomic_add(count_ptr, 1, sem="release")
-
-
-@triton.jit
 def out_words(out_ptr, row, stride):
     """int32 pointer to `row`'s exchange words at the start of its output (`out_ptr` 4-byte
     aligned): a 16-bit row that starts at an odd value begins them one value in."""
@@ -141,31 +130,13 @@ def out_words(out_ptr, row, stride):
 def exchange(
     out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, OUT_WORDS: tl.constexpr
 ):
-    """`row`'s fp32 slots (ROW_SLOTS of them), its arrivals counter and its reads counter (the
-    exchange in the output only; the workspace form returns the arrivals counter again): in the
-    row's output words (OUT_WORDS > 0) or in the workspace (`workspace`)."""
+    """`row`'s fp32 slots (ROW_SLOTS of them) and its arrivals counter: in the row's output
+    words (OUT_WORDS > 0) or in the workspace (`workspace`)."""
     if OUT_WORDS > 0:
         words = out_words(out_ptr, row, stride)
-        return (words + HEADER).to(tl.pointer_type(tl.float32)), words + 1, words + 2
+        return (words + HEADER).to(tl.pointer_type(tl.float32)), words + 1
     else:
-        return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row, sync_ptr + 1 + row
-
-
-@triton.jit
-def store_row(ptrs, values, mask, cols, j, reads, SPLITS: tl.constexpr, WAITS: tl.constexpr,
-              OUT_WORDS: tl.constexpr):  # fmt: skip
-    """Store a chunk's output; with the exchange in the output, chunk 0 (`j`) stores the values
-    over the row's words last, once every chunk is in on `reads` (WAITS: one launch; under the
-    interpreter's write phase the siblings have run already)."""
-    if OUT_WORDS > 0:
-        over_words = cols < OUT_WORDS  # in chunk 0 only: OUT_WORDS <= BLOCK_N
-        tl.store(ptrs, values, mask=mask & ~over_words)
-        if j == 0:
-            if WAITS:
-                wait_until(reads, SPLITS)
-            tl.store(ptrs, values, mask=mask & over_words)
-    else:
-        tl.store(ptrs, values, mask=mask)
+        return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row
 
 
 def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
@@ -222,26 +193,26 @@ def launch(
     counters: int | None = None,
     out: torch.Tensor | None = None,
     **constexprs,
-) -> None:
+) -> int:
     """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
     the first of them M): `programs` programs, `splits` per row, in one launch that waits (a
     GPU) or in two that do not (the interpreter), with `slots` fp32 partials per chunk and
     `counters` row counters (`workspace`). A kernel with an `OUT_WORDS` constexpr names the
     output its rows' exchange may live in (`out`, one of `tensors`, one row per kernel row):
-    where it can (`exchange_values`; one launch that waits, or the interpreter's programs one
-    after another), OUT_WORDS is the values the words take, the counters are zeroed and no
-    workspace is allocated; elsewhere OUT_WORDS is 0."""
+    where it can (`exchange_values`), OUT_WORDS is the values the words take, the counters are
+    zeroed and no workspace is allocated; elsewhere 0. Returns OUT_WORDS: the values at the
+    start of each row of `out` the caller's second kernel has to write."""
     device = tensors[0].device
     words = 0
     if out is not None:
-        if phases(device_info(device)) == (0,) or device.type != "cuda":
-            others = [t for t in tensors if t is not out]
-            words = exchange_values(out, others, cfg.block_n, splits, slots)
+        others = [t for t in tensors if t is not out]
+        words = exchange_values(out, others, cfg.block_n, splits, slots)
         constexprs["OUT_WORDS"] = words
     if words:
-        # the ticket and counters (16-bit rows: the one value they may start in too); the
+        # the ticket and counter (16-bit rows: and the one value they may start after); the
         # slots are written before they are read
-        out[:, : words - splits * slots * 4 // out.element_size()].zero_()
+        size = out.element_size()
+        out[:, : HEADER.value * 4 // size + (1 if size == 2 else 0)].zero_()
         partials = sync = out  # not read as such: the kernel finds its words in out
     else:
         partials, sync = workspace(scalars[0], splits, slots, device, counters)
@@ -258,3 +229,4 @@ def launch(
             num_warps=cfg.num_warps,
             **constexprs,
         )
+    return words

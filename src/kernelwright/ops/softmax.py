@@ -34,12 +34,11 @@ import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
 from kernelwright.ops._split import (
+    HEADER,
     arrive_and_wait,
-    count_in,
     exchange,
     out_words,
     split_count,
-    store_row,
     ticket,
 )
 from kernelwright.ops._split import launch as launch_split
@@ -167,21 +166,19 @@ def _softmax_fwd_split_kernel(
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
     # (row, chunk) by ticket, in start order: nobody waits on a program that has not started.
-    # The write phase of two launches takes a row's chunks last to first: chunk 0 overwrites
-    # the words kept in it (OUT_WORDS) after its siblings read them.
+    # With the exchange in y (OUT_WORDS) the values over its words are left to
+    # _softmax_fwd_words_kernel.
     if PHASE == 0:
         t = ticket(out_words(y_ptr, M - 1, stride_y) if OUT_WORDS > 0 else sync_ptr)
     else:
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS if PHASE != 2 else SPLITS - 1 - t % SPLITS
+    j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    part, arrivals, reads = exchange(
-        y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS
-    )
+    part, arrivals = exchange(y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS)
     if PHASE != 2:
         m = tl.max(x.to(tl.float32), axis=0)
         # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
@@ -193,19 +190,52 @@ def _softmax_fwd_split_kernel(
     if PHASE == 0:
         arrive_and_wait(arrivals, SPLITS)
     if PHASE != 1:
-        # Merge: the row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for
-        # an all -inf chunk; a row of only -inf gives NaN, as in torch).
-        k = tl.arange(0, SPLITS_P2)
-        ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
-        ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
-        m_row = tl.max(ms, axis=0)
-        d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
-        if PHASE == 0 and OUT_WORDS > 0:
-            count_in(reads)  # this chunk is done with the words
+        m_row, d_row = _merge_fwd(part, SPLITS, SPLITS_P2)
         x = again(x, d_row, hold).to(tl.float32)
         y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
-        store_row(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), col_mask,
-                  cols, j, reads, SPLITS, PHASE == 0, OUT_WORDS)  # fmt: skip
+        # with the exchange in y, its words' values are not written here (a mask at a multiple
+        # of 16: the stores stay vectorized)
+        mask = col_mask & (cols >= OUT_WORDS) if OUT_WORDS > 0 else col_mask
+        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_fwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """A row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for an all -inf
+    chunk; a row of only -inf gives NaN, as in torch), from its chunks' slots."""
+    k = tl.arange(0, SPLITS_P2)
+    ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
+    ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
+    m_row = tl.max(ms, axis=0)
+    return m_row, tl.sum(ds * tl.exp(ms - m_row), axis=0)
+
+
+@triton.jit
+def _softmax_fwd_words_kernel(
+    x_ptr,
+    y_ptr,
+    stride_x,
+    stride_y,
+    IS_LOG: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    OUT_WORDS: tl.constexpr,  # values at the start of each y row over the split kernel's words
+    WORDS_P2: tl.constexpr,
+):
+    # After _softmax_fwd_split_kernel with its exchange in y: each row's values over the words,
+    # from the slots merged as there (the same code, launched with the same warps: the same
+    # result) and the row's first values.
+    row = tl.program_id(0).to(tl.int64)
+    m_row, d_row = _merge_fwd(
+        (out_words(y_ptr, row, stride_y) + HEADER).to(tl.pointer_type(tl.float32)),
+        SPLITS,
+        SPLITS_P2,
+    )
+    cols = tl.arange(0, WORDS_P2)
+    mask = cols < OUT_WORDS
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
+    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -332,24 +362,54 @@ def _softmax_bwd_split_kernel(
     else:
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS if PHASE != 2 else SPLITS - 1 - t % SPLITS
+    j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
-    part, arrivals, reads = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS)
+    part, arrivals = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS)
     if PHASE != 2:
         tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
     if PHASE == 0:
         arrive_and_wait(arrivals, SPLITS)
     if PHASE != 1:
-        k = tl.arange(0, SPLITS_P2)
-        s = tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
-        if PHASE == 0 and OUT_WORDS > 0:
-            count_in(reads)
+        s = _merge_bwd(part, SPLITS, SPLITS_P2)
         dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
-        store_row(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask,
-                  cols, j, reads, SPLITS, PHASE == 0, OUT_WORDS)  # fmt: skip
+        mask = col_mask & (cols >= OUT_WORDS) if OUT_WORDS > 0 else col_mask  # as the forward
+        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merge_bwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
+    """A row's sum(dy * y) (softmax) or sum(dy) (log_softmax) from its chunks' slots."""
+    k = tl.arange(0, SPLITS_P2)
+    return tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
+
+
+@triton.jit
+def _softmax_bwd_words_kernel(
+    dy_ptr,
+    y_ptr,
+    dx_ptr,
+    stride_dy,
+    stride_y,
+    stride_dx,
+    IS_LOG: tl.constexpr,
+    SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    OUT_WORDS: tl.constexpr,
+    WORDS_P2: tl.constexpr,
+):
+    # dx's values over the backward split kernel's words, as _softmax_fwd_words_kernel.
+    row = tl.program_id(0).to(tl.int64)
+    words = (out_words(dx_ptr, row, stride_dx) + HEADER).to(tl.pointer_type(tl.float32))
+    s = _merge_bwd(words, SPLITS, SPLITS_P2)
+    cols = tl.arange(0, WORDS_P2)
+    mask = cols < OUT_WORDS
+    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+    dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
+    tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -434,10 +494,16 @@ def softmax_fwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        launch_split(
+        words = launch_split(
             _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
             programs=M * splits, out=y, IS_LOG=is_log,
         )  # fmt: skip
+        if words:
+            _softmax_fwd_words_kernel[(M,)](
+                x, y, x.stride(0), y.stride(0), IS_LOG=is_log, SPLITS=splits,
+                SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
+                WORDS_P2=triton.next_power_of_2(words), num_warps=cfg.num_warps,
+            )  # fmt: skip
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -467,10 +533,16 @@ def softmax_bwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        launch_split(
+        words = launch_split(
             _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
             programs=M * splits, out=dx, IS_LOG=is_log,
         )  # fmt: skip
+        if words:
+            _softmax_bwd_words_kernel[(M,)](
+                dy, y, dx, dy.stride(0), y.stride(0), dx.stride(0), IS_LOG=is_log,
+                SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
+                WORDS_P2=triton.next_power_of_2(words), num_warps=cfg.num_warps,
+            )  # fmt: skip
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,
