@@ -431,20 +431,21 @@ def test_split_row_exchange_in_the_output(monkeypatch, dtype, is_log):
 
 def test_split_row_exchange_only_where_it_fits():
     # The exchange lives in the output only where it cannot touch another tensor's values or a
-    # misaligned word: the values its 2 header words and 2 slots a chunk take (16-bit: one more,
-    # the words may start one value in), rounded up to 16, or 0 for the workspace.
+    # misaligned word: the values its 32 words up to the slots and 2 slots a chunk take
+    # (16-bit: one more, the words may start one value in), rounded up to 16, or 0 for the
+    # workspace.
     ev = _split.exchange_values
     y16, y32 = torch.empty(4, 301, dtype=torch.bfloat16), torch.empty(4, 301)
     x16 = torch.empty_like(y16)
-    assert ev(y16, [x16], 128, 3, 2) == 32 and ev(y32, [y32.clone()], 128, 3, 2) == 16
+    assert ev(y16, [x16], 128, 3, 2) == 80 and ev(y32, [y32.clone()], 128, 3, 2) == 48
     assert ev(y16, [y16], 128, 3, 2) == 0  # in place
-    assert ev(y16[:, 2:], [x16], 128, 3, 2) == 32  # 4 bytes in: aligned
+    assert ev(y16[:, 2:], [x16], 128, 3, 2) == 80  # 4 bytes in: aligned
     assert ev(y16[:, 1:], [x16], 128, 3, 2) == 0  # 2 bytes in: misaligned words
-    # 2 + 32 * 2 words = 132 values + the shift, 144 rounded: they fit in a chunk 0 of 144
-    assert ev(y16, [x16], 144, 32, 2) == 144 and ev(y16, [x16], 143, 32, 2) == 0
-    assert ev(y32, [x16], 80, 32, 2) == 80 and ev(y32, [x16], 79, 32, 2) == 0
+    # 32 + 32 * 2 words = 192 values + the shift, 208 rounded: they fit in a chunk 0 of 208
+    assert ev(y16, [x16], 208, 32, 2) == 208 and ev(y16, [x16], 207, 32, 2) == 0
+    assert ev(y32, [x16], 96, 32, 2) == 96 and ev(y32, [x16], 95, 32, 2) == 0
     big = torch.empty(2, 4096, dtype=torch.bfloat16)
-    assert ev(big[:, :2048], [big[:, 2048:]], 128, 3, 2) == 32  # interleaved halves: disjoint
+    assert ev(big[:, :2048], [big[:, 2048:]], 128, 3, 2) == 80  # interleaved halves: disjoint
     assert ev(big[:, :2048], [big[:, 1024:3072]], 128, 3, 2) == 0
 
 

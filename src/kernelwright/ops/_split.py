@@ -26,7 +26,8 @@ H200 numbers: benchmarks/NOTES.md 31.
 
 The exchange in the output (`OUT_WORDS`, softmax): the slots and counters need no memory of
 their own. A row's words — the launch's ticket (used in the last row only), the row's arrivals,
-then each chunk's slots — sit at the start of the row's own output, in chunk 0 (`out_words`),
+then, a line further, each chunk's slots — sit at the start of the row's own output, in chunk 0
+(`out_words`),
 the counters zeroed by one strided fill before the launch. The split kernel writes every value
 of the row but those over the words; a second, small kernel of the op's then merges each row's
 slots again and writes those values (`launch` returns their count). A wait in the split kernel
@@ -52,9 +53,12 @@ from kernelwright.runtime.launch import LaunchConfig
 # above needs `splits` programs resident at once, and a chunk program fits on any SM).
 MAX_SPLITS = 32
 
-# The int32 words before a row's slots in the exchange in the output: the launch's ticket (the
-# last row's only), then the row's arrivals.
+# The exchange in the output: a row's words are the launch's ticket (the last row's only) and
+# the row's arrivals counter (HEADER of them); its slots start SLOTS_AT words in, on the next
+# 128-byte line, away from the counter the row's programs poll (on one line, at 8-32 chunks,
+# the split kernels were 1-7% slower on an H200, NOTES 59).
 HEADER = tl.constexpr(2)
+SLOTS_AT = tl.constexpr(32)
 
 
 @triton.jit
@@ -127,14 +131,19 @@ def out_words(out_ptr, row, stride):
 
 
 @triton.jit
+def out_slots(out_ptr, row, stride):
+    """fp32 pointer to `row`'s slots in its output (`out_words`)."""
+    return (out_words(out_ptr, row, stride) + SLOTS_AT).to(tl.pointer_type(tl.float32))
+
+
+@triton.jit
 def exchange(
     out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, OUT_WORDS: tl.constexpr
 ):
     """`row`'s fp32 slots (ROW_SLOTS of them) and its arrivals counter: in the row's output
     words (OUT_WORDS > 0) or in the workspace (`workspace`)."""
     if OUT_WORDS > 0:
-        words = out_words(out_ptr, row, stride)
-        return (words + HEADER).to(tl.pointer_type(tl.float32)), words + 1
+        return out_slots(out_ptr, row, stride), out_words(out_ptr, row, stride) + 1
     else:
         return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row
 
@@ -174,7 +183,7 @@ def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots:
     size = out.element_size()
     if size not in (2, 4) or out.data_ptr() % 4:
         return 0
-    values = (HEADER.value + splits * slots) * 4 // size + (1 if size == 2 else 0)
+    values = (SLOTS_AT.value + splits * slots) * 4 // size + (1 if size == 2 else 0)
     values = triton.cdiv(values, 16) * 16
     if values > min(block_n, out.shape[1]) or not all(disjoint(out, t) for t in others):
         return 0

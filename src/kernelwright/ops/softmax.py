@@ -34,9 +34,9 @@ import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
 from kernelwright.ops._split import (
-    HEADER,
     arrive_and_wait,
     exchange,
+    out_slots,
     out_words,
     split_count,
     ticket,
@@ -226,11 +226,7 @@ def _softmax_fwd_words_kernel(
     # from the slots merged as there (the same code, launched with the same warps: the same
     # result) and the row's first values.
     row = tl.program_id(0).to(tl.int64)
-    m_row, d_row = _merge_fwd(
-        (out_words(y_ptr, row, stride_y) + HEADER).to(tl.pointer_type(tl.float32)),
-        SPLITS,
-        SPLITS_P2,
-    )
+    m_row, d_row = _merge_fwd(out_slots(y_ptr, row, stride_y), SPLITS, SPLITS_P2)
     cols = tl.arange(0, WORDS_P2)
     mask = cols < OUT_WORDS
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -402,8 +398,7 @@ def _softmax_bwd_words_kernel(
 ):
     # dx's values over the backward split kernel's words, as _softmax_fwd_words_kernel.
     row = tl.program_id(0).to(tl.int64)
-    words = (out_words(dx_ptr, row, stride_dx) + HEADER).to(tl.pointer_type(tl.float32))
-    s = _merge_bwd(words, SPLITS, SPLITS_P2)
+    s = _merge_bwd(out_slots(dx_ptr, row, stride_dx), SPLITS, SPLITS_P2)
     cols = tl.arange(0, WORDS_P2)
     mask = cols < OUT_WORDS
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
