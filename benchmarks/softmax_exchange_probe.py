@@ -5,7 +5,8 @@ NOTES 59. The split kernels kept each chunk's statistics and the rows' counters 
 workspace, 0.14-0.52 MB over torch.compile's peak at 4096 rows. The library now keeps them at
 the start of each row's own output; `workspace` is the library with that switched off
 (`_split.exchange_values` -> 0). Both kernels alone, bf16, `--rounds` alternating rounds,
-medians; then each form's peak memory above its inputs and outputs (the launches alone).
+medians; then each form's peak memory above its inputs and outputs (the launches alone), and
+the words kernels (the values over each row's words) alone at 16, 8, 4 and 1 warps.
 
     python benchmarks/softmax_exchange_probe.py [--rounds 5]
 """
@@ -48,6 +49,37 @@ def _peak(fn) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+def _words_kernels(timer, x, dy, y, dx, warps) -> list[dict]:
+    """The words kernels alone (the values over each row's words, after the split kernel) at
+    each of `warps`; they read whatever the words hold by then (timing only)."""
+    import triton
+
+    from kernelwright.ops import softmax as sm
+
+    m, n = x.shape
+    rows = []
+    for mode, kernel in (
+        ("fwd", sm._softmax_fwd_words_kernel),
+        ("bwd", sm._softmax_bwd_words_kernel),
+    ):
+        cfg = (sm.forward_config if mode == "fwd" else sm.backward_config)(x)
+        splits = triton.cdiv(n, cfg.block_n)
+        words = _split.exchange_values(y if mode == "fwd" else dx, [x], cfg.block_n, splits,
+                                       2 if mode == "fwd" else 1)  # fmt: skip
+        consts = dict(IS_LOG=False, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
+                      OUT_WORDS=words, WORDS_P2=triton.next_power_of_2(words))  # fmt: skip
+        for w in warps:
+            if mode == "fwd":
+                args = (x, y, x.stride(0), y.stride(0))
+            else:
+                args = (dy, y, dx, dy.stride(0), y.stride(0), dx.stride(0))
+            fn = functools.partial(kernel[(m,)], *args, **consts, num_warps=w)
+            t = timer(fn, lambda: None)[1]
+            print(f"{m}x{n} {mode} words kernel, {words} values, {w:2d} warps: {t * 1e3:6.2f} us")
+            rows.append(dict(shape=f"{m}x{n}", mode=mode, form=f"words_kernel_w{w}", ms=t))
+    return rows
+
+
 def main() -> None:
     args = rounds_args()
     timer, _, copy = gpu_setup()
@@ -87,6 +119,7 @@ def main() -> None:
                 rows.append(dict(shape=f"{m}x{n}", mode=mode, form=form, ms=summary["ms"],
                                  spread_ms=summary["spread"], pct_copy=pct,
                                  peak_bytes=r["peak"], max_err=r["err"]))  # fmt: skip
+        rows += _words_kernels(timer, x, dy, y, dx, (16, 8, 4, 1))
         del x, dy, y, dx, ref_y
         torch.cuda.empty_cache()
     write_csv(args.out, "softmax_exchange_probe.csv", rows)
