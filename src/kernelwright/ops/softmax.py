@@ -223,8 +223,8 @@ def _softmax_fwd_words_kernel(
     WORDS_P2: tl.constexpr,
 ):
     # After _softmax_fwd_split_kernel with its exchange in y: each row's values over the words,
-    # from the slots merged as there (the same code, launched with the same warps: the same
-    # result) and the row's first values.
+    # from the slots merged as there (the same code: the same result, WORDS_WARPS) and the
+    # row's first values.
     row = tl.program_id(0).to(tl.int64)
     m_row, d_row = _merge_fwd(out_slots(y_ptr, row, stride_y), SPLITS, SPLITS_P2)
     cols = tl.arange(0, WORDS_P2)
@@ -409,6 +409,12 @@ def _softmax_bwd_words_kernel(
 
 # --------------------------------------------------------------------------- launchers
 
+# The words kernels' warps: 4096 rows took 6.7 us at 4 warps (and at 1), 7.5 at 8, 11-12 at 16
+# (H200, benchmarks/softmax_exchange_probe.py, NOTES 59). Their merge reduces a 1-D tensor of
+# at most 32 slots within one warp, as the split kernels' does at any warp count: the same
+# result (the GPU tests hold the two forms to bit for bit).
+WORDS_WARPS = 4
+
 
 def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
@@ -497,7 +503,7 @@ def softmax_fwd_launch(
             _softmax_fwd_words_kernel[(M,)](
                 x, y, x.stride(0), y.stride(0), IS_LOG=is_log, SPLITS=splits,
                 SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-                WORDS_P2=triton.next_power_of_2(words), num_warps=cfg.num_warps,
+                WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
             )  # fmt: skip
     else:
         _softmax_fwd_looped_kernel[(M,)](
@@ -536,7 +542,7 @@ def softmax_bwd_launch(
             _softmax_bwd_words_kernel[(M,)](
                 dy, y, dx, dy.stride(0), y.stride(0), dx.stride(0), IS_LOG=is_log,
                 SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-                WORDS_P2=triton.next_power_of_2(words), num_warps=cfg.num_warps,
+                WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
             )  # fmt: skip
     else:
         _softmax_bwd_looped_kernel[(M,)](
