@@ -25,16 +25,16 @@ write; `phases`), which the CPU tests cover; the waiting form is tested on the G
 H200 numbers: benchmarks/NOTES.md 31.
 
 The exchange in the output (`OUT_WORDS`, softmax): the slots and counters need no memory of
-their own. A row's words — the launch's ticket (used in the last row only), the row's arrivals,
-then, a line further, each chunk's slots — sit at the start of the row's own output, in chunk 0
-(`out_words`),
-the counters zeroed by one strided fill before the launch. The split kernel writes every value
-of the row but those over the words; a second, small kernel of the op's then merges each row's
-slots again and writes those values (`launch` returns their count). A wait in the split kernel
-instead (chunk 0 writing them once its siblings had read the slots) cost 1-16% on an H200; the
-second kernel is a few microseconds (NOTES 59). An output that overlaps another tensor of the
-launch (in place), does not start 4-byte aligned, or whose chunk 0 is too short for the words
-takes the workspace instead (`exchange_values`).
+their own. A row's words — the launch's ticket (used in the last row only) and the row's
+arrivals, then, a line further, each chunk's slots — sit at the start of the row's own output,
+in chunk 0 (`out_words`, `out_slots`); one strided fill zeroes the counters before the launch.
+The split kernel writes every value of the row but those over the words; a second, small
+kernel of the op's then merges each row's slots again and writes those values (`launch`
+returns their count). A wait in the split kernel instead (chunk 0 writing them once its
+siblings had read the slots) cost up to 21% on an H200; the second kernel takes ~7 us at 4096
+rows (NOTES 59). An output that overlaps another tensor of the launch (in place), does not
+start 4-byte aligned, or whose chunk 0 is too short for the words takes the workspace instead
+(`exchange_values`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ MAX_SPLITS = 32
 
 # The exchange in the output: a row's words are the launch's ticket (the last row's only) and
 # the row's arrivals counter (HEADER of them); its slots start SLOTS_AT words in, on the next
-# 128-byte line, away from the counter the row's programs poll (on one line, at 8-32 chunks,
-# the split kernels were 1-7% slower on an H200, NOTES 59).
+# 128-byte line, away from the counter the row's programs poll. With both on one line the
+# forward at 8-16 chunks was 3-7% slower and the backward at 32 chunks 7% (H200; at 8 chunks
+# the backward 3.6% faster; NOTES 59).
 HEADER = tl.constexpr(2)
 SLOTS_AT = tl.constexpr(32)
 
