@@ -7,7 +7,10 @@ up to 64 values (`_split.chunk_len`). `tiles` is the library with that switched 
 is the tile). Both kernels alone, bf16, 4096 rows, `--rounds` alternating rounds, medians, each
 result checked against fp32 first.
 
-    python benchmarks/softmax_balance_probe.py [--rounds 5]
+    python benchmarks/softmax_balance_probe.py [--rounds 5] [--splits]
+
+With `--splits` (NOTES 61): the library's chunks of equal length at forced split counts
+instead, 152064 and 131072 columns, forward and backward.
 """
 
 from __future__ import annotations
@@ -37,9 +40,89 @@ def _form(name: str):
     return run
 
 
+# (width, mode, split counts) of --splits: the library's counts are 10 / 19 at 152064 and 8 / 16
+# at 131072 (tiles of 16384 forward, 8192 backward)
+SPLIT_SWEEP = (
+    (152064, "fwd", (10, 11, 12, 16, 20, 22, 24)),
+    (131072, "fwd", (8, 9, 10, 11, 12, 16)),
+    (152064, "bwd", (19, 20, 22, 24, 32)),
+    (131072, "bwd", (16, 19, 20, 22, 24, 32)),
+)
+
+
+def _forced(launch, splits: int) -> None:
+    """`launch()` with its rows split `splits` ways (`sm._split_count` patched; the chunks then
+    `ceil(n / splits)` rounded up to 64)."""
+    original = sm._split_count
+    sm._split_count = lambda t, cfg: splits
+    try:
+        launch()
+    finally:
+        sm._split_count = original
+
+
+def _splits_sweep(args, timer, copy) -> list[dict]:
+    """The library at forced split counts (`_forced`), alternating rounds."""
+    rows = []
+    m = 4096
+    for n, mode, counts in SPLIT_SWEEP:
+        gen = torch.Generator(device="cuda").manual_seed(n)
+        x = torch.randn(m, n, device="cuda", generator=gen).mul_(4).bfloat16()
+        dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
+        y, dx = torch.empty_like(x), torch.empty_like(x)
+        sm.softmax_fwd_launch(x, y, False)
+        launch = (functools.partial(sm.softmax_fwd_launch, x, y, False) if mode == "fwd"
+                  else functools.partial(sm.softmax_bwd_launch, dy, y, dx, False))  # fmt: skip
+        if mode == "fwd":
+            ref = torch.softmax(x.float(), -1)
+        else:
+            s = (dy.float() * y.float()).sum(-1, keepdim=True)
+            ref = y.float() * (dy.float() - s)
+        out = y if mode == "fwd" else dx
+
+        calls = {s: functools.partial(_forced, launch, s) for s in counts}
+        ts = {s: [] for s in counts}
+        errs = {}
+        for s, call in calls.items():
+            if mode == "fwd":
+                out.fill_(float("nan"))
+            else:
+                sm.softmax_fwd_launch(x, y, False)
+                out.fill_(float("nan"))
+            call()
+            torch.cuda.synchronize()
+            errs[s] = (out.float() - ref).abs().max().item()
+        del ref
+        for _ in range(args.rounds):
+            for s, call in calls.items():
+                ts[s].append(timer(call, lambda: None)[1])
+        gb = (2 if mode == "fwd" else 3) * m * n * 2 / 1e9
+        block_n = (sm.forward_config if mode == "fwd" else sm.backward_config)(x).block_n
+        for s in counts:
+            chunk = sm.chunk_len(n, s, block_n)
+            summary = rounds_summary(f"{m}x{n} {mode} {s:2d} splits of {chunk:5d}", ts[s])
+            pct = gb / (summary["ms"] * 1e-3) / copy * 100
+            ns_col = summary["ms"] * 1e6 / n
+            print(f"    {pct:5.1f}% of copy, {ns_col:.3f} ns a column, max err {errs[s]:.3g}")
+            rows.append(dict(shape=f"{m}x{n}", mode=mode, splits=s, chunk=chunk,
+                             ms=summary["ms"], spread_ms=summary["spread"], pct_copy=pct,
+                             max_err=errs[s]))  # fmt: skip
+        del x, dy, y, dx
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
+    import sys
+
+    sweep = "--splits" in sys.argv
+    if sweep:
+        sys.argv.remove("--splits")
     args = rounds_args()
     timer, _, copy = gpu_setup()
+    if sweep:
+        write_csv(args.out, "softmax_splits_probe.csv", _splits_sweep(args, timer, copy))
+        return
     rows = []
     m = 4096
     for n in WIDTHS:
