@@ -64,8 +64,7 @@ def _words_kernels(timer, x, dy, y, dx, warps) -> list[dict]:
     ):
         cfg = (sm.forward_config if mode == "fwd" else sm.backward_config)(x)
         splits = triton.cdiv(n, cfg.block_n)
-        chunk = _split.chunk_len(n, splits, cfg.block_n)
-        words = _split.exchange_values(y if mode == "fwd" else dx, [x], chunk, splits,
+        words = _split.exchange_values(y if mode == "fwd" else dx, [x], cfg.block_n, splits,
                                        2 if mode == "fwd" else 1)  # fmt: skip
         consts = dict(IS_LOG=False, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
                       OUT_WORDS=words, WORDS_P2=triton.next_power_of_2(words))  # fmt: skip

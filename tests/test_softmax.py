@@ -115,8 +115,8 @@ def test_every_kernel_path_agrees(is_log):
         LaunchConfig(block_n=256, reverse_pass=True),
         LaunchConfig(block_n=256, evict_hints=True),
         # the row split over programs (ops/_split.py): 6 chunks of 128 (cols 128-255 of row 2
-        # only -inf), 3 of 256 (a partial last chunk), 2 of 384 in tiles of 512 (equal chunks,
-        # _split.chunk_len: cols 100-383 of row 2 only -inf, then a chunk of 316)
+        # only -inf), 3 of 256 (a partial last chunk), 2 of 512 (row 2's -inf run across the
+        # chunk edge, a last chunk of 188)
         LaunchConfig(block_n=128, split_row=True),
         LaunchConfig(block_n=256, split_row=True),
         LaunchConfig(block_n=512, split_row=True),
@@ -451,51 +451,6 @@ def test_split_row_exchange_only_where_it_fits():
     assert ev(big[:, :2048], [big[:, 1024:3072]], 128, 3, 2) == 0
 
 
-@pytest.mark.parametrize("is_log", [False, True], ids=["softmax", "log_softmax"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_split_row_chunks_of_equal_length(dtype, is_log):
-    # A row's chunks are all ceil(n / splits) rounded up to 64 values (_split.chunk_len), not
-    # tiles of block_n and a short last one: 1100 values in tiles of 512 are chunks of 384, 384
-    # and 332. Rows whose -inf runs end at those chunk edges and at the tiles' (a kernel that
-    # placed its chunks at multiples of the tile, or read a whole tile, would read or write
-    # another chunk's values); poisoned outputs; against the one-row kernel's result.
-    assert _split.chunk_len(1100, 3, 512) == 384
-    x = _x((4, 1100), torch.float32, 34, std=4.0)
-    x[1, :384] = float("-inf")  # chunk 0 all -inf
-    x[2, 384:768] = float("-inf")  # chunk 1 all -inf
-    x[3, 512:] = float("-inf")  # past the first tile: parts of chunks 1 and 2
-    x = x.to(dtype)
-    dy = _x((4, 1100), dtype, 35)
-    y, dx = _split_launches(x, dy, is_log, 512)
-    _assert_one_rounding(y, x, is_log)
-    one = LaunchConfig(block_n=2048, rows=1)
-    with poisoned():
-        y1 = torch.full_like(x, float("nan"))
-        dx1 = torch.full_like(x, float("nan"))
-        softmax_fwd_launch(x, y1, is_log, config=one)
-        softmax_bwd_launch(dy, y, dx1, is_log, config=one)
-    assert torch.allclose(y.float(), y1.float(), rtol=TOL[dtype].fwd, atol=1e-6)
-    assert rel_norm_error(dx, dx1) < TOL[dtype].bwd
-
-
-def test_split_row_chunk_len():
-    # Equal chunks at the library's split widths (tiles of 16384 forward, 8192 backward): the
-    # same count as tiles of block_n, none empty, none wider than the tile.
-    cl = _split.chunk_len
-    assert cl(152064, 10, 16384) == 15232 and cl(152064, 19, 8192) == 8064
-    assert cl(256000, 16, 16384) == 16000 and cl(256000, 32, 8192) == 8000
-    assert cl(128256, 8, 16384) == 16064 and cl(65535, 4, 16384) == 16384
-    assert cl(131072, 8, 16384) == 16384 and cl(300, 3, 128) == 128
-    for n in (32769, 65535, 100000, 152064, 200001, 262144, 1100, 301):
-        for block_n in (128, 512, 8192, 16384):
-            splits = -(-n // block_n)
-            if not 2 <= splits <= MAX_SPLITS:
-                continue
-            c = cl(n, splits, block_n)
-            assert c <= block_n and (c % 64 == 0 or c == block_n)
-            assert (splits - 1) * c < n <= splits * c  # the last chunk holds values
-
-
 def test_split_row_chosen_only_where_it_can_split(monkeypatch):
     # The table's split rows (an H100's) take rows past the one-row widths; a row of more than
     # MAX_SPLITS chunks (or than the GPU's SMs), or more programs in all than int32 tickets,
@@ -563,7 +518,7 @@ def test_split_row_waits_for_every_chunk(monkeypatch, is_log):
 def test_split_row_needs_no_memory(n):
     # The table's split rows (past 32768 columns) allocate nothing beyond the output: their
     # exchange lives in it (ops/_split.py). 65535 bf16 values a row: every other row's words
-    # one value in; 152064: chunks of 15232 (forward) and 8064 (backward), not tiles.
+    # one value in; 152064: a last chunk of 4608 values, forward and backward.
     x = _x((256, n), torch.bfloat16, 32, std=4.0)
     dy = _x((256, n), torch.bfloat16, 33)
     y, dx = torch.empty_like(x), torch.empty_like(x)

@@ -160,15 +160,6 @@ def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
     return splits
 
 
-def chunk_len(n: int, splits: int, block_n: int) -> int:
-    """Columns per chunk of a row of `n` split `splits` ways at tiles of `block_n`: all chunks
-    the same length (`ceil(n / splits)` rounded up to 64 values, at most `block_n`), the last
-    taking what is left, where `block_n` each would leave the last short (at 4096 x 152064 a
-    forward chunk of 4736 values beside nine of 16384: every program of a row waits for the
-    slowest, so a short chunk holds its slot for a full one's time; NOTES 60)."""
-    return min(block_n, triton.cdiv(triton.cdiv(n, splits), 64) * 64)
-
-
 def phases(device: DeviceInfo) -> tuple[int, ...]:
     """The kernel's `PHASE` per launch: (0,) waits in one launch (a GPU); (1, 2) is two launches,
     statistics then write (the interpreter, where programs run one after another)."""
@@ -184,18 +175,18 @@ def workspace(m: int, splits: int, slots: int, device: torch.device, counters: i
     return partials, sync
 
 
-def exchange_values(out: torch.Tensor, others, chunk: int, splits: int, slots: int) -> int:
+def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots: int) -> int:
     """How many values at the start of each row of `out` ([M, N]) the exchange's words and slots
     take (16-bit rows one more: they may start one value in, `out_words`), rounded up to 16 (a
     store masked at a multiple of 16 stays vectorized: at 135 values the stores went one value
     at a time, 4x slower), or 0 where they cannot live in `out`: it overlaps a tensor of
-    `others`, it does not start 4-byte aligned, or they do not fit in chunk 0 (`chunk` values)."""
+    `others`, it does not start 4-byte aligned, or they do not fit in chunk 0 (`block_n`)."""
     size = out.element_size()
     if size not in (2, 4) or out.data_ptr() % 4:
         return 0
     values = (SLOTS_AT.value + splits * slots) * 4 // size + (1 if size == 2 else 0)
     values = triton.cdiv(values, 16) * 16
-    if values > min(chunk, out.shape[1]) or not all(disjoint(out, t) for t in others):
+    if values > min(block_n, out.shape[1]) or not all(disjoint(out, t) for t in others):
         return 0
     return values
 
@@ -211,7 +202,6 @@ def launch(
     programs: int,
     counters: int | None = None,
     out: torch.Tensor | None = None,
-    chunk: int | None = None,
     **constexprs,
 ) -> int:
     """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
@@ -221,13 +211,12 @@ def launch(
     output its rows' exchange may live in (`out`, one of `tensors`, one row per kernel row):
     where it can (`exchange_values`), OUT_WORDS is the values the words take, the counters are
     zeroed and no workspace is allocated; elsewhere 0. Returns OUT_WORDS: the values at the
-    start of each row of `out` the caller's second kernel has to write. `chunk`: the columns per
-    chunk where the kernel takes them (`chunk_len`; `cfg.block_n` otherwise)."""
+    start of each row of `out` the caller's second kernel has to write."""
     device = tensors[0].device
     words = 0
     if out is not None:
         others = [t for t in tensors if t is not out]
-        words = exchange_values(out, others, chunk or cfg.block_n, splits, slots)
+        words = exchange_values(out, others, cfg.block_n, splits, slots)
         constexprs["OUT_WORDS"] = words
     if words:
         # the ticket and counter (16-bit rows: and the one value they may start after); the

@@ -37,7 +37,6 @@ import triton.language as tl
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
 from kernelwright.ops._split import (
     arrive_and_wait,
-    chunk_len,
     exchange,
     out_slots,
     out_words,
@@ -157,11 +156,10 @@ def _softmax_fwd_split_kernel(
     sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (workspace)
     M,
     N,
-    CHUNK,  # columns per chunk (_split.chunk_len): CHUNK <= BLOCK_N < N <= SPLITS * CHUNK
     stride_x,
     stride_y,
     IS_LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # a chunk's tile
+    BLOCK_N: tl.constexpr,  # one chunk: BLOCK_N < N <= SPLITS * BLOCK_N
     SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
@@ -178,9 +176,8 @@ def _softmax_fwd_split_kernel(
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
-    offs = tl.arange(0, BLOCK_N)
-    cols = j * CHUNK + offs
-    col_mask = (offs < CHUNK) & (cols < N)
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
     part, arrivals = exchange(y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS)
@@ -347,7 +344,6 @@ def _softmax_bwd_split_kernel(
     sync_ptr,  # [1 + M] int32, zeroed, as in the forward
     M,
     N,
-    CHUNK,  # columns per chunk, as in the forward
     stride_dy,
     stride_y,
     stride_dx,
@@ -365,9 +361,8 @@ def _softmax_bwd_split_kernel(
         t = tl.program_id(0)
     row = (t // SPLITS).to(tl.int64)
     j = t % SPLITS
-    offs = tl.arange(0, BLOCK_N)
-    cols = j * CHUNK + offs
-    col_mask = (offs < CHUNK) & (cols < N)
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
     part, arrivals = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS)
@@ -502,10 +497,9 @@ def softmax_fwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        chunk = chunk_len(N, splits, cfg.block_n)
         words = launch_split(
-            _softmax_fwd_split_kernel, args[:2], (M, N, chunk, *args[4:]), cfg, splits, 2,
-            programs=M * splits, out=y, chunk=chunk, IS_LOG=is_log,
+            _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
+            programs=M * splits, out=y, IS_LOG=is_log,
         )  # fmt: skip
         if words:
             _softmax_fwd_words_kernel[(M,)](
@@ -542,10 +536,9 @@ def softmax_bwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        chunk = chunk_len(N, splits, cfg.block_n)
         words = launch_split(
-            _softmax_bwd_split_kernel, args[:3], (M, N, chunk, *args[5:]), cfg, splits, 1,
-            programs=M * splits, out=dx, chunk=chunk, IS_LOG=is_log,
+            _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
+            programs=M * splits, out=dx, IS_LOG=is_log,
         )  # fmt: skip
         if words:
             _softmax_bwd_words_kernel[(M,)](
