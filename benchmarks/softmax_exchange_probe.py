@@ -8,12 +8,15 @@ the start of each row's own output; `workspace` is the library with that switche
 medians; then each form's peak memory above its inputs and outputs (the launches alone), and
 the words kernels (the values over each row's words) alone at 16, 8, 4 and 1 warps.
 
-    python benchmarks/softmax_exchange_probe.py [--rounds 5]
+    python benchmarks/softmax_exchange_probe.py [--rounds 5] [--no-words]
+
+`no_prefetch` (NOTES 63): in the output, without the prefetch of each row's counter line.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
@@ -21,20 +24,23 @@ from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
 from kernelwright.ops import _split
 from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 
-SHAPES = [(4096, 65536), (4096, 131072), (4096, 152064), (4096, 262144)]
-FORMS = ("in_out", "workspace")
+SHAPES = [(4096, n) for n in (65536, 128256, 131072, 152064, 256000, 262144)]
+FORMS = ("in_out", "workspace", "no_prefetch")
 
 
 def _form(name: str):
-    """Run a launch in the named form."""
+    """Run a launch in the named form (`no_prefetch`: in the output, its counters not
+    prefetched, NOTES 63)."""
     original = _split.exchange_values
 
     def run(fn):
-        _split.exchange_values = original if name == "in_out" else (lambda *args: 0)
+        _split.exchange_values = original if name != "workspace" else (lambda *args: 0)
+        _split.PREFETCH_WORDS = name != "no_prefetch"
         try:
             return fn()
         finally:
             _split.exchange_values = original
+            _split.PREFETCH_WORDS = True
 
     return run
 
@@ -81,6 +87,9 @@ def _words_kernels(timer, x, dy, y, dx, warps) -> list[dict]:
 
 
 def main() -> None:
+    words = "--no-words" not in sys.argv  # the words kernels alone too
+    if not words:
+        sys.argv.remove("--no-words")
     args = rounds_args()
     timer, _, copy = gpu_setup()
     rows = []
@@ -119,7 +128,8 @@ def main() -> None:
                 rows.append(dict(shape=f"{m}x{n}", mode=mode, form=form, ms=summary["ms"],
                                  spread_ms=summary["spread"], pct_copy=pct,
                                  peak_bytes=r["peak"], max_err=r["err"]))  # fmt: skip
-        rows += _words_kernels(timer, x, dy, y, dx, (16, 8, 4, 1))
+        if words:
+            rows += _words_kernels(timer, x, dy, y, dx, (16, 8, 4, 1))
         del x, dy, y, dx, ref_y
         torch.cuda.empty_cache()
     write_csv(args.out, "softmax_exchange_probe.csv", rows)

@@ -138,12 +138,28 @@ def out_slots(out_ptr, row, stride):
 
 
 @triton.jit
+def prefetch_l2(ptr):
+    """Start bringing `ptr`'s line into L2 (nothing waits for it)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+# NOTES 63 (experiment): prefetch each row's counter line into L2 as its programs start
+PREFETCH_WORDS = True
+
+
+@triton.jit
 def exchange(
-    out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, OUT_WORDS: tl.constexpr
-):
+    out_ptr, part_ptr, sync_ptr, row, stride, ROW_SLOTS: tl.constexpr, OUT_WORDS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
+):  # fmt: skip
     """`row`'s fp32 slots (ROW_SLOTS of them) and its arrivals counter: in the row's output
     words (OUT_WORDS > 0) or in the workspace (`workspace`)."""
     if OUT_WORDS > 0:
+        if PREFETCH:
+            prefetch_l2(out_words(out_ptr, row, stride) + 1)
         return out_slots(out_ptr, row, stride), out_words(out_ptr, row, stride) + 1
     else:
         return part_ptr + row * ROW_SLOTS, sync_ptr + 1 + row
@@ -218,6 +234,7 @@ def launch(
         others = [t for t in tensors if t is not out]
         words = exchange_values(out, others, cfg.block_n, splits, slots)
         constexprs["OUT_WORDS"] = words
+        constexprs["PREFETCH"] = PREFETCH_WORDS and device_info(device).backend == "cuda"
     if words:
         # the ticket and counter (16-bit rows: and the one value they may start after); the
         # slots are written before they are read

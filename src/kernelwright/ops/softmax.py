@@ -164,6 +164,7 @@ def _softmax_fwd_split_kernel(
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
     OUT_WORDS: tl.constexpr,  # values of each y row holding the exchange (0: workspace; _split)
+    PREFETCH: tl.constexpr = False,
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
@@ -180,7 +181,9 @@ def _softmax_fwd_split_kernel(
     col_mask = cols < N
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    part, arrivals = exchange(y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS)
+    part, arrivals = exchange(
+        y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS, PREFETCH
+    )
     if PHASE != 2:
         m = tl.max(x.to(tl.float32), axis=0)
         # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
@@ -353,6 +356,7 @@ def _softmax_bwd_split_kernel(
     SPLITS_P2: tl.constexpr,
     PHASE: tl.constexpr,
     OUT_WORDS: tl.constexpr,  # values of each dx row holding the exchange, as in the forward
+    PREFETCH: tl.constexpr = False,
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
     if PHASE == 0:
@@ -365,7 +369,9 @@ def _softmax_bwd_split_kernel(
     col_mask = cols < N
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
-    part, arrivals = exchange(dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS)
+    part, arrivals = exchange(
+        dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS, PREFETCH
+    )
     if PHASE != 2:
         tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
     if PHASE == 0:
