@@ -10,7 +10,9 @@ the words kernels (the values over each row's words) alone at 16, 8, 4 and 1 war
 
     python benchmarks/softmax_exchange_probe.py [--rounds 5] [--no-words]
 
-`no_prefetch` (NOTES 63): in the output, without the prefetch of each row's counter line.
+`no_prefetch` and `prefetch` (NOTES 63): in the output, with the prefetch of each row's counter
+line in neither direction or in both (the library: the backward only). At 4344aa9 the library
+prefetched in both, `no_prefetch` as now.
 """
 
 from __future__ import annotations
@@ -22,25 +24,28 @@ import torch
 from _probe import gpu_setup, rounds_args, rounds_summary, write_csv
 
 from kernelwright.ops import _split
+from kernelwright.ops import softmax as sm
 from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 
 SHAPES = [(4096, n) for n in (65536, 128256, 131072, 152064, 256000, 262144)]
-FORMS = ("in_out", "workspace", "no_prefetch")
+FORMS = ("in_out", "workspace", "no_prefetch", "prefetch")
 
 
 def _form(name: str):
-    """Run a launch in the named form (`no_prefetch`: in the output, its counters not
-    prefetched, NOTES 63)."""
+    """Run a launch in the named form (`in_out`: the library's; `no_prefetch`: in the output,
+    its counters not prefetched in either direction; `prefetch`: prefetched in both, NOTES 63)."""
     original = _split.exchange_values
+    table = sm.PREFETCH_FWD, sm.PREFETCH_BWD
 
     def run(fn):
         _split.exchange_values = original if name != "workspace" else (lambda *args: 0)
-        _split.PREFETCH_WORDS = name != "no_prefetch"
+        if name in ("no_prefetch", "prefetch"):
+            sm.PREFETCH_FWD = sm.PREFETCH_BWD = name == "prefetch"
         try:
             return fn()
         finally:
             _split.exchange_values = original
-            _split.PREFETCH_WORDS = True
+            sm.PREFETCH_FWD, sm.PREFETCH_BWD = table
 
     return run
 
@@ -59,8 +64,6 @@ def _words_kernels(timer, x, dy, y, dx, warps) -> list[dict]:
     """The words kernels alone (the values over each row's words, after the split kernel) at
     each of `warps`; they read whatever the words hold by then (timing only)."""
     import triton
-
-    from kernelwright.ops import softmax as sm
 
     m, n = x.shape
     rows = []

@@ -10,7 +10,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import ON_GPU
+from conftest import H100, ON_GPU
 
 from kernelwright.ops import _partials
 from kernelwright.ops import rms_norm as rms
@@ -133,12 +133,13 @@ def test_two_pass_kernels_compile_with_their_l2_flags():
 
 def test_split_row_kernels_compile_for_hopper(monkeypatch):
     # softmax's split rows in their waiting form (PHASE 0, which the interpreter never runs),
-    # their exchange in the output (and its words kernels) and in the workspace (a bf16 output
-    # view 2 bytes in; fp32's, 4 bytes in, is aligned: the same launch again), bf16 rows and
-    # fp32 (ops/_split.py). Recorded only, not run: nothing may wait under the interpreter.
+    # their exchange in the output (and its words kernels; the backward's counter prefetched,
+    # inline PTX the interpreter cannot run) and in the workspace (a bf16 output view 2 bytes
+    # in; fp32's, 4 bytes in, is aligned: the same launch again), bf16 rows and fp32
+    # (ops/_split.py). Recorded only, not run: nothing may wait under the interpreter.
     from kernelwright.ops import _split
 
-    monkeypatch.setattr(_split, "phases", lambda device: (0,))
+    monkeypatch.setattr(_split, "device_info", lambda device=None: H100)  # waits, prefetches
 
     def run():
         for dtype in (torch.bfloat16, torch.float32):
@@ -153,6 +154,9 @@ def test_split_row_kernels_compile_for_hopper(monkeypatch):
     split = [r for r in results if "split" in r.launch.name]
     in_out = sorted(dict(r.launch.constexprs)["OUT_WORDS"] > 0 for r in split)
     assert len(split) == 6 and in_out == [False] * 2 + [True] * 4
+    assert all(dict(r.launch.constexprs)["PHASE"] == 0 for r in split)
+    prefetched = [r.launch.name for r in split if dict(r.launch.constexprs).get("PREFETCH")]
+    assert prefetched == ["_softmax_bwd_split_kernel"] * 2 and not sm.PREFETCH_FWD
     # and each in-output launch's words kernel (the values over the words)
     assert sorted(r.launch.name for r in results if "words" in r.launch.name) == [
         "_softmax_bwd_words_kernel", "_softmax_bwd_words_kernel",

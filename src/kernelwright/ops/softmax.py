@@ -423,6 +423,12 @@ def _softmax_bwd_words_kernel(
 # result (the GPU tests hold the two forms to bit for bit).
 WORDS_WARPS = 4
 
+# Whether each split program prefetches its row's counter line into L2 (_split.launch): on an
+# H200 the backward was 1.6-4.8% faster with it at 65536-262144 columns, the forward 1.1-2.4%
+# slower from 128256 (benchmarks/softmax_exchange_probe.py, NOTES 63).
+PREFETCH_FWD = False
+PREFETCH_BWD = True
+
 
 def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
     return config or lookup(TABLE, "softmax", kernel, device_info(x.device), x.shape[-1])
@@ -505,7 +511,7 @@ def softmax_fwd_launch(
     elif splits:
         words = launch_split(
             _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
-            programs=M * splits, out=y, IS_LOG=is_log,
+            programs=M * splits, out=y, prefetch=PREFETCH_FWD, IS_LOG=is_log,
         )  # fmt: skip
         if words:
             _softmax_fwd_words_kernel[(M,)](
@@ -544,7 +550,7 @@ def softmax_bwd_launch(
     elif splits:
         words = launch_split(
             _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
-            programs=M * splits, out=dx, IS_LOG=is_log,
+            programs=M * splits, out=dx, prefetch=PREFETCH_BWD, IS_LOG=is_log,
         )  # fmt: skip
         if words:
             _softmax_bwd_words_kernel[(M,)](

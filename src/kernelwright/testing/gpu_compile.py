@@ -73,7 +73,8 @@ def capture_launches(execute: bool = True) -> Iterator[list[Launch]]:
         params = inspect.signature(fn).parameters.values()
         # annotations may be strings (`from __future__ import annotations`), as Triton allows
         constexpr_names = {p.name for p in params if "constexpr" in str(p.annotation)}
-        values = dict(zip(names, args, strict=False))
+        defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+        values = defaults | dict(zip(names, args, strict=False))
         values.update({k: v for k, v in kwargs.items() if k in names})
         sig, consts = [], []
         for name in names:
