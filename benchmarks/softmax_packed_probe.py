@@ -4,8 +4,8 @@ word that is its own flag, against the library's store / count / spin / load (NO
 Prints only (and a CSV to $OUT); the benchmark of record is `kernelwright bench softmax`.
 
 - `lib`: the library's launch (the table's split row, its exchange in the output);
-- `protocol`: a copy of the library's split kernel with a workspace (store the max and sum,
-  barrier, acq_rel count, spin, load the slots);
+- `protocol`: the library's split kernel with a workspace (store the max and sum, barrier,
+  acq_rel count, spin, load the slots): `softmax_split_probe.py`'s `ticket_wait` copy;
 - `packed`: the chunk's max and sum bits in one int64 (never 0), stored plainly into zeroed
   slots; the program polls its row's words with one volatile load until none is 0 and merges
   what it read. The zeroing of the slots is part of each call, as the library's fill is.
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again
-from kernelwright.ops._split import arrive_and_wait, ticket
+from kernelwright.ops._split import ticket
 
 SPIN_LIMIT = 1 << 22
 
@@ -81,34 +81,6 @@ def _packed_fwd(
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
 
 
-@triton.jit
-def _protocol_fwd(
-    x_ptr, y_ptr, part_ptr, sync_ptr, M, N, stride_x, stride_y,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
-):  # fmt: skip
-    # The library's split forward with its workspace, waiting form only (PHASE 0).
-    t = ticket(sync_ptr)
-    row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
-    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    m, d = _stats(x, hold)
-    part = part_ptr + row * SPLITS * 2
-    tl.store(part + j * 2, m)
-    tl.store(part + j * 2 + 1, d)
-    arrive_and_wait(sync_ptr + 1 + row, SPLITS)
-    k = tl.arange(0, SPLITS_P2)
-    ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
-    ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
-    m_row = tl.max(ms, axis=0)
-    d_row = tl.sum(ds * tl.exp(ms - m_row), axis=0)
-    xf = again(x, d_row, hold).to(tl.float32)
-    y = tl.exp(xf - m_row) * (1.0 / d_row)
-    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
-
-
 def packed_launch(x, y, block_n, warps, phases=(0,)):
     m, n = x.shape
     splits = triton.cdiv(n, block_n)
@@ -120,18 +92,6 @@ def packed_launch(x, y, block_n, warps, phases=(0,)):
             BLOCK_N=block_n, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
             PHASE=phase, SPIN=SPIN_LIMIT, num_warps=warps,
         )  # fmt: skip
-
-
-def protocol_launch(x, y, block_n, warps):
-    m, n = x.shape
-    splits = triton.cdiv(n, block_n)
-    part = torch.empty(m, splits, 2, device=x.device, dtype=torch.float32)
-    sync = torch.zeros(1 + m, device=x.device, dtype=torch.int32)
-    _protocol_fwd[(m * splits,)](
-        x, y, part, sync, m, n, x.stride(0), y.stride(0),
-        BLOCK_N=block_n, SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits),
-        num_warps=warps,
-    )  # fmt: skip
 
 
 def _cpu_check() -> None:
@@ -164,6 +124,7 @@ def main() -> None:
         _cpu_check()
         return
     from _probe import gpu_setup, rounds_summary, write_csv
+    from softmax_split_probe import _probe_launch
 
     from kernelwright.ops.softmax import softmax_fwd_launch
 
@@ -178,7 +139,7 @@ def main() -> None:
         gb = 2 * m * n * 2 / 1e9
         variants = {
             "lib": functools.partial(softmax_fwd_launch, x, y, False),
-            "protocol": functools.partial(protocol_launch, x, y, 16384, 16),
+            "protocol": functools.partial(_probe_launch, x, y, 16384, 16, True, True, True),
             "packed": functools.partial(packed_launch, x, y, 16384, 16),
         }
         errs, ts = {}, {name: [] for name in variants}

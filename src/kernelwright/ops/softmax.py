@@ -164,7 +164,7 @@ def _softmax_fwd_split_kernel(
     SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
     PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
     OUT_WORDS: tl.constexpr,  # values of each y row holding the exchange (0: workspace; _split)
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,  # the row's counter line prefetched into L2 (_split)
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
@@ -356,7 +356,7 @@ def _softmax_bwd_split_kernel(
     SPLITS_P2: tl.constexpr,
     PHASE: tl.constexpr,
     OUT_WORDS: tl.constexpr,  # values of each dx row holding the exchange, as in the forward
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,  # the row's counter line prefetched into L2 (_split)
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
     if PHASE == 0:
