@@ -16,11 +16,12 @@ reads, the second from L2), compiled per row length: faster there than holding d
 past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split
 over programs that each hold one chunk and wait for each other's statistics (ops/_split.py):
 one read and one write of the row; the statistics are exchanged at the start of the row's own
-output, whose values there a second small kernel writes (no workspace). Past that an online
-pass — running max and rescaled running sum in one read — and a second read of the row to write
-y; rows that long do not all stay in L2 between the passes: at worst this form moves 3/2 of the
-minimal bytes. The table's L2 flags
-(eviction hints, the write pass from the row's end) serve part of the second read from L2.
+output, whose values there a second small kernel writes (no workspace; the backward's programs
+prefetch their row's counter line, `PREFETCH_BWD`). Past that an online pass — running max and
+rescaled running sum in one read — and a second read of the row to write y; rows that long do
+not all stay in L2 between the passes: at worst this form moves 3/2 of the minimal bytes. The
+table's L2 flags (eviction hints, the write pass from the row's end) serve part of the second
+read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
