@@ -54,8 +54,7 @@ format: $(STAMP)
 # --hide-host times GPU work alone (the CPU's launch overhead is recorded as host_ms).
 # gpu-test and gpu-bench are its two halves, for when one call must stay short; OPS picks
 # the benchmarked ops (default: all, one run and one summary.md; each op writes <op>.csv);
-# FLUSH the timer's L2 flush (read or demote; default demote on sm_80+: benchmarks/NOTES.md,
-# issue 3, 51).
+# FLUSH the timer's L2 flush (read or demote; default demote on sm_80+: docs/benchmarks.md).
 OPS ?= all
 FLUSH ?=
 GPU_ENV = PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1
