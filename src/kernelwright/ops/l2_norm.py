@@ -59,31 +59,38 @@ def _l2_norm_bwd_kernel(
     tl.store(dx_ptr + r64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(x: torch.Tensor, n: int) -> tuple[int, int, int]:
-    """(BLOCK_N, ROWS, num_warps): whole rows, about 4K elements per program on a GPU; under
-    the interpreter every program costs milliseconds, so 64K elements per program."""
+Config = tuple[int, int, int]  # (BLOCK_N, ROWS, num_warps)
+
+
+def launch_config(n: int, interpreter: bool = False) -> Config:
+    """Whole rows, about 4K elements per program on a GPU; under the interpreter every program
+    costs milliseconds, so 64K elements per program."""
     block_n = triton.next_power_of_2(n)
-    per_program = 65536 if device_info(x.device).arch == "interpreter" else 4096
-    rows = max(1, min(64, per_program // block_n))
+    rows = max(1, min(64, (65536 if interpreter else 4096) // block_n))
     return block_n, rows, min(16, max(1, block_n * rows // 1024))
 
 
-def l2_norm_fwd_launch(x: torch.Tensor, y: torch.Tensor, rstd: torch.Tensor, eps: float) -> None:
+def _config(x: torch.Tensor, config: Config | None) -> Config:
+    return config or launch_config(x.shape[1], device_info(x.device).arch == "interpreter")
+
+
+def l2_norm_fwd_launch(x, y, rstd, eps: float, config: Config | None = None) -> None:
+    # x, y [M, N] (row strides, last dim contiguous), rstd [M] fp32
     M, N = x.shape
-    if M == 0:
+    if M == 0 or N == 0:
         return
-    block_n, rows, warps = _config(x, N)
+    block_n, rows, warps = _config(x, config)
     _l2_norm_fwd_kernel[(triton.cdiv(M, rows),)](
         x, y, rstd, M, N, x.stride(0), y.stride(0), eps,
         BLOCK_N=block_n, ROWS=rows, num_warps=warps,
     )  # fmt: skip
 
 
-def l2_norm_bwd_launch(dy, x, rstd, dx) -> None:
+def l2_norm_bwd_launch(dy, x, rstd, dx, config: Config | None = None) -> None:
     M, N = x.shape
-    if M == 0:
+    if M == 0 or N == 0:
         return
-    block_n, rows, warps = _config(x, N)
+    block_n, rows, warps = _config(x, config)
     _l2_norm_bwd_kernel[(triton.cdiv(M, rows),)](
         dy, x, rstd, dx, M, N, dy.stride(0), x.stride(0), dx.stride(0),
         BLOCK_N=block_n, ROWS=rows, num_warps=warps,
