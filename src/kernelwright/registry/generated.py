@@ -25,7 +25,7 @@ def _exports(path: Path) -> list[str]:
     return []
 
 
-def entry_of(path: Path, package: str = PACKAGE) -> OpEntry | None:
+def entry_of(path: Path, package: str) -> OpEntry | None:
     """The entry of one generated module, or None when it is not one (no `<op>_ref`)."""
     name = path.stem
     names = _exports(path)
@@ -45,9 +45,10 @@ def entry_of(path: Path, package: str = PACKAGE) -> OpEntry | None:
     )
 
 
-def discover(directory: Path = DIRECTORY, package: str = PACKAGE) -> list[OpEntry]:
+def discover(directory: Path | None = None, package: str | None = None) -> list[OpEntry]:
     """One entry per generated module present now (the directory is read on every call, so an
-    op added by `create` in this process is seen)."""
+    op added by `create` in this process is seen). Default: `kernelwright/ops/generated`."""
+    directory, package = directory or DIRECTORY, package or PACKAGE
     if not directory.is_dir():
         return []
     found = (entry_of(p, package) for p in sorted(directory.glob("[!_]*.py")))

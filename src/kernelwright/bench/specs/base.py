@@ -138,10 +138,15 @@ def register(spec: BenchSpec) -> BenchSpec:
 
 
 def get_spec(op: str) -> BenchSpec:
-    try:
+    """The benchmark spec named `op`; an unknown name says which ops have one."""
+    if op in SPECS:
         return SPECS[op]
-    except KeyError:
-        raise KeyError(f"no benchmark spec for {op!r}; known: {', '.join(sorted(SPECS))}") from None
+    if op in registry.names():
+        raise registry.UnknownOpError(
+            f"{op} has no benchmark spec (its registry entry names none); ops with one: "
+            f"{', '.join(SPECS)}"
+        )
+    raise registry.unknown_op(op, SPECS, "op with a benchmark spec")
 
 
 def importable(module: str) -> bool:
