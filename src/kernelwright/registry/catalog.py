@@ -75,6 +75,7 @@ NORMS = (
         summary="x / sqrt(sum(x^2) + eps) over the last dim (QK-norm of linear attention)",
         module_class="L2Norm",
         eager="l2_norm_eager",
+        bench="l2_norm",
         demo=(DemoCase("l2_norm", "x"),),
         test_shapes=((3, 5, 64), (7, 300), (2, 1500), (1, 7)),
     ),

@@ -30,6 +30,7 @@ from kernelwright.bench.specs.base import (
 from kernelwright.bench.specs.norms import (  # isort: skip
     EPS,
     FUSED_ADD_RMS_NORM,
+    L2_NORM,
     LAYER_NORM,
     LN_EPS,
     RMS_NORM,
@@ -54,6 +55,7 @@ __all__ = [
     "IGNORED_FRACTION",
     "IGNORE_INDEX",
     "JAGGED_MEAN",
+    "L2_NORM",
     "LAYER_NORM",
     "LN_EPS",
     "MODES",

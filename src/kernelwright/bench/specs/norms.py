@@ -1,4 +1,4 @@
-"""Benchmark specs of the norms: rms_norm, fused_add_rms_norm, layer_norm."""
+"""Benchmark specs of the norms: rms_norm, fused_add_rms_norm, layer_norm, l2_norm."""
 
 from __future__ import annotations
 
@@ -197,5 +197,54 @@ LAYER_NORM = register(
         ),
         interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
         notes={"liger": "LigerLayerNormFunction (X, W, B, eps)"},
+    )
+)
+
+
+# --------------------------------------------------------------------------- l2_norm
+
+
+def _l2_norm_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
+    t, h, d = shape["tokens"], shape["heads"], shape["head_dim"]
+    return {"x": rand((t, h, d), dtype, device, gen=generator(seed))}  # [T, H, D]: q or k heads
+
+
+def _l2_norm_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
+    m = shape["tokens"] * shape["heads"]  # rows
+    mn_s = m * shape["head_dim"] * dtype.itemsize
+    # forward: read x, write y (M*N*s each) and rstd (M fp32, saved for the backward)
+    fwd = 2 * mn_s + m * 4
+    # backward: read dy, x and rstd; write dx
+    bwd = 3 * mn_s + m * 4
+    return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
+
+
+L2_NORM = register(
+    BenchSpec(
+        op="l2_norm",
+        dims=("tokens", "heads", "head_dim"),
+        providers=(
+            Provider("kernelwright", call(*ours("l2_norm"), ("x",))),
+            *op_torch_providers("l2_norm", ("x",)),
+        ),
+        make_inputs=_l2_norm_inputs,
+        grad_inputs=("x",),
+        bytes=_l2_norm_bytes,
+        # the q heads of the reference model, as a linear-attention layer normalizes them
+        sweeps=(
+            Sweep(
+                "tokens",
+                token_counts(1024, 32768),
+                {"heads": REFERENCE.heads, "head_dim": REFERENCE.head_dim},
+            ),
+        ),
+        quick_sweeps=(
+            Sweep(
+                "tokens",
+                (DEFAULT_TOKENS, 32768),
+                {"heads": REFERENCE.heads, "head_dim": REFERENCE.head_dim},
+            ),
+        ),
+        interpreter_sweeps=(Sweep("tokens", (16, 32), {"heads": 4, "head_dim": 64}),),
     )
 )
