@@ -26,7 +26,9 @@ _CE_SHAPES = ([(4, 1000, 32768), (2048, 128256)], [(3, 5, 300), (7, 5000)])
 _FLCE_SHAPES = ([(4, 1024, 4096, 128256), (1000, 2048, 32000)], [(2, 9, 32, 300), (45, 40, 130)])
 _CE_OPTIONS = {"label_smoothing": 0.1, "softcap": 30.0, "lse_square_scale": 1e-4}
 
-_NORM_CLASSES = r"RMSNorm$|Norm$"
+# autopatch's norm candidates: leaf modules whose class name contains "norm"; each one is then
+# proven an RMSNorm or a LayerNorm from its forward, never from the name
+_NORM_CLASSES = r"(?i)norm"
 
 
 NORMS = (
@@ -66,7 +68,7 @@ NORMS = (
         table=f"{TABLES}.layer_norm",
         bench="layer_norm",
         demo=(DemoCase("layer_norm", "x_weight_bias"),),
-        replaces=(HFPattern("norm", r"LayerNorm(1P)?$", "layer_norm"),),
+        replaces=(HFPattern("norm", _NORM_CLASSES, "layer_norm"),),
     ),
     OpEntry(
         "l2_norm",
