@@ -4,7 +4,7 @@ The q/k normalization of linear-attention layers (Gated DeltaNet, Qwen3-Next: `l
 without a weight. Sums and the rsqrt in fp32, the output rounded once to x's dtype. The
 backward saves x and rstd = (sum(x^2) + eps)^-1/2 [M] fp32, and recomputes y:
     dx = rstd * (dy - y * sum(dy * y))
-One row per tile row: N up to 65536 (head dims are 64-256), several rows per program when short.
+Whole rows in registers, N up to 16384 (head dims are 64-256), several rows per program.
 
 Layer order: kernels → launcher → custom ops → autograd Function → `l2_norm` → `L2Norm` →
 references.
@@ -20,7 +20,7 @@ from kernelwright.runtime import device_info
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
 
-MAX_N = 65536  # the whole row is one register tile
+MAX_N = 16384  # one program holds a whole row of x and dy in registers (16 warps)
 
 
 @triton.jit
@@ -140,7 +140,7 @@ def l2_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2, -1) + eps), forward and backward in Triton.
 
     Args:
-        x: [..., N] float32/float16/bfloat16, N <= 65536, any layout, on a CUDA GPU (CPU
+        x: [..., N] float32/float16/bfloat16, N <= 16384, any layout, on a CUDA GPU (CPU
             under TRITON_INTERPRET=1).
         eps: added to the sum of squares (1e-6, as FLA's `l2norm`).
     Returns:
