@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
+from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
 
 app = typer.Typer(
     name="kernelwright",
@@ -49,7 +50,10 @@ def _split(text: str | None) -> list[str] | None:
 
 @app.command()
 def bench(
-    op: Annotated[str, typer.Argument(help="An op with a benchmark spec, or 'all'.")],
+    op: Annotated[
+        str,
+        typer.Argument(help=f"The op ({', '.join(registry.benchmarked())}), or 'all'."),
+    ],
     mode: Annotated[str, typer.Option(help="forward, backward, full, or all (the three).")] = "all",
     sweep: Annotated[
         str | None, typer.Option(help="Run only this sweep (e.g. hidden, tokens).")
@@ -409,7 +413,7 @@ def create(
 
 @app.command()
 def optimize(
-    op: Annotated[str, typer.Argument(help="The op to tune, e.g. rms_norm.")],
+    op: Annotated[str, typer.Argument(help=f"The op to tune: {', '.join(registry.tuned())}.")],
     goal: Annotated[str, typer.Option(help="speed | memory | balanced")] = "speed",
     scope: Annotated[str, typer.Option(help="forward | backward | all")] = "all",
     gpu: Annotated[

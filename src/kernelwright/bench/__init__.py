@@ -1,5 +1,6 @@
-"""Benchmark harness: specs (what to run), harness (timing, memory, bandwidth), report (CSV,
-plots, summary), models (the shape registry).
+"""Benchmark harness: specs (what to run, a module per op family; our ops' modules and functions
+come from the op registry), harness (timing, memory, bandwidth), report (CSV, plots, summary),
+models (the shape registry).
 
     from kernelwright.bench import SPECS, make_context, run_spec, write_csv, print_summary
     ctx = make_context()                      # device, versions, commit, copy bandwidth (once)

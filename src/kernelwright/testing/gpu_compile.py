@@ -181,16 +181,16 @@ def check_compiles(run: Callable[[], object], arch: int = 90) -> list[CompileRes
 
 
 def _compile_main(arch: int) -> None:
-    import importlib
-
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from kernelwright.registry import resolve
+
     results = []  # [error or "", shared memory bytes] per launch
     for item in json.loads(sys.stdin.read()):
         try:
-            kernel = getattr(importlib.import_module(item["module"]), item["name"])
+            kernel = resolve(item["module"], item["name"])
             names = list(kernel.arg_names)
             consts = {(names.index(k),): v for k, v in item["constexprs"].items()}
             src = ASTSource(kernel, item["signature"], constexprs=consts)

@@ -17,26 +17,16 @@ from collections.abc import Callable
 
 import torch
 
-from kernelwright.ops.geglu import geglu, geglu_fused
+from kernelwright import registry
 from kernelwright.ops.layer_norm import layer_norm
 from kernelwright.ops.relu_squared import relu_squared
 from kernelwright.ops.rms_norm import rms_norm
 from kernelwright.ops.rope import rope
-from kernelwright.ops.swiglu import swiglu, swiglu_fused
 from kernelwright.profiles.model import MLPDecision, NormDecision, RopeDecision
 
-# gated activation -> (separate gate/up kernel, fused [gate | up] kernel)
-_GATED: dict[str, tuple[Callable, Callable]] = {
-    "swiglu": (swiglu, swiglu_fused),
-    "geglu_tanh": (
-        lambda g, u: geglu(g, u, approximate="tanh"),
-        lambda x: geglu_fused(x, approximate="tanh"),
-    ),
-    "geglu_erf": (
-        lambda g, u: geglu(g, u, approximate="none"),
-        lambda x: geglu_fused(x, approximate="none"),
-    ),
-}
+# gated activation -> (separate gate/up kernel, fused [gate | up] kernel), options bound, as the
+# ops' registry entries declare them (HFPattern)
+_GATED: dict[str, tuple[Callable, Callable]] = registry.mlp_kernels()
 
 
 def _require(decision, *fields: str) -> None:

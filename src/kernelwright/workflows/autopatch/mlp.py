@@ -17,18 +17,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from kernelwright import registry
 from kernelwright.profiles.model import Evidence, MLPDecision
 from kernelwright.workflows.autopatch import source as S
 
-# config value of the activation -> the gated kernel (or relu_squared for the non-gated layout)
-ACTIVATIONS = {
-    "silu": "swiglu",
-    "swish": "swiglu",
-    "gelu_pytorch_tanh": "geglu_tanh",
-    "gelu_tanh": "geglu_tanh",
-    "gelu": "geglu_erf",
-    "relu2": "relu_squared",
-}
+# config value of the activation -> the gated kernel (or relu_squared for the non-gated layout),
+# as the ops' registry entries declare them (HFPattern.config_values)
+ACTIVATIONS = registry.hf_activations()
 _FUNCS = {
     "F.silu": "silu",
     "nn.functional.silu": "silu",

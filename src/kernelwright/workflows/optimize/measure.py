@@ -10,7 +10,6 @@ alone, which keeps the interpreter's milliseconds-per-program out of the inner l
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelwright import registry
 from kernelwright.bench.harness import BenchRow, RunContext, Timer, measure, with_bandwidth
 from kernelwright.bench.specs import BenchSpec
 from kernelwright.profiles.optimization import Timing
@@ -197,14 +197,16 @@ def smoke_test(
 ) -> tuple[bool, str]:
     """Forward and backward of the op's "kernelwright" provider against `<op>_ref`.
 
-    The reference runs through the very same provider builder with `kernelwright.ops.<op>.<op>`
-    swapped for `<op>_ref` while it is built, so it gets the same arguments; a call counter
-    proves the swap took (a builder calling something else would compare the kernel with
-    itself, a check that cannot fail). Returns (passed, a report of every shape).
+    The reference runs through the very same provider builder with the op's function (as its
+    registry entry names it) swapped for its reference while it is built, so it gets the same
+    arguments; a call counter proves the swap took (a builder calling something else would
+    compare the kernel with itself, a check that cannot fail). Returns (passed, a report of
+    every shape).
     """
-    ops = importlib.import_module(f"kernelwright.ops.{op}")
+    entry = registry.get(op)
+    ops = entry.load()
     provider = spec.provider(OURS)
-    ref_fn = getattr(ops, f"{op}_ref")
+    ref_fn = entry.ref()
     calls = [0]
 
     params = inspect.signature(ref_fn).parameters
@@ -222,12 +224,12 @@ def smoke_test(
         return provider.build(inputs)()
 
     def reference(**inputs):
-        original = getattr(ops, op)
-        setattr(ops, op, counted)
+        original = getattr(ops, entry.function)
+        setattr(ops, entry.function, counted)
         try:
             fn = provider.build(inputs)
         finally:
-            setattr(ops, op, original)
+            setattr(ops, entry.function, original)
         return fn()
 
     lines, passed = [], True
@@ -256,7 +258,7 @@ def smoke_test(
         if calls[0] == 0:
             raise RuntimeError(
                 f"smoke test of {op}: the '{OURS}' bench provider does not call "
-                f"kernelwright.ops.{op}.{op}, so it cannot be compared with {op}_ref"
+                f"{entry.module}.{entry.function}, so it cannot be compared with {entry.reference}"
             )
         passed &= report.ok
         lines.append(report.table())

@@ -10,7 +10,6 @@ has launched the op at every point — no extra compilation.
 from __future__ import annotations
 
 import csv
-import importlib
 import io
 import math
 import os
@@ -20,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelwright import registry
 from kernelwright.profiles.optimization import KernelResources
 
 
@@ -78,7 +78,7 @@ def compiled_kernels(op: str, arch: str) -> list[KernelResources]:
     """Every specialization of the op module's Triton kernels compiled in this process."""
     import triton
 
-    mod = importlib.import_module(f"kernelwright.ops.{op}")
+    mod = registry.get(op).load()
     limits = SM_LIMITS.get(arch, SMLimits())
     out = []
     for name in sorted(vars(mod)):

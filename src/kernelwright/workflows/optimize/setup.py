@@ -1,14 +1,14 @@
 """Options, pre-flight checks and the run's shared state (`Setup`).
 
-Pre-flight confirms, before anything is measured: the op module with `<op>` and `<op>_ref`, its
-launch-config table, its benchmark spec, its test file (the Finalize gate), a CUDA GPU (unless
-`--dry-run`), that `--gpu` names the GPU actually present, and that the goal can be measured.
-Any failure raises `PreflightError` saying what is missing and what to do.
+Pre-flight confirms, before anything is measured: the op's registry entry, its module with the
+function and the fp32 reference the entry names, its launch-config table, its benchmark spec,
+its test file (the Finalize gate), a CUDA GPU (unless `--dry-run`), that `--gpu` names the GPU
+actually present, and that the goal can be measured. Any failure raises `PreflightError`
+saying what is missing and what to do.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from kernelwright import registry
 from kernelwright.bench.harness import RunContext, Timer, default_timer, make_context
 from kernelwright.bench.specs import BenchSpec, get_spec
 from kernelwright.runtime import default_device, device_info, interpreter_mode
@@ -137,25 +138,23 @@ def preflight(opts: OptimizeOptions) -> Setup:
     _check(opts.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}")
     _check(opts.execute or opts.dry_run, "execute=False (modelled rows) needs a dry run")
     try:
-        ops = importlib.import_module(f"kernelwright.ops.{op}")
-    except ModuleNotFoundError:
-        raise PreflightError(
-            f"no op {op!r}: kernelwright/ops/{op}.py does not exist (see `kernelwright bench "
-            f"--help` for the ops with benchmarks)"
-        ) from None
-    for name in (op, f"{op}_ref"):
+        entry = registry.get(op)
+    except registry.UnknownOpError as e:
+        raise PreflightError(f"{e} (`kernelwright optimize --help` lists them)") from None
+    ops = entry.load()
+    for name in (entry.function, entry.reference):
         _check(
             callable(getattr(ops, name, None)),
-            f"kernelwright.ops.{op} has no `{name}`: the workflow times `{op}` and checks it "
-            f"against `{op}_ref`",
+            f"{entry.module} has no `{name}`: the workflow times `{entry.function}` and checks "
+            f"it against `{entry.reference}`",
         )
     try:
         table = get_table(op)
-        spec = get_spec(op)
+        spec = get_spec(entry.bench or op)
     except (ValueError, KeyError) as e:
         raise PreflightError(str(e).strip("'\"")) from None
     table_path = opts.table_path or Path(table_module(op).__file__)
-    test_file = REPO_ROOT / "tests" / f"test_{op}.py"
+    test_file = REPO_ROOT / entry.tests
     writes = opts.write_library and not opts.dry_run
     _check(
         test_file.exists() or not writes,

@@ -9,13 +9,13 @@ through `rewrite_table_source`: the rest of the file â€” comments, other archs â
 from __future__ import annotations
 
 import ast
-import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
+from kernelwright import registry
 from kernelwright.profiles.optimization import ConfigRow
 from kernelwright.runtime.launch import LaunchConfig, Row, Table, table_rows
 
@@ -25,14 +25,15 @@ _DEFAULTS = {f.name: f.default for f in fields(LaunchConfig) if f.name != "block
 
 
 def table_module(op: str) -> ModuleType:
-    name = f"kernelwright.runtime.tables.{op}"
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError:
+    """The launch-config table module op `op`'s registry entry names."""
+    entry = registry.get(op)
+    if entry.table is None:
         raise ValueError(
-            f"{op}: no launch-config table ({name.replace('.', '/')}.py); the optimize "
-            f"workflow retunes ops whose launch parameters live in a table"
-        ) from None
+            f"{op}: no launch-config table (its registry entry names none); the optimize "
+            f"workflow retunes ops whose launch parameters live in a table: "
+            f"{', '.join(registry.tuned())}"
+        )
+    return registry.resolve(entry.table)
 
 
 def get_table(op: str) -> Table:

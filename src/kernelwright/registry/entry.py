@@ -1,0 +1,145 @@
+"""What an op declares (`OpEntry`, `DemoCase`, `HFPattern`) and the one resolver.
+
+Entries are data: module and function names are strings, imported only when something asks
+for the callable (`entry.fn()`, `resolve(...)`), so reading the registry — the CLI's help, a
+list of ops — imports no kernel.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+Shape = tuple[int, ...]
+
+
+class UnknownOpError(KeyError, ValueError):
+    """An op name the registry does not know; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+def unknown_op(name: str, known: Iterable[str], what: str = "op") -> UnknownOpError:
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return UnknownOpError(f"no {what} {name!r}.{hint} Known: {', '.join(known)}.")
+
+
+def resolve(target: str, attr: str | None = None) -> Any:
+    """The object at `target`: "package.module:attr.sub" (or `target` a module and `attr` a
+    dotted attribute path), or the module itself when no attribute is named."""
+    module, _, dotted = target.partition(":")
+    if attr:
+        dotted = f"{dotted}.{attr}" if dotted else attr
+    obj: Any = importlib.import_module(module)
+    for part in filter(None, dotted.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AttributeError(f"{module} has no {dotted!r} (missing {part!r})") from None
+    return obj
+
+
+@dataclass(frozen=True)
+class DemoCase:
+    """One row group of `kernelwright demo`'s correctness table.
+
+    `inputs` names an inputs maker of `kernelwright.testing.cases` (fresh random tensors for a
+    shape, dtype, device and seed). `shapes` are (GPU shapes, CPU shapes) in the maker's own
+    convention; None means the default x-like [..., N] shapes. `function` / `reference` name
+    another function of the op's module (log_softmax in softmax's module) — default the op's.
+    """
+
+    label: str
+    inputs: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    shapes: tuple[tuple[Shape, ...], tuple[Shape, ...]] | None = None
+    grad_inputs: tuple[str, ...] | None = None  # default: every float input
+    function: str | None = None
+    reference: str | None = None
+    # inputs the reference takes as int64 indices (the check hands it fp32 copies of every
+    # tensor, class targets included)
+    index_inputs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HFPattern:
+    """One kind of Hugging Face module (or function) the op replaces, as data.
+
+    kind: "norm" | "mlp" | "rope" | "loss" | "moe" — which analyser decision it feeds.
+    classes: a regular expression over class names where such modules are found (a hint for
+        readers and tools; the analyser proves each class from its forward, never its name).
+    decision: the profile value that selects this op ("rms_norm", "swiglu", "geglu_tanh"...).
+    config_values: for MLPs, the `hidden_act` values of a config that select `decision`.
+    kwargs: the op's options for this decision (geglu's approximate="tanh").
+    fused: the module's function taking the projections concatenated ([gate | up]).
+    """
+
+    kind: str
+    classes: str
+    decision: str
+    config_values: tuple[str, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    fused: str | None = None
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    """Everything the tools need to know about one op, in one place.
+
+    Functions are attribute names in `module`; `function` defaults to the op's name and
+    `reference` to `<op>_ref`. `table` is the launch-config table module the optimize workflow
+    rewrites, `bench` the name of its benchmark spec (the spec lives in `kernelwright.bench`),
+    `tests` its test file relative to the repository root.
+    """
+
+    name: str
+    family: str
+    module: str
+    summary: str = ""  # one line, for listings
+    function: str = ""
+    reference: str = ""
+    module_class: str | None = None
+    eager: str | None = None  # the eager PyTorch form (the benchmark's `torch` provider)
+    table: str | None = None
+    bench: str | None = None
+    tests: str = ""
+    demo: tuple[DemoCase, ...] = ()
+    test_shapes: tuple[Shape, ...] = ()
+    replaces: tuple[HFPattern, ...] = ()
+    generated: bool = False  # written by `kernelwright create --into-library`
+
+    def __post_init__(self) -> None:
+        defaults = {
+            "function": self.name,
+            "reference": f"{self.name}_ref",
+            "tests": f"tests/test_{self.name}.py",
+        }
+        for key, value in defaults.items():
+            if not getattr(self, key):
+                object.__setattr__(self, key, value)
+
+    def load(self) -> ModuleType:
+        """The op's module, imported."""
+        return resolve(self.module)
+
+    def attr(self, name: str) -> Any:
+        return resolve(self.module, name)
+
+    def fn(self) -> Any:
+        return self.attr(self.function)
+
+    def ref(self) -> Any:
+        return self.attr(self.reference)
+
+    def cls(self) -> type | None:
+        return self.attr(self.module_class) if self.module_class else None
+
+    def table_module(self) -> ModuleType | None:
+        return resolve(self.table) if self.table else None
