@@ -94,8 +94,17 @@ def bench(
         bool,
         typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
     ] = False,
+    db: Annotated[
+        Path | None,
+        typer.Option(
+            help="The results database the rows are appended to (default: "
+            "$KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Time each provider of OP (forward/backward/full), write DIR/<op>.csv and plots."""
+    """Time each provider of OP (forward/backward/full), write DIR/<op>.csv and plots, and
+    append the rows to the results database (see `kernelwright results`)."""
     import torch
 
     from kernelwright.bench import (
@@ -160,13 +169,18 @@ def bench(
             "check that the harness works; they are not speeds.[/]"
         )
 
+    from kernelwright.bench.db import ResultsDB, new_run_id
+
+    results_db, run_id = ResultsDB(db), new_run_id()
     all_rows = []
     for p in plans:
         rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
         csv_path = write_csv(rows, out / f"{p.spec.op}.csv", append=append)
         written = write_plots(rows, out) if plots else []
+        results_db.append(rows, source="bench", run_id=run_id)
         console.print(f"{p.spec.op}: {len(rows)} rows -> {csv_path}, {len(written)} plot(s)")
         all_rows.extend(rows)
+    console.print(f"Results database: {results_db.path} (run {run_id})")
 
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
@@ -212,6 +226,180 @@ def _run_with_progress(console: Console, p, **kwargs):
                 )
 
         return run_plan(p, on_row=on_row, **kwargs)
+
+
+# --------------------------------------------------------------------------- results
+
+results_app = typer.Typer(
+    help="Query the results database that every bench, optimize and create run appends to "
+    "(filters; a table, --markdown or --csv; --best), import bench CSVs, export, and "
+    "regenerate the README's performance tables.",
+    no_args_is_help=False,
+)
+app.add_typer(results_app, name="results")
+
+DbOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="The database (default: $KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db).",
+        show_default=False,
+    ),
+]
+
+
+def _results_db(db: Path | None, *, must_exist: bool = True):
+    from rich.markup import escape
+
+    from kernelwright.bench.db import ResultsDB, ResultsDBError
+
+    try:
+        return ResultsDB.existing(db) if must_exist else ResultsDB(db)
+    except ResultsDBError as e:
+        make_console().print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(1) from None
+
+
+def _query(results_db, **filters) -> list[dict]:
+    from rich.markup import escape
+
+    from kernelwright.bench.db import Filters, ResultsDBError
+
+    try:
+        return results_db.query(Filters(**filters))
+    except ResultsDBError as e:
+        make_console().print(f"[red]error:[/] {escape(str(e))}")
+        raise typer.Exit(1) from None
+
+
+@results_app.callback(invoke_without_command=True)
+def results(
+    ctx: typer.Context,
+    op: Annotated[str | None, typer.Option(help="Only this op.")] = None,
+    provider: Annotated[str | None, typer.Option(help="Only this provider.")] = None,
+    gpu: Annotated[
+        str | None, typer.Option(help="Part of the GPU's name (h100) or its arch (sm_90).")
+    ] = None,
+    dtype: Annotated[str | None, typer.Option(help="bfloat16, float16 or float32.")] = None,
+    mode: Annotated[str | None, typer.Option(help="forward, backward or full.")] = None,
+    source: Annotated[str | None, typer.Option(help="bench, optimize or create.")] = None,
+    run: Annotated[str | None, typer.Option(help="'latest' or a run id (or its prefix).")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="A date/time (2026-11-20) or an age (7d, 12h).")
+    ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="Per (op, shape, mode): the best provider, ratios.")
+    ] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Markdown, not a table.")] = False,
+    csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout, every column.")] = False,
+    limit: Annotated[
+        int, typer.Option(help="Show at most the newest N rows (0: all; --csv shows all).")
+    ] = 200,
+    db: DbOption = None,
+) -> None:
+    """List results, newest last (see the subcommands for import, export and readme)."""
+    import sys
+
+    from kernelwright.bench import db_views as views
+    from kernelwright.bench.db import write_rows_csv
+
+    if ctx.invoked_subcommand is not None:
+        return
+    results_db = _results_db(db)
+    filters = dict(op=op, provider=provider, gpu=gpu, dtype=dtype, mode=mode, source=source)
+    rows = _query(results_db, **filters, run=run, since=since)
+    if csv and not best:
+        write_rows_csv(rows, sys.stdout)
+        return
+    heads, body = views.best_table(rows) if best else views.listing(rows)
+    left_out = max(0, len(body) - limit) if limit and not csv else 0
+    body = body[left_out:]
+    if csv:
+        import csv as csv_module
+
+        writer = csv_module.writer(sys.stdout, lineterminator="\n")
+        writer.writerows([heads, *body])
+    elif markdown:
+        typer.echo(views.markdown_table(heads, body))
+    else:
+        title = f"{'best of ' if best else ''}{len(rows)} result rows · {results_db.path}"
+        make_console().print(views.rich_table(title, heads, body))
+    if left_out:
+        typer.echo(f"({left_out} older rows left out: --limit 0 shows all)", err=True)
+
+
+@results_app.command("import")
+def results_import(
+    csvs: Annotated[
+        list[Path], typer.Argument(help="Bench CSVs or folders of them (searched recursively).")
+    ],
+    db: DbOption = None,
+) -> None:
+    """Load bench CSVs (as `kernelwright bench` writes them) into the database."""
+    from kernelwright.bench.db import import_csv
+
+    results_db = _results_db(db, must_exist=False)
+    console = make_console()
+    files = [f for p in csvs for f in (sorted(p.rglob("*.csv")) if p.is_dir() else [p])]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or not files:
+        named = ", ".join(missing) or " ".join(map(str, csvs))
+        console.print(f"[red]error:[/] no CSV file at {named}")
+        raise typer.Exit(1)
+    added = 0
+    for f in files:
+        got = import_csv(results_db, f)
+        added += got.rows
+        note = f" ({got.skipped})" if got.skipped else ""
+        console.print(f"{f}: {got.rows} rows in {got.runs} run(s){note}")
+    console.print(f"{added} rows added to {results_db.path}")
+
+
+@results_app.command("export")
+def results_export(
+    csv: Annotated[Path, typer.Option("--csv", help="The CSV to write ('-': stdout).")],
+    op: Annotated[str | None, typer.Option(help="Only this op.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Part of the GPU's name, or its arch.")] = None,
+    source: Annotated[str | None, typer.Option(help="bench, optimize or create.")] = None,
+    run: Annotated[str | None, typer.Option(help="'latest' or a run id.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write the database's rows (every column) to a CSV that `results import` reads back."""
+    import sys
+
+    from kernelwright.bench.db import write_rows_csv
+
+    rows = _query(_results_db(db), op=op, gpu=gpu, source=source, run=run)
+    if str(csv) == "-":
+        write_rows_csv(rows, sys.stdout)
+        return
+    csv.parent.mkdir(parents=True, exist_ok=True)
+    with csv.open("w", newline="") as fh:
+        write_rows_csv(rows, fh)
+    make_console().print(f"{len(rows)} rows -> {csv}")
+
+
+@results_app.command("readme")
+def results_readme(
+    path: Annotated[Path, typer.Argument(help="The README to update.")] = Path("README.md"),
+    mode: Annotated[str, typer.Option(help="Comma-separated modes in the tables.")] = "full",
+    all_shapes: Annotated[
+        bool, typer.Option(help="Every shape, not the smallest and largest per op.")
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Regenerate the README's tables between `<!-- results:h100 -->` and
+    `<!-- /results:h100 -->` lines (any GPU name) from the database's bench rows."""
+    from kernelwright.bench.db_views import regenerate_readme
+
+    console = make_console()
+    rows = _query(_results_db(db), source="bench")
+    try:
+        done = regenerate_readme(path, rows, modes=_split(mode) or ["full"], all_shapes=all_shapes)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(1) from None
+    for key, ok in done.items():
+        console.print(f"{key}: " + ("regenerated" if ok else "no bench rows on such a GPU; kept"))
 
 
 @app.command()
