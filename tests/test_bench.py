@@ -562,11 +562,12 @@ def test_csv_has_every_column_parses_back_and_appends(tmp_path):
     assert len(read_csv(path)) == 2 * len(rows)
     # a CSV of the schema before the FLOP columns still reads (they take their defaults)
     old = tmp_path / "old.csv"
-    old_cols = [c for c in COLUMNS if c not in ("flops", "tflops")]
+    old_cols = list(COLUMNS[: COLUMNS.index("flops")])
     lines = [",".join(old_cols), ",".join(str(getattr(rows[1], c)) for c in old_cols)]
     old.write_text("\n".join(lines) + "\n")
     (r,) = read_csv(old)
     assert r.ms_p50 == rows[1].ms_p50 and r.flops == 0 and math.isnan(r.tflops)
+    assert r.dims == "" and r.arch == ""
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="columns differ"):
         write_csv(rows, tmp_path / "other.csv", append=True)
