@@ -218,6 +218,8 @@ def test_unknown_filter_values_list_the_known_ones(filled):
         filled.query(Filters(since="last tuesday"))
     res = _cli("results", "--db", filled.path, "--mode", "fwd")
     assert res.exit_code == 1 and "known: forward, full" in res.output
+    res = _cli("results", "--db", filled.path, "--op", "softmax", "--mode", "forward")
+    assert res.exit_code == 0 and "No rows" in res.output  # known values, no such combination
 
 
 def test_run_latest_picks_the_second_run(db):
@@ -338,6 +340,10 @@ def test_import_of_bench_csvs(tmp_path, db):
             else:
                 assert x[col] == y[col], col
     assert _cli("results", "import", tmp_path / "nope.csv", "--db", other).exit_code == 1
+    # create's bench CSVs have the same columns: the command line says whose they are
+    res = _cli("results", "import", path, "--source", "create", "--db", tmp_path / "c.db")
+    assert res.exit_code == 0, res.output
+    assert {d["source"] for d in ResultsDB(tmp_path / "c.db").query()} == {"create"}
 
 
 # --------------------------------------------------------------------------- README blocks

@@ -310,6 +310,9 @@ def results(
     if csv and not best:
         write_rows_csv(rows, sys.stdout)
         return
+    if not rows:
+        typer.echo(f"No rows in {results_db.path} match these filters.", err=True)
+        return
     heads, body = views.best_table(rows) if best else views.listing(rows)
     left_out = max(0, len(body) - limit) if limit and not csv else 0
     body = body[left_out:]
@@ -332,11 +335,16 @@ def results_import(
     csvs: Annotated[
         list[Path], typer.Argument(help="Bench CSVs or folders of them (searched recursively).")
     ],
+    source: Annotated[
+        str, typer.Option(help="The runs' source: bench, or create for create's bench CSVs.")
+    ] = "bench",
     db: DbOption = None,
 ) -> None:
     """Load bench CSVs (as `kernelwright bench` writes them) into the database."""
-    from kernelwright.bench.db import import_csv
+    from kernelwright.bench.db import SOURCES, import_csv
 
+    if source not in SOURCES:
+        raise typer.BadParameter(f"one of {', '.join(SOURCES)}", param_hint="--source")
     results_db = _results_db(db, must_exist=False)
     console = make_console()
     files = [f for p in csvs for f in (sorted(p.rglob("*.csv")) if p.is_dir() else [p])]
@@ -347,7 +355,7 @@ def results_import(
         raise typer.Exit(1)
     added = 0
     for f in files:
-        got = import_csv(results_db, f)
+        got = import_csv(results_db, f, source=source)
         added += got.rows
         note = f" ({got.skipped})" if got.skipped else ""
         console.print(f"{f}: {got.rows} rows in {got.runs} run(s){note}")

@@ -430,11 +430,14 @@ class ImportResult:
     skipped: str = ""  # why the file (or its runs) were not imported
 
 
-def import_csv(db: ResultsDB, path: str | Path) -> ImportResult:
+def import_csv(db: ResultsDB, path: str | Path, *, source: str = "bench") -> ImportResult:
     """Load a bench CSV (as `report.write_csv` writes it, any earlier prefix of its columns)
-    or an export of this database. Rows of one bench invocation share (gpu, commit,
-    timestamp): each such group becomes one run, with an id derived from them, so importing
-    a file twice adds nothing the second time. A CSV of another schema is skipped."""
+    or an export of this database. Rows of one invocation share (gpu, commit, timestamp):
+    each such group becomes one run of `source` (a create workflow's CSV: "create"), with an
+    id derived from them, so importing a file twice adds nothing the second time. An export
+    keeps its runs, sources and tags. A CSV of another schema is skipped."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
     path = Path(path)
     out = ImportResult(path)
     with path.open(newline="") as fh:
@@ -452,7 +455,7 @@ def import_csv(db: ResultsDB, path: str | Path) -> ImportResult:
         else:
             ident = "|".join(rec.get(k, "") for k in ("gpu", "commit", "timestamp"))
             run_id = "csv-" + hashlib.sha1(ident.encode()).hexdigest()[:12]
-            key = (run_id, "bench", f"imported from {path.name}")
+            key = (run_id, source, f"imported from {path.name}")
         groups.setdefault(key, []).append(rec)
     already = 0
     for (run_id, source, tag), recs in groups.items():
