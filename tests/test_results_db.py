@@ -168,6 +168,29 @@ def test_concurrent_appends_all_land(tmp_path):
     assert got == (1,)
 
 
+def _append_in_child(path, i, per):
+    ResultsDB(path).append([_row(f"c{i}", 1.0 + k) for k in range(per)], source="bench",
+                           run_id=f"child{i}")  # fmt: skip
+
+
+def test_concurrent_appends_from_processes(tmp_path):
+    # SQLite's file lock between processes (threads above share one process's locks)
+    import multiprocessing
+
+    path, n, per = tmp_path / "procs.db", 4, 20
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_in_child, args=(path, i, per)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * n
+    db = ResultsDB.existing(path)
+    assert len(db.query()) == n * per and sorted(r["run_id"] for r in db.runs()) == [
+        f"child{i}" for i in range(n)
+    ]
+
+
 # --------------------------------------------------------------------------- queries
 
 
