@@ -269,6 +269,9 @@ def test_a_missing_database_says_how_to_make_one(tmp_path, monkeypatch):
     assert res.exit_code == 1
     assert "no results database" in res.output and "kernelwright bench" in res.output
     assert not missing.exists()  # a query does not create one
+    (tmp_path / "junk.db").write_text("not sqlite")
+    with pytest.raises(ResultsDBError, match="not a results database"):
+        ResultsDB.existing(tmp_path / "junk.db")
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "env.db"))
     assert db_path() == tmp_path / "env.db" and db_path(missing) == missing
     monkeypatch.delenv(ENV_VAR)

@@ -124,8 +124,11 @@ class ResultsDB:
                 "bench CSVs with `kernelwright results import CSV...`; another file is chosen "
                 f"with --db or ${ENV_VAR}."
             )
-        with db._connect() as con:
-            db._check_version(con)
+        try:
+            with db._connect() as con:
+                db._check_version(con)
+        except sqlite3.DatabaseError as e:
+            raise ResultsDBError(f"{db.path} is not a results database ({e})") from None
         return db
 
     @contextmanager
