@@ -28,6 +28,15 @@ def device() -> torch.device:
     return DEVICE
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _results_db(tmp_path_factory):
+    # bench, optimize and create append their rows to the results database: not the checkout's
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KERNELWRIGHT_RESULTS_DB", str(tmp_path_factory.mktemp("results") / "results.db"))
+    yield
+    mp.undo()
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:

@@ -5,6 +5,7 @@ arithmetic and the plumbing, not the machine. The end-to-end runs use the interp
 shapes.
 """
 
+import json
 import math
 import time
 from dataclasses import replace
@@ -29,6 +30,7 @@ from kernelwright.bench import (
     write_csv,
     write_plots,
 )
+from kernelwright.bench.db import ResultsDB
 from kernelwright.bench.harness import (
     RunContext,
     cuda_timer,
@@ -52,7 +54,7 @@ from kernelwright.testing import generator, rand
 REQUIRED = [
     "op", "mode", "provider", "x_name", "x_value", "shape", "dtype", "ms_p20", "ms_p50", "ms_p80",
     "peak_mem_mb", "gbps", "pct_copy_bw", "gpu", "torch", "triton", "commit", "timestamp",
-    "copy_gbps", "error", "flops", "tflops",
+    "copy_gbps", "error", "flops", "tflops", "dims", "arch",
 ]
 # fmt: on
 
@@ -230,6 +232,7 @@ def test_bandwidth_and_percent_of_copy_use_the_byte_model_and_p50():
         assert r.gbps == pytest.approx(expected / 2e-3 / 1e9)
         assert r.pct_copy_bw == pytest.approx(r.gbps / 1000.0 * 100)
         assert r.copy_gbps == 1000.0 and r.error == ""
+        assert json.loads(r.dims) == {"m": 8, "n": r.x_value} and r.arch == ctx.arch != ""
 
 
 def test_flop_model_gives_tflops_and_a_summary_column():
@@ -559,11 +562,12 @@ def test_csv_has_every_column_parses_back_and_appends(tmp_path):
     assert len(read_csv(path)) == 2 * len(rows)
     # a CSV of the schema before the FLOP columns still reads (they take their defaults)
     old = tmp_path / "old.csv"
-    old_cols = [c for c in COLUMNS if c not in ("flops", "tflops")]
+    old_cols = list(COLUMNS[: COLUMNS.index("flops")])
     lines = [",".join(old_cols), ",".join(str(getattr(rows[1], c)) for c in old_cols)]
     old.write_text("\n".join(lines) + "\n")
     (r,) = read_csv(old)
     assert r.ms_p50 == rows[1].ms_p50 and r.flops == 0 and math.isnan(r.tflops)
+    assert r.dims == "" and r.arch == ""
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="columns differ"):
         write_csv(rows, tmp_path / "other.csv", append=True)
@@ -619,10 +623,13 @@ def test_cli_bench_quick_writes_the_csv(tmp_path):
     from kernelwright.cli import app
 
     args = ["bench", "rms_norm", "--quick", "--providers", "kernelwright,torch"]
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    db = tmp_path / "results.db"
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path), "--db", str(db)])
     assert result.exit_code == 0, result.output
     rows = read_csv(tmp_path / "rms_norm.csv")
     assert rows and all(r.op == "rms_norm" and not r.error for r in rows)
+    assert all(json.loads(r.dims) == {"tokens": 64, "hidden": r.x_value} for r in rows)
+    assert len(ResultsDB.existing(db).query()) == len(rows)  # the same rows, in the database
     assert {r.mode for r in rows} == {"forward", "backward", "full"}
     assert (tmp_path / "summary.md").exists()
     assert list(tmp_path.glob("rms_norm_*_full.png"))

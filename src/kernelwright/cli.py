@@ -98,8 +98,17 @@ def bench(
         bool,
         typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
     ] = False,
+    db: Annotated[
+        Path | None,
+        typer.Option(
+            help="The results database the rows are appended to (default: "
+            "$KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Time each provider of OP (forward/backward/full), write DIR/<op>.csv and plots."""
+    """Time each provider of OP (forward/backward/full), write DIR/<op>.csv and plots, and
+    append the rows to the results database (see `kernelwright results`)."""
     import torch
 
     from kernelwright.bench import (
@@ -164,13 +173,18 @@ def bench(
             "check that the harness works; they are not speeds.[/]"
         )
 
+    from kernelwright.bench.db import ResultsDB, new_run_id
+
+    results_db, run_id = ResultsDB(db), new_run_id()
     all_rows = []
     for p in plans:
         rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
         csv_path = write_csv(rows, out / f"{p.spec.op}.csv", append=append)
         written = write_plots(rows, out) if plots else []
+        results_db.append(rows, source="bench", run_id=run_id)
         console.print(f"{p.spec.op}: {len(rows)} rows -> {csv_path}, {len(written)} plot(s)")
         all_rows.extend(rows)
+    console.print(f"Results database: {results_db.path} (run {run_id})")
 
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
@@ -216,6 +230,12 @@ def _run_with_progress(console: Console, p, **kwargs):
                 )
 
         return run_plan(p, on_row=on_row, **kwargs)
+
+
+# `kernelwright results ...`: the results database's commands (cli_results.py)
+from kernelwright.cli_results import results_app  # noqa: E402
+
+app.add_typer(results_app, name="results")
 
 
 @app.command()

@@ -1,13 +1,12 @@
-"""The timer's L2 reset for `cuda_timer(flush="demote")` (NOTES 51 in benchmarks/NOTES.md).
+"""The timer's L2 reset for `cuda_timer(flush="demote")`.
 
 A plain read of a buffer larger than L2 leaves evict_last lines alone: torch.compile's kernels
 load with evict_last, their lines survive the flush, and the next provider timed at the same
 shape, whose copies of the inputs reuse that memory (the caching allocator hands freed blocks
-back), reads them from L2. On an H100, Liger's rope forward after torch.compile timed 25.5 us at
-4096 tokens, 3.4 TB/s, above HBM3's peak; 28.1 us with this reset. The reset: read the buffer
-with evict_last loads (its lines take every evict_last place, whatever held them), then set
-each of its lines back to normal priority (`applypriority.global.L2::evict_normal`); the
-timer's plain read follows.
+back), reads them from L2 and times faster than DRAM allows. The reset: read the buffer with
+evict_last loads (its lines take every evict_last place, whatever held them), then set each of
+its lines back to normal priority (`applypriority.global.L2::evict_normal`); the timer's plain
+read follows.
 """
 
 from __future__ import annotations

@@ -7,59 +7,76 @@ Modes, all with grad-enabled inputs as in training:
 
 Before every rep, outside the timed region, a setup step resets the gradients to None (no
 rep pays for accumulation) and, for providers that write into their inputs or into dy
-(in-place backward, Liger), copies the original values back. Without that restore the
-values drift rep after rep towards inf/NaN/denormals, and the time drifts with them: seen
-on an H200, SwiGLU fwd+bwd with an in-place backward timed 1.21 ms instead of 0.46 ms.
+(in-place backward, Liger), copies the original values back: without that restore the values
+drift rep after rep towards inf/NaN/denormals, and the time drifts with them.
 
-On CUDA, `cuda_timer` measures as `triton.testing.do_bench` does — CUDA events around each
-rep, L2 flushed before each rep (so inputs need no rotation), warm-up and rep counts from
-time budgets, p20/p50/p80 — plus that per-rep setup, which do_bench cannot run outside its
-timed region (its `grad_to_none` is also skipped during its warm-up). One difference: the
-flush reads a buffer larger than L2 instead of zeroing one. Zeros stay in L2 as dirty lines,
-and the timed kernel then pays to write them back to DRAM as it evicts them: up to ~6 us, a
-tax that grows with the kernel's footprint up to L2's size, so small kernels looked slower
-against the 1 GB copy than they are (H200: a 128 MB copy at 88% of the 1 GB copy's bandwidth
-with the zeroing flush, 96% with the reading one; `benchmarks/flush_probe.py`). Before that
-read, on sm_80+ GPUs, the flush also demotes lines an earlier kernel loaded with evict_last,
-which a read cannot evict (torch.compile's kernels leave them; NOTES 51). CSV rows say which
-flush timed them (`timing`). Under the interpreter a perf_counter fallback runs a few
-reps and the rows say so: those numbers are not speeds.
+The timers (bench/timers.py) measure as `triton.testing.do_bench` does, with that setup kept
+out of the timed region; under the interpreter a perf_counter fallback runs a few reps and
+the rows say so (`timing`): those numbers are not speeds. The run's context (device, arch,
+versions, commit, copy bandwidth) is in bench/context.py.
 
 Losses (`BenchSpec.backward_once`) allow one backward per graph: in "backward" mode every rep
 gets a fresh forward in its untimed setup instead of re-walking one retained graph.
 
-Every measurement turns into one `BenchRow`. A provider that fails (OOM, a peer not
-installed, an exception) gives a row with NaN numbers and the error, and the run goes on.
+Every measurement turns into one `BenchRow`, the schema of the CSV (bench/report.py) and of
+the results database (bench/db.py). A provider that fails (OOM, a peer not installed, an
+exception) gives a row with NaN numbers and the error, and the run goes on.
 """
 
 from __future__ import annotations
 
-import functools
 import gc
+import json
 import math
-import os
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import triton
 
-from kernelwright.bench._l2 import demote_l2
+from kernelwright.bench.context import RunContext, arch_of, git_commit, make_context
 from kernelwright.bench.specs import MODES, BenchSpec, Provider, importable
-from kernelwright.runtime import default_device, device_info, interpreter_mode
+from kernelwright.bench.timers import (
+    QUANTILES,
+    Timer,
+    _quantiles,  # noqa: F401  (importable from here as before the split)
+    _sleep_cycles_per_ms,  # noqa: F401
+    cuda_timer,
+    default_flush,
+    default_timer,
+    interpreter_timer,
+    measure_copy_bandwidth,
+)
+from kernelwright.runtime import default_device, interpreter_mode
 
 NAN = float("nan")
-QUANTILES = (0.2, 0.5, 0.8)
 
-# (fn, setup) -> (p20, p50, p80) of fn in ms. A timer calls setup() before every call of fn,
-# warm-up calls included, and keeps setup out of the timed region.
-Timer = Callable[[Callable[[], Any], Callable[[], None]], tuple[float, float, float]]
+__all__ = [
+    "COLUMNS",
+    "NAN",
+    "QUANTILES",
+    "BenchRow",
+    "Plan",
+    "RunContext",
+    "Timer",
+    "arch_of",
+    "cuda_timer",
+    "default_flush",
+    "default_timer",
+    "git_commit",
+    "interpreter_timer",
+    "make_context",
+    "measure",
+    "measure_copy_bandwidth",
+    "plan",
+    "run_plan",
+    "run_spec",
+    "select_providers",
+    "shape_dims",
+    "with_bandwidth",
+]
 
 
 @dataclass
@@ -82,7 +99,9 @@ class BenchRow:
     gbps: float = NAN  # bytes / ms_p50
     pct_copy_bw: float = NAN  # gbps as % of the measured device-to-device copy bandwidth
     copy_gbps: float = NAN
-    timing: str = ""  # "cuda_events" | "interpreter" (interpreter times are not speeds)
+    # "cuda_events[_gpu_only]_<flush>_flush" | "interpreter" | "placeholder" (optimize's dry
+    # run); only the cuda_events ones are speeds (see RunContext.timing)
+    timing: str = ""
     gpu: str = ""
     torch: str = ""
     triton: str = ""
@@ -93,6 +112,10 @@ class BenchRow:
     # and flops / ms_p50; 0 and NaN for the others. Last, so older CSVs keep their prefix.
     flops: int = 0
     tflops: float = NAN
+    # The shape's named dims as JSON ({"tokens": 8192, "hidden": 4096}) and the device's
+    # architecture ("sm_90", "cpu-interpreter"); after the FLOP columns for the same reason.
+    dims: str = ""
+    arch: str = ""
 
     @property
     def ok(self) -> bool:
@@ -104,269 +127,24 @@ class BenchRow:
         measures Python/launch overhead as much as the kernels (small shapes)."""
         return self.ok and math.isfinite(self.host_ms) and self.host_ms >= 0.8 * self.ms_p50
 
+    @property
+    def is_speed(self) -> bool:
+        """Timed on a GPU with CUDA events (interpreter and placeholder times are not speeds)."""
+        return self.timing.startswith("cuda_events")
+
+    @property
+    def host_inclusive(self) -> bool:
+        """The time includes the host's launch cost, as a user's eager loop sees it (the
+        default timer; `hide_host` rows time GPU work alone)."""
+        return self.is_speed and not self.timing.startswith("cuda_events_gpu_only")
+
 
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(BenchRow))
 
 
-# --------------------------------------------------------------------------- run context
-
-
-def git_commit(cwd: str | Path | None = None) -> str:
-    """The short commit kernelwright runs from, "+dirty" if tracked files changed since.
-
-    $KERNELWRIGHT_COMMIT, when set, wins: a copy of the tree on a remote GPU machine may have no
-    .git, or a stale one. Without either, "unknown".
-    """
-    if os.environ.get("KERNELWRIGHT_COMMIT"):
-        return os.environ["KERNELWRIGHT_COMMIT"]
-    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(
-                ["git", *args], cwd=where, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "--short", "HEAD")
-    if not commit:
-        return "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
-    return commit
-
-
-@dataclass(frozen=True)
-class RunContext:
-    """What every row of one run records: where, with what, and the bandwidth ceiling."""
-
-    device: torch.device
-    gpu: str
-    torch: str
-    triton: str
-    commit: str
-    timestamp: str
-    copy_gbps: float
-    # "cuda_events" | "cuda_events_gpu_only" (hide_host), + "_read_flush" / "_demote_flush"
-    # with the default timer's flush (cuda_timer) | "interpreter"
-    timing: str
-    hide_host: bool = False  # see cuda_timer
-    flush: str = "demote"  # see cuda_timer and default_flush
-
-    @property
-    def interpreter(self) -> bool:
-        return self.timing == "interpreter"
-
-
-def make_context(
-    device: torch.device | None = None,
-    *,
-    timer: Timer | None = None,
-    copy_gbps: float | None = None,
-    hide_host: bool = False,
-    flush: str | None = None,
-) -> RunContext:
-    """Describe this run and measure the copy bandwidth once (unless `copy_gbps` is given).
-
-    `hide_host`: time GPU work alone, without host overhead; `flush`: the L2 flush before each
-    rep, "read" or "demote" (see `cuda_timer`); None picks `default_flush(device)`.
-    """
-    if flush not in (None, "read", "demote"):
-        raise ValueError(f"make_context: flush must be 'read' or 'demote', got {flush!r}")
-    device = device or default_device()
-    flush = flush or default_flush(device)
-    own_timer = timer is None
-    timer = timer or default_timer(device, hide_host=hide_host, flush=flush)
-    on_cuda = device.type == "cuda"
-    timing = "interpreter"
-    if on_cuda:
-        timing = "cuda_events_gpu_only" if hide_host else "cuda_events"
-        if own_timer:  # cuda_timer's flush (rows before 2026-11-22 zeroed instead)
-            timing += f"_{flush}_flush"
-    if copy_gbps is None:
-        copy_gbps = measure_copy_bandwidth(device, timer=timer)
-    return RunContext(
-        device=device,
-        gpu=device_info(device).name,
-        torch=torch.__version__,
-        triton=triton.__version__,
-        commit=git_commit(),
-        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        copy_gbps=float(copy_gbps),
-        timing=timing,
-        hide_host=hide_host and on_cuda,
-        flush=flush,
-    )
-
-
-# --------------------------------------------------------------------------- timers
-
-
-def _quantiles(times_ms: Sequence[float]) -> tuple[float, float, float]:
-    p20, p50, p80 = np.quantile(np.asarray(times_ms, dtype=np.float64), QUANTILES)
-    return float(p20), float(p50), float(p80)
-
-
-def cuda_timer(
-    warmup_ms: float = 25,
-    rep_ms: float = 100,
-    *,
-    hide_host: bool = False,
-    flush_bytes: int = 2**28,
-    flush: str | None = None,
-) -> Timer:
-    """CUDA-event timer, do_bench's method with a per-rep setup outside the timed region.
-
-    Each rep: setup(), L2 flush, start event, fn(), end event. Rep counts come from a 5-rep
-    estimate and the time budgets. The flush goes through a `flush_bytes` buffer, larger than
-    any L2 so far: `flush="read"` sums it, leaving L2 full of clean lines; `"zero"` zeroes it,
-    as do_bench does and as this timer did before 2026-11-22 (the results committed before
-    then): the dirty zeros are then written back inside the timed region. `"demote"` reads it
-    as "read" does, after first taking every evict_last place in L2 with the buffer's lines
-    and returning them to normal priority (bench/_l2.py): a plain read cannot evict lines an
-    earlier kernel loaded with evict_last (torch.compile's do), and a provider timed next on
-    the same addresses would read them from L2 (NOTES 51). None (the default) picks
-    `default_flush`: "demote" on sm_80 and later, which have the instruction, else "read".
-
-    `hide_host`: before the start event, the GPU also sleeps for twice the CPU time fn takes
-    to issue, so all of fn's kernels are queued before the clock starts: the times are GPU
-    time alone, as in a training step where the CPU runs ahead. Without it (do_bench's way,
-    and how the published numbers were taken) a launch-bound call also times its Python and
-    launch overhead.
-    """
-    if flush not in (None, "read", "zero", "demote"):
-        raise ValueError(f"cuda_timer: flush must be 'read', 'zero' or 'demote', got {flush!r}")
-    buffers: list[torch.Tensor] = []  # the flush buffer, then the read's 0-d sum
-    mode = flush
-
-    def flush_l2() -> None:
-        if mode == "zero":
-            buffers[0].zero_()
-            return
-        if mode == "demote":
-            demote_l2(buffers[0], buffers[1])
-        # fp32: 67 us on an H200, where an int32 sum into int64 took 365 us; without hide_host
-        # the flush's GPU time hides as much host time (flush_probe.py)
-        torch.sum(buffers[0], dim=0, out=buffers[1])
-
-    def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
-        nonlocal mode
-        if not buffers:
-            device = torch.device("cuda", torch.cuda.current_device())
-            mode = mode or default_flush(device)
-            if mode == "demote" and not _has_applypriority(device):
-                raise ValueError(
-                    f"cuda_timer: flush='demote' needs sm_80 or later ({device_info(device).name} "
-                    "is older); use flush='read'"
-                )
-            buffers.append(torch.ones(flush_bytes // 4, dtype=torch.float32, device="cuda"))
-            buffers.append(torch.empty((), dtype=torch.float32, device="cuda"))
-        sleep_cycles = 0
-
-        def prepare() -> None:
-            setup()
-            flush_l2()
-            if sleep_cycles:
-                torch.cuda._sleep(sleep_cycles)
-
-        prepare()
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        estimate = host = 0.0
-        for _ in range(5):
-            prepare()
-            start.record()
-            t0 = time.perf_counter()
-            fn()
-            host = max(host, (time.perf_counter() - t0) * 1e3)
-            end.record()
-            torch.cuda.synchronize()
-            estimate += start.elapsed_time(end) / 5
-        sleep_ms = 2 * host + 0.02 if hide_host else 0.0
-        sleep_cycles = int(sleep_ms * _sleep_cycles_per_ms()) if hide_host else 0
-        n_warmup = max(1, int(warmup_ms / max(estimate, 1e-3)))
-        n_rep = max(5, min(10_000, int(rep_ms / max(estimate + sleep_ms, 1e-3))))
-        for _ in range(n_warmup):
-            setup()
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
-        for i in range(n_rep):
-            prepare()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return _quantiles([s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)])
-
-    return time_fn
-
-
-@functools.cache
-def _sleep_cycles_per_ms() -> float:
-    # torch.cuda._sleep spins for a number of GPU clock cycles: calibrate cycles per ms once.
-    torch.cuda._sleep(1000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    torch.cuda.synchronize()
-    return 10_000_000 / max(start.elapsed_time(end), 1e-3)
-
-
-def interpreter_timer(reps: int = 3) -> Timer:
-    """perf_counter over a few reps: for the CPU interpreter, where one call takes ~ms-s."""
-
-    def time_fn(fn: Callable[[], Any], setup: Callable[[], None]):
-        times = []
-        for _ in range(reps):
-            setup()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return _quantiles(times)
-
-    return time_fn
-
-
-def _has_applypriority(device: torch.device) -> bool:
-    return device.type == "cuda" and device_info(device).capability >= (8, 0)
-
-
-def default_flush(device: torch.device) -> str:
-    """The timer's L2 flush unless one is asked for: "demote" where the GPU has
-    `applypriority` (sm_80+), "read" elsewhere (bench/_l2.py; the CPU timer flushes nothing).
-    Rows before 2026-11-23 were timed with "read" (their `timing` column says so)."""
-    return "demote" if _has_applypriority(device) else "read"
-
-
-def default_timer(
-    device: torch.device, *, hide_host: bool = False, flush: str | None = None
-) -> Timer:
-    if device.type != "cuda":
-        return interpreter_timer()
-    return cuda_timer(hide_host=hide_host, flush=flush)
-
-
-def measure_copy_bandwidth(
-    device: torch.device, *, timer: Timer | None = None, nbytes: int | None = None
-) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
-
-    The practical ceiling for memory-bound kernels: %copy-bw = achieved GB/s over this. 1 GB
-    on a GPU, far larger than L2; 64 MB on the CPU, where the number only fills the column.
-    """
-    timer = timer or default_timer(device)
-    nbytes = nbytes or (2**30 if device.type == "cuda" else 2**26)
-    bufs = [torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()]
-    bufs.append(torch.empty_like(bufs[0]))
-    _, p50, _ = timer(lambda: bufs[1].copy_(bufs[0]), lambda: None)
-    bufs.clear()
-    _free(device)
-    return 2 * nbytes / (p50 * 1e-3) / 1e9
+def shape_dims(spec: BenchSpec, shape) -> str:
+    """The `dims` column: the shape's named dims in the spec's order, as JSON."""
+    return json.dumps({d: int(shape[d]) for d in spec.dims})
 
 
 # --------------------------------------------------------------------------- measurement
@@ -719,6 +497,7 @@ def _new_row(spec, ctx, provider, mode, x_name, x_value, shape, dtype) -> BenchR
         x_name=x_name,
         x_value=x_value,
         shape=spec.shape_label(shape),
+        dims=shape_dims(spec, shape),
         dtype=str(dtype).replace("torch.", ""),
         bytes=spec.bytes(shape, dtype, mode),
         flops=spec.flops(shape, dtype, mode) if spec.flops is not None else 0,
@@ -729,6 +508,7 @@ def _new_row(spec, ctx, provider, mode, x_name, x_value, shape, dtype) -> BenchR
         triton=ctx.triton,
         commit=ctx.commit,
         timestamp=ctx.timestamp,
+        arch=ctx.arch,
     )
 
 

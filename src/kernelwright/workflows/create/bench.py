@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from kernelwright.bench.db import new_run_id, record
 from kernelwright.bench.harness import BenchRow, make_context, run_spec
 from kernelwright.bench.report import geomean as report_geomean
 from kernelwright.bench.report import ratio, summarize
@@ -186,7 +187,9 @@ def run(
     reference, error = load_user_reference(source)
     spec = make_spec(name, fn, reference, inputs, n_outputs, points, reference_error=error)
     ctx = make_context(hide_host=hide_host)
-    return run_spec(spec, dtype=dtype, quick=quick, ctx=ctx, on_row=on_row)
+    rows = run_spec(spec, dtype=dtype, quick=quick, ctx=ctx, on_row=on_row)
+    record(rows, source="create", run_id=new_run_id())  # the results database
+    return rows
 
 
 def main(

@@ -124,6 +124,7 @@ def measure_rows(setup: Setup, rows: ArchRows, progress: Progress, tag: str) -> 
 
         bench_rows = setup.bench.run(setup.points, setup.modes, on_row=on_row)
     write_csv(bench_rows, setup.workspace / f"{tag}_bench.csv")
+    setup.bench.record(bench_rows, tag)
     return [timing_of(r) for r in bench_rows]
 
 

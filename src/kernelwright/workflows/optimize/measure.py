@@ -18,7 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from kernelwright import registry
-from kernelwright.bench.harness import BenchRow, RunContext, Timer, measure, with_bandwidth
+from kernelwright.bench.db import new_run_id, record
+from kernelwright.bench.harness import (
+    BenchRow,
+    RunContext,
+    Timer,
+    measure,
+    shape_dims,
+    with_bandwidth,
+)
 from kernelwright.bench.specs import BenchSpec
 from kernelwright.profiles.optimization import Timing
 from kernelwright.testing.compare import check_op
@@ -66,6 +74,7 @@ class Bench:
         self.dtype = dtype
         self.clock = clock  # set: placeholder timings
         self.execute = execute
+        self.run_id = new_run_id()  # this optimize invocation's rows in the results database
         self._inputs: dict[str, dict[str, torch.Tensor]] = {}
 
     @property
@@ -96,6 +105,7 @@ class Bench:
             x_name=point.x_name,
             x_value=point.x_value,
             shape=point.label,
+            dims=shape_dims(s, point.shape),
             dtype=str(self.dtype).replace("torch.", ""),
             bytes=s.bytes(point.shape, self.dtype, mode),
             flops=s.flops(point.shape, self.dtype, mode) if s.flops is not None else 0,
@@ -106,7 +116,12 @@ class Bench:
             triton=ctx.triton,
             commit=ctx.commit,
             timestamp=ctx.timestamp,
+            arch=ctx.arch,
         )
+
+    def record(self, rows: Sequence[BenchRow], tag: str) -> int:
+        """Append a variant's rows to the results database (placeholder rows are not)."""
+        return record(rows, source="optimize", run_id=self.run_id, tag=tag)
 
     def measure(self, point: Point, mode: str, provider: str = OURS) -> BenchRow:
         row = self._row(point, mode, provider)

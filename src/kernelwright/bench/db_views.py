@@ -1,0 +1,302 @@
+"""Views of the results database: the row listing (a rich table, Markdown or CSV), the best
+provider per (op, shape, mode), and the README's performance blocks.
+
+Ratios are peer time / kernelwright time: >= 1.00 means kernelwright is faster. Rows are only
+compared with rows of the same timing class — "host-incl." (the default timer: the host's
+launch cost included, as a user's eager loop sees it), "gpu-only" (`--hide-host`) or "interp."
+(the CPU interpreter, whose times are not speeds) — and the newest row of each provider wins.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OURS = "kernelwright"
+PEERS = ("torch_compile", "liger")  # the README's peers, as in bench.report
+PEER_LABEL = {"torch_compile": "torch.compile", "liger": "Liger", "torch": "torch"}
+README_MODES = ("full",)  # forward+backward: what a training step runs
+_MODE_LABEL = {"forward": "fwd", "backward": "bwd", "full": "fwd+bwd"}
+
+
+def timing_class(timing: str) -> str:
+    if timing.startswith("cuda_events_gpu_only"):
+        return "gpu-only"
+    if timing.startswith("cuda_events"):
+        return "host-incl."
+    return "interp." if timing == "interpreter" else timing
+
+
+def _fmt(v: float, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "—"
+
+
+def _ok(r: dict) -> bool:
+    return not r["error"] and math.isfinite(r["ms_p50"])
+
+
+def _ratio(num: float, den: float) -> float:
+    if not (math.isfinite(num) and math.isfinite(den)) or den <= 0:
+        return math.nan
+    return num / den
+
+
+def short_gpu(name: str) -> str:
+    return name.removeprefix("NVIDIA ")
+
+
+# --------------------------------------------------------------------------- the listing
+
+LISTING = (
+    # (header, how a row shows in it)
+    ("run", lambda r: r["run_id"]),
+    ("source", lambda r: r["source"] + (f" {r['tag']}" if r["tag"] else "")),
+    ("gpu", lambda r: short_gpu(r["gpu"])),
+    ("op", lambda r: r["op"]),
+    ("shape", lambda r: r["shape"]),
+    ("mode", lambda r: r["mode"]),
+    ("dtype", lambda r: r["dtype"]),
+    ("provider", lambda r: r["provider"]),
+    ("ms p50", lambda r: _fmt(r["ms_p50"], ".4f")),
+    ("p20–p80", lambda r: f"{_fmt(r['ms_p20'], '.3f')}–{_fmt(r['ms_p80'], '.3f')}"),
+    ("GB/s", lambda r: _fmt(r["gbps"], ",.0f")),
+    ("%copy", lambda r: _fmt(r["pct_copy_bw"], ".0f")),
+    ("peak MB", lambda r: _fmt(r["peak_mem_mb"], ",.0f")),
+    ("host ms", lambda r: _fmt(r["host_inclusive_ms"], ".4f")),
+    ("CPU µs/call", lambda r: _fmt(r["cpu_us_per_call"], ".0f")),
+    ("timing", lambda r: timing_class(r["timing"])),
+    ("error", lambda r: r["error"]),
+)
+
+
+def listing(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the rows; a column empty in every row (no errors, no peak memory
+    on the CPU) is left out."""
+    body = [[cell(r) for _, cell in LISTING] for r in rows]
+    keep = [i for i in range(len(LISTING)) if any(row[i] not in ("", "—") for row in body)]
+    keep = keep if body else list(range(len(LISTING)))
+    return [LISTING[i][0] for i in keep], [[row[i] for i in keep] for row in body]
+
+
+def markdown_table(heads: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    def esc(text: str) -> str:
+        return str(text).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def rich_table(title: str, heads: Sequence[str], body: Sequence[Sequence[str]]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for h in heads:
+        numeric = h.endswith(("ms", "p50", "p80", "GB/s", "copy", "MB", "call")) or "/" in h
+        wrap = h in ("error", "source")
+        table.add_column(h, justify="right" if numeric else "left", no_wrap=not wrap)
+    for row in body:
+        table.add_row(*row)
+    return table
+
+
+# --------------------------------------------------------------------------- best provider
+
+
+@dataclass
+class Point:
+    """One (gpu, dtype, op, shape, mode, timing class) and the newest ok row per provider."""
+
+    gpu: str
+    dtype: str
+    op: str
+    shape: str
+    mode: str
+    timing: str
+    rows: dict[str, dict] = field(default_factory=dict)  # provider -> row
+
+    def ms(self, provider: str) -> float:
+        r = self.rows.get(provider)
+        return r["ms_p50"] if r else math.nan
+
+    @property
+    def best(self) -> str:
+        return min(self.rows, key=lambda p: self.rows[p]["ms_p50"]) if self.rows else ""
+
+    def vs_ours(self, provider: str) -> float:
+        return _ratio(self.ms(provider), self.ms(OURS))
+
+    def faster_peer(self, peers: Sequence[str] = PEERS) -> str:
+        have = [p for p in peers if p in self.rows]
+        return min(have, key=self.ms) if have else ""
+
+
+def points(rows: Sequence[dict]) -> list[Point]:
+    """Group `rows` (in append order) into points; failed rows are left out."""
+    out: dict[tuple, Point] = {}
+    for r in rows:
+        if not _ok(r):
+            continue
+        key = (r["gpu"], r["dtype"], r["op"], r["shape"], r["mode"], timing_class(r["timing"]))
+        out.setdefault(key, Point(*key)).rows[r["provider"]] = r  # the newest row wins
+    return list(out.values())
+
+
+def best_table(rows: Sequence[dict]) -> tuple[list[str], list[list[str]]]:
+    pts = points(rows)
+    others = sorted({p for pt in pts for p in pt.rows} - {OURS})
+    heads = ["gpu", "op", "shape", "mode", "dtype", "timing", "best", "best ms", f"{OURS} ms"]
+    heads += [f"{p}/{OURS}" for p in others]
+    body = []
+    for pt in pts:
+        best = pt.best
+        cells = [short_gpu(pt.gpu), pt.op, pt.shape, pt.mode, pt.dtype, pt.timing, best]
+        cells += [_fmt(pt.ms(best), ".4f"), _fmt(pt.ms(OURS), ".4f")]
+        cells += [_fmt(pt.vs_ours(p), ".2f") for p in others]
+        body.append(cells)
+    return heads, body
+
+
+# --------------------------------------------------------------------------- README blocks
+
+_BLOCK = re.compile(
+    r"(?P<open><!-- results:(?P<key>[\w.-]+) -->)[ \t]*\n?(?P<body>.*?)"
+    r"(?P<close><!-- /results:(?P=key) -->)",
+    re.S,
+)
+
+
+def readme_keys(text: str) -> list[str]:
+    return [m.group("key") for m in _BLOCK.finditer(text)]
+
+
+def gpu_matches_key(gpu: str, key: str) -> bool:
+    """ "h100" matches "NVIDIA H100 80GB HBM3" but "h200" not "NVIDIA GH200"."""
+    return re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", gpu.lower()) is not None
+
+
+def _shape_order(pt: Point) -> tuple:
+    r = pt.rows[OURS]
+    return (r["bytes"], r["shape"])
+
+
+def readme_block(
+    rows: Sequence[dict],
+    key: str,
+    *,
+    modes: Sequence[str] = README_MODES,
+    all_shapes: bool = False,
+) -> str | None:
+    """The Markdown between `<!-- results:KEY -->` markers: bench rows on GPUs matching KEY,
+    per (op, shape, mode) kernelwright's p50 against torch.compile's and Liger's, the faster
+    peer's over ours, and the time as a user's eager loop sees it. Per op and mode, the
+    smallest and the largest shape measured (`all_shapes`: every one). None: no such rows."""
+    mine = [
+        r
+        for r in rows
+        if r["source"] == "bench"
+        and r["timing"].startswith("cuda_events")
+        and r["mode"] in modes
+        and gpu_matches_key(r["gpu"], key)
+    ]
+    pts = [p for p in points(mine) if OURS in p.rows]
+    if not pts:
+        return None
+    by_key: dict[tuple, dict[str, Point]] = {}
+    for p in pts:
+        by_key.setdefault((p.dtype, p.op, p.shape, p.mode), {})[p.timing] = p
+    groups: dict[tuple, list[dict[str, Point]]] = {}  # (dtype, op, mode) -> shapes
+    for (dtype, op, _, mode), classes in by_key.items():
+        groups.setdefault((dtype, op, mode), []).append(classes)
+    dtypes = sorted({k[0] for k in groups})
+    lines = [_readme_header(mine, dtypes, modes), ""]
+    heads = ["op · shape · mode", f"{OURS} ms", "torch.compile ms", "Liger ms"]
+    heads += ["faster peer / kw", "host-incl. kw ms (ratio)"]
+    body = []
+    for (dtype, op, mode), shapes in groups.items():
+        shapes.sort(key=lambda c: _shape_order(c.get("gpu-only") or c["host-incl."]))
+        if not all_shapes and len(shapes) > 2:
+            shapes = [shapes[0], shapes[-1]]
+        for classes in shapes:
+            main = classes.get("gpu-only") or classes["host-incl."]
+            host = classes.get("host-incl.")
+            label = f"{op} · {main.shape} · {_MODE_LABEL.get(mode, mode)}"
+            label += f" · {dtype}" if len(dtypes) > 1 else ""
+            peer = main.faster_peer()
+            cells = [label, _fmt(main.ms(OURS), ".3f")]
+            cells += [_fmt(main.ms(p), ".3f") for p in PEERS]
+            cells.append(_fmt(main.vs_ours(peer), ".2f") + "×" if peer else "—")
+            if host is not None:
+                hpeer = host.faster_peer()
+                ratio = f" ({_fmt(host.vs_ours(hpeer), '.2f')}×)" if hpeer else ""
+                cells.append(_fmt(host.ms(OURS), ".3f") + ratio)
+            else:
+                cells.append("—")
+            body.append(cells)
+    lines.append(markdown_table(heads, body))
+    lines += [
+        "",
+        "Median ms; ratio = the faster of torch.compile and Liger over kernelwright (≥ 1.00×: "
+        "kernelwright is faster). host-incl.: timed as a user's eager loop sees it, the host's "
+        "launch cost included.",
+    ]
+    return "\n".join(lines)
+
+
+def _readme_header(rows: Sequence[dict], dtypes: Sequence[str], modes: Sequence[str]) -> str:
+    def values(col: str) -> str:
+        return ", ".join(sorted({str(r[col]) for r in rows if r[col]})) or "?"
+
+    newest = max(rows, key=lambda r: r["timestamp"])
+    commits = {r["commit"] for r in rows if r["commit"]}
+    commit = f"commit {newest['commit'] or '?'}"
+    if len(commits) > 1:
+        commit = f"{len(commits)} commits, the newest {newest['commit'] or '?'}"
+    first, last = min(r["timestamp"] for r in rows)[:10], newest["timestamp"][:10]
+    gpu = ", ".join(sorted({short_gpu(r["gpu"]) for r in rows}))
+    return (
+        f"{gpu} ({values('arch')}) · {', '.join(dtypes)} · torch {values('torch')} · "
+        f"triton {values('triton')} · {commit} · measured "
+        f"{first if first == last else f'{first} to {last}'} · "
+        "generated by `kernelwright results readme`"
+    )
+
+
+def update_readme(
+    text: str,
+    rows: Sequence[dict],
+    *,
+    modes: Sequence[str] = README_MODES,
+    all_shapes: bool = False,
+) -> tuple[str, dict[str, bool]]:
+    """`text` with every `<!-- results:KEY -->` block regenerated from `rows`; a block whose
+    GPU has no bench rows is left as it was. Returns (text, {key: regenerated})."""
+    done: dict[str, bool] = {}
+
+    def fill(m: re.Match) -> str:
+        key = m.group("key")
+        block = readme_block(rows, key, modes=modes, all_shapes=all_shapes)
+        done[key] = block is not None
+        if block is None:
+            return m.group(0)
+        return f"{m.group('open')}\n{block}\n{m.group('close')}"
+
+    return _BLOCK.sub(fill, text), done
+
+
+def regenerate_readme(path: str | Path, rows: Sequence[dict], **kwargs) -> dict[str, bool]:
+    """Rewrite the results blocks of the README at `path` (see `update_readme`)."""
+    path = Path(path)
+    text = path.read_text()
+    if not readme_keys(text):
+        raise ValueError(
+            f"{path} has no results blocks: put `<!-- results:h100 -->` and "
+            "`<!-- /results:h100 -->` lines (any GPU name) where a table belongs"
+        )
+    new, done = update_readme(text, rows, **kwargs)
+    if new != text:
+        path.write_text(new)
+    return done
