@@ -18,7 +18,7 @@ import triton.language as tl
 
 from kernelwright.ops._norm_reduce import column_tile
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._rms import CASTING_MODES, ds_block, weight_eff
+from kernelwright.ops._rms import CASTING_MODES, ds_block, weight_row
 from kernelwright.runtime import device_info
 from kernelwright.runtime.launch import LaunchConfig, pdl_args
 
@@ -108,9 +108,7 @@ def _fused_add_rms_norm_bwd_corun_kernel(
     wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     if pid < ROW_PROGRAMS:
-        cols = tl.arange(0, BLOCK_N)
-        col_mask = cols < N
-        w = weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+        cols, col_mask, w = weight_row(w_ptr, N, offset, CASTING, True, BLOCK_N)
         for row in range(pid, M, ROW_PROGRAMS):
             rows = tl.cast(row, tl.int64) + tl.arange(0, 1)
             mask = (rows < M)[:, None] & col_mask[None, :]

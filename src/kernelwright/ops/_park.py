@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._rms import CASTING_MODES, bwd_rows, ds_block, weight_eff
+from kernelwright.ops._rms import CASTING_MODES, bwd_rows, ds_block, weight_row
 from kernelwright.ops._split import GENERATION, arrive, grid_counter, wait_until
 from kernelwright.runtime.launch import LaunchConfig, pdl_args
 from kernelwright.runtime.tables import fused_add_rms_norm as _table
@@ -68,12 +68,7 @@ def _fused_add_rms_norm_bwd_park_kernel(
     programs = tl.num_programs(0)
     blocks = tl.cdiv(M, ROWS)
     step = programs * ROWS
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    if HAS_WEIGHT:
-        w = weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-    else:
-        w = tl.zeros([BLOCK_N], dtype=tl.float32)  # unused
+    cols, col_mask, w = weight_row(w_ptr, N, offset, CASTING, HAS_WEIGHT, BLOCK_N)
     if PHASE <= 1:
         dw_acc = bwd_rows(
             dy_ptr,

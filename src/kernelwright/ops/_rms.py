@@ -30,6 +30,21 @@ def weight_eff(w_ptr, cols, col_mask, offset, CASTING: tl.constexpr):
 
 
 @triton.jit
+def weight_row(
+    w_ptr, N, offset, CASTING: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    # A row held by one program: its columns, their mask and (offset + w) over them (zeros,
+    # unused, without a weight).
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    if HAS_WEIGHT:
+        w = weight_eff(w_ptr, cols, col_mask, offset, CASTING)
+    else:
+        w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    return cols, col_mask, w
+
+
+@triton.jit
 def normalize(x, rstd, x_dtype: tl.constexpr, CASTING: tl.constexpr):
     # x_hat as the model computes it: rounded to the input dtype unless the mode is gemma.
     if CASTING == _NONE:
@@ -290,12 +305,7 @@ def _rms_norm_bwd_kernel(
     wait_for_inputs(GDC_WAIT)  # before any load or store
     pid = tl.program_id(0)
     step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    if HAS_WEIGHT:
-        w = weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-    else:
-        w = tl.zeros([BLOCK_N], dtype=tl.float32)  # unused
+    cols, col_mask, w = weight_row(w_ptr, N, offset, CASTING, HAS_WEIGHT, BLOCK_N)
     dw_acc = bwd_rows(
         dy_ptr,
         dres_ptr,
