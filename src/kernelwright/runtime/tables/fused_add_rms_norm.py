@@ -6,6 +6,10 @@ Same keys and meaning as rms_norm's table: "fwd" and "bwd"; a row fits one progr
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW;
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
 larger values act as 2 (one block ahead).
+
+Below TABLE: the thresholds that choose how the backward sums dW (partial rows, parked in ds,
+rms_norm's column kernel, or co-running column programs). The launcher reads them at call
+time; the optimize workflow rewrites TABLE only.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C

@@ -9,6 +9,9 @@ larger values act as 2 (one block ahead). `evict_hints` / `reverse_pass`: the lo
 L2 flags (see LaunchConfig). `split_row` (backward): the row's `block_n` chunks go to a group of
 programs that exchange their partial sums (ops/_split.py); where it cannot split (more than 32
 chunks, too few SMs) the looped kernel runs at `block_n`.
+
+Below TABLE: the thresholds the launchers read at call time (the forward's affine load
+order, and how the backward sums dW and dB); the optimize workflow rewrites TABLE only.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C

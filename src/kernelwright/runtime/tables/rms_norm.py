@@ -6,6 +6,10 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW.
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
 larger values act as 2 (one block ahead).
+
+Below TABLE: FEW_ROWS and DW_TABLE (configs for calls TABLE does not model), and the
+threshold that sends few rows to the column kernel. The launchers read them at call time; the
+optimize workflow rewrites TABLE only.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
