@@ -5,7 +5,6 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
-from kernelwright.ops import _partials
 from kernelwright.ops import fused_add_rms_norm as far
 from kernelwright.ops.fused_add_rms_norm import (
     FusedAddRMSNorm,
@@ -16,6 +15,7 @@ from kernelwright.ops.fused_add_rms_norm import (
     fused_add_rms_norm_ref,
 )
 from kernelwright.runtime import LaunchConfig, device_info
+from kernelwright.runtime.tables import fused_add_rms_norm as far_table
 from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 from kernelwright.testing import (
     Tolerance,
@@ -114,7 +114,7 @@ def test_every_kernel_path_agrees(monkeypatch, dtype):
     # residual gradient: residual_out is elementwise and must be bit-identical on every path;
     # the rest agrees up to summation order and matches the reference. 13 rows are "few"
     # (_partials.few_rows): dW kept in the fused kernels here.
-    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
+    monkeypatch.setattr(far_table, "PARTIALS_SHARE", float("inf"))
     m, n = 13, 700
     gen = generator(6)
     x, r, dy, dres = (rand((m, n), dtype, DEVICE, gen=gen) for _ in range(4))
@@ -210,7 +210,7 @@ else:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", PARK_CASES, ids=lambda c: f"{c[0]}x{c[1]}")
 def test_backward_parks_dw_in_ds(monkeypatch, case, dtype, dres):
-    # dW without fp32 partial rows (_park_programs): program j's last row block of ds takes
+    # dW without fp32 partial rows (park_programs): program j's last row block of ds takes
     # column slice j of every program's dW sum, summed after a grid barrier (two launches under
     # the interpreter), then that block is recomputed and written over it. Against the
     # partial-row form on the same inputs: ds bit for bit, dW up to summation order; both
@@ -268,12 +268,13 @@ def test_corun_backward(monkeypatch, mode, offset, dres):
         with poisoned(), monkeypatch.context() as patch:
             patch.setattr(far, "fused_add_rms_norm_bwd_corun_launch", spy)
             if not ON_GPU:
-                patch.setattr(far, "CORUN_FROM", 1)
-                patch.setattr(far, "CORUN_MIN_ROWS", 1)
-                patch.setattr(far, "CORUN_MIN_SMS", 1)
-                patch.setattr(far, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
+                patch.setattr(far_table, "CORUN_FROM", 1)
+                patch.setattr(far_table, "CORUN_MIN_ROWS", 1)
+                patch.setattr(far_table, "CORUN_MIN_SMS", 1)
+                corun_cfg = {"col_programs": 3, "col_rows": 4, "col_stages": 2}
+                patch.setattr(far_table, "CORUN", corun_cfg)
             if not corun:
-                patch.setattr(far, "CORUN_MIN_ROWS", m + 1)
+                patch.setattr(far_table, "CORUN_MIN_ROWS", m + 1)
             ds, dw = torch.full_like(x, float("nan")), torch.full_like(w, float("nan"))
             fused_add_rms_norm_bwd_launch(dy, d_res, s, w, rstd, ds, dw, offset, mode, park=False)
         outs.append((ds, dw))
@@ -368,15 +369,15 @@ def test_backward_parks_only_where_it_can(monkeypatch):
             )
     device = device_info(x.device)
     inputs = (dy, None, s, rstd)
-    assert far._park_programs(m + 1, n, blocks, torch.empty_like(x), inputs, device) == (
+    assert far.park_programs(m + 1, n, blocks, torch.empty_like(x), inputs, device) == (
         128 if ON_GPU else 4  # the most programs up to the SMs (132 on an H100 or H200; 4)
     )
     if ON_GPU:
         # Left to itself the launcher parks where the partial rows would pass PARK_SHARE of
         # ds (2048 rows of 4096: 12.9%), not where they are less (8192 rows: 3.2%).
         parked = []
-        real = far._park_programs
-        monkeypatch.setattr(far, "_park_programs", lambda *a: parked.append(real(*a)) or real(*a))
+        real = far.park_programs
+        monkeypatch.setattr(far, "park_programs", lambda *a: parked.append(real(*a)) or real(*a))
         for rows in (2048, 8192):
             x, r, w = _inputs((rows, n), torch.bfloat16, 29).values()
             y, s, rstd = torch.empty_like(x), torch.empty_like(x), torch.empty(rows, device=DEVICE)
@@ -613,18 +614,18 @@ def test_kernels_compile_for_hopper(monkeypatch):
                         far.fused_add_rms_norm_bwd_launch(
                             x, dres, x, w, rstd, y, dw, 0.0, mode, config=cfg
                         )
-                        if n == far.CORUN_FROM and w is not None:  # as the GPU runs it
+                        if n == far_table.CORUN_FROM and w is not None:  # as the GPU runs it
                             far.fused_add_rms_norm_bwd_corun_launch(
-                                x, dres, x, w, rstd, y, dw, 0.0, mode, cfg, **far.CORUN
+                                x, dres, x, w, rstd, y, dw, 0.0, mode, cfg, **far_table.CORUN
                             )
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW in the fused
     # kernels everywhere, once as the table has it (rms_norm's dw kernel there). The 4096
-    # row's two-row blocks park dW in ds (_park_programs): there in the GPU's one launch that
+    # row's two-row blocks park dW in ds (park_programs): there in the GPU's one launch that
     # waits (PHASE 0; two rows make one program, which passes its own barrier here).
-    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
-    monkeypatch.setattr(far, "_park_phases", lambda device: (0,))
-    monkeypatch.setattr(far, "PARK_MIN_SHARE", 0.0)
+    monkeypatch.setattr(far_table, "PARTIALS_SHARE", float("inf"))
+    monkeypatch.setattr(far, "park_phases", lambda device: (0,))
+    monkeypatch.setattr(far_table, "PARK_MIN_SHARE", 0.0)
     results = check_compiles(run)
     monkeypatch.undo()
     few = check_compiles(run)
@@ -638,7 +639,8 @@ def test_kernels_compile_for_hopper(monkeypatch):
     assert len([r for r in results if r.launch.name not in others]) == 72
     assert len([r for r in results if r.launch.name == corun]) == 4  # the modes with w, dres
     assert any(r.launch.name == "_sum_partials_kernel" for r in results)
-    parked = [dict(r.launch.constexprs) for r in results if dict(r.launch.constexprs).get("PARK")]
+    park = "_fused_add_rms_norm_bwd_park_kernel"
+    parked = [dict(r.launch.constexprs) for r in results if r.launch.name == park]
     # the two casting modes with a weight, with and without dres
     assert len(parked) == 4 and all(c["PHASE"] == 0 for c in parked)
-    assert {r.launch.name for r in few} >= {"_rms_norm_dw_kernel", "_fused_add_rms_norm_bwd_kernel"}
+    assert {r.launch.name for r in few} >= {"_norm_dw_kernel", "_rms_norm_bwd_kernel"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
-from kernelwright.ops import _partials, _split
+from kernelwright.ops import _split
 from kernelwright.ops import layer_norm as ln
 from kernelwright.ops.layer_norm import (
     LayerNorm,
@@ -15,6 +15,7 @@ from kernelwright.ops.layer_norm import (
     layer_norm_ref,
 )
 from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.tables import layer_norm as ln_table
 from kernelwright.runtime.tables.layer_norm import TABLE
 from kernelwright.testing import (
     Tolerance,
@@ -79,7 +80,7 @@ def test_with_and_without_weight_and_bias(has_weight, has_bias, dtype):
 def test_wide_rows_split_dw_db(monkeypatch, has_weight, has_bias):
     # From SPLIT_DWDB_FROM columns the backward computes dx alone and leaves dW and dB to the
     # dwdb kernel; lowered here so the interpreter's short rows take that path (fused kernel).
-    monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
+    monkeypatch.setattr(ln_table, "SPLIT_DWDB_FROM", 1)
     for shape in [SHAPES[0], SHAPES[2]]:
         for dtype in (torch.float32, torch.bfloat16):
             _check(_inputs(shape, dtype, 3, weight=has_weight, bias=has_bias), dtype, eps=1e-5)
@@ -95,10 +96,10 @@ def test_wide_rows_corun_backward(monkeypatch, has_weight, has_bias):
     monkeypatch.setattr(
         ln, "layer_norm_bwd_corun_launch", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
-    monkeypatch.setattr(ln, "CORUN_MIN_ROWS", 1)
-    monkeypatch.setattr(ln, "CORUN_MIN_SMS", 1)
-    monkeypatch.setattr(ln, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
+    monkeypatch.setattr(ln_table, "SPLIT_DWDB_FROM", 1)
+    monkeypatch.setattr(ln_table, "CORUN_MIN_ROWS", 1)
+    monkeypatch.setattr(ln_table, "CORUN_MIN_SMS", 1)
+    monkeypatch.setattr(ln_table, "CORUN", {"col_programs": 3, "col_rows": 4, "col_stages": 2})
     for shape in [SHAPES[0], SHAPES[2]]:
         for dtype in (torch.float32, torch.bfloat16):
             _check(_inputs(shape, dtype, 3, weight=has_weight, bias=has_bias), dtype, eps=1e-5)
@@ -110,7 +111,7 @@ def test_corun_backward_matches_the_two_kernels(monkeypatch):
     # At 16384 columns from CORUN_MIN_ROWS rows the backward is the co-running kernel; fewer rows
     # keep dx then dwdb. Both forms on the same inputs agree up to summation order (dx's row
     # sums are reduced in another layout, dW's and dB's over other tiles); poisoned outputs.
-    m, n = ln.CORUN_MIN_ROWS, 16384
+    m, n = ln_table.CORUN_MIN_ROWS, 16384
     x, w, b = _inputs((m, n), torch.bfloat16, 31).values()
     dy = rand((m, n), torch.bfloat16, DEVICE, gen=generator(32))
     xf = x.float()
@@ -121,8 +122,8 @@ def test_corun_backward_matches_the_two_kernels(monkeypatch):
         ln, "layer_norm_bwd_corun_launch", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     outs = []
-    for min_rows in (ln.CORUN_MIN_ROWS, m + 1):
-        monkeypatch.setattr(ln, "CORUN_MIN_ROWS", min_rows)
+    for min_rows in (ln_table.CORUN_MIN_ROWS, m + 1):
+        monkeypatch.setattr(ln_table, "CORUN_MIN_ROWS", min_rows)
         with poisoned():
             dx, dw, db = (torch.full_like(t, float("nan")) for t in (x, w, b))
             layer_norm_bwd_launch(dy, x, w, mean, rstd, dx, dw, db)
@@ -176,9 +177,9 @@ def test_every_kernel_path_agrees(monkeypatch, split):
     # The same rows through the multi-row, one-row and looped kernels must agree; with split,
     # the row-in-registers backward leaves dW and dB to the dwdb kernel (SPLIT_DWDB_FROM).
     if split:
-        monkeypatch.setattr(ln, "SPLIT_DWDB_FROM", 1)
+        monkeypatch.setattr(ln_table, "SPLIT_DWDB_FROM", 1)
     else:  # 13 rows are "few" (_partials.few_rows): keep dW and dB in the fused kernels
-        monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
+        monkeypatch.setattr(ln_table, "PARTIALS_SHARE", float("inf"))
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)
@@ -511,14 +512,14 @@ def test_kernels_compile_for_hopper(monkeypatch):
                         db = torch.empty_like(b) if affine else None
                         dy = torch.randn_like(x)
                         ln.layer_norm_bwd_launch(dy, x, w, mean, rstd, y, dw, db, config=cfg)
-                        if n == ln.SPLIT_DWDB_FROM:  # the co-running form, as the GPU runs it
+                        if n == ln_table.SPLIT_DWDB_FROM:  # the co-running form, as the GPU runs it
                             ln.layer_norm_bwd_corun_launch(
-                                dy, x, w, mean, rstd, y, dw, db, cfg, **ln.CORUN
+                                dy, x, w, mean, rstd, y, dw, db, cfg, **ln_table.CORUN
                             )
 
     # Two rows are "few" (_partials.few_rows) from 4096 columns: once with dW and dB in the
     # fused kernels everywhere, once as the table has it (the dwdb kernel there).
-    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
+    monkeypatch.setattr(ln_table, "PARTIALS_SHARE", float("inf"))
     results = check_compiles(run)
     monkeypatch.undo()
     few = check_compiles(run)
@@ -527,5 +528,5 @@ def test_kernels_compile_for_hopper(monkeypatch):
     ]
     assert not failures, "\n".join(failures)
     assert len(results) >= 30
-    assert any(r.launch.name == "_layer_norm_dwdb_kernel" for r in few)
+    assert any(r.launch.name == "_norm_dw_kernel" for r in few)
     assert any(r.launch.name == "_layer_norm_bwd_corun_kernel" for r in results)

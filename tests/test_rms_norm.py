@@ -4,7 +4,6 @@ import pytest
 import torch
 from conftest import DEVICE, ON_GPU
 
-from kernelwright.ops import _partials
 from kernelwright.ops import rms_norm as rn
 from kernelwright.ops.rms_norm import (
     RMSNorm,
@@ -15,6 +14,7 @@ from kernelwright.ops.rms_norm import (
     rms_norm_ref,
 )
 from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.tables import rms_norm as rms_table
 from kernelwright.testing import (
     Tolerance,
     check_op,
@@ -85,7 +85,7 @@ def test_non_contiguous_input(layout, dtype):
 def test_every_kernel_path_agrees(monkeypatch):
     # The same rows through the multi-row, one-row and looped kernels must agree (13 rows are
     # "few", _partials.few_rows: kept in the fused kernels here).
-    monkeypatch.setattr(_partials, "PARTIALS_SHARE", float("inf"))
+    monkeypatch.setattr(rms_table, "PARTIALS_SHARE", float("inf"))
     gen = generator(6)
     x = rand((13, 700), torch.float32, DEVICE, gen=gen)
     w = rand((700,), torch.float32, DEVICE, gen=gen)

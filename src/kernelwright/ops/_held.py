@@ -5,7 +5,7 @@ registers: a bf16 row of 32768 fills half an SM's register file (one program per
 else loading while it reduces) and 65536 spills. Held as bf16/fp16 the row costs half that;
 each pass over it converts it to fp32 afresh. `again` makes those conversions depend on the
 previous reduction's result, so the compiler cannot merge them into one fp32 copy that stays
-live across the reduction (which would undo the saving). H200 numbers: benchmarks/NOTES.md 28.
+live across the reduction (which would undo the saving).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import triton
 import triton.language as tl
 
 # Rows of at least this many columns are held in their own dtype; narrower ones as fp32, which
-# leaves room for enough programs per SM and skips the extra conversions (softmax at 4096
-# columns: 21.6 against 22.0 us held; benchmarks/softmax_hold_probe.py).
+# leaves room for enough programs per SM and skips the extra conversions.
 HOLD_FROM = tl.constexpr(16384)
 
 # The most bytes of one row a one-row kernel holds: 65536 bf16/fp16 values, or 32768 fp32 ones
@@ -28,9 +27,9 @@ def again(x, s, HOLD: tl.constexpr):
     """x, for another pass over a row held in registers. With HOLD: x + |0 * s|, the same
     values (a NaN where s is NaN, when what follows is NaN anyway) but computable only once s
     is known. The add stays in the row's dtype, on packed pairs; |0 * s| is +0, whose bits the
-    interpreter's 16-bit arithmetic also leaves alone (adding -0 there flips the sign bit). An
-    integer add on the bits was tried: it unpacks the pairs, 1.5x slower at 32768 columns.
-    Without HOLD: x itself (its conversions merge into one fp32 copy)."""
+    interpreter's 16-bit arithmetic also leaves alone (adding -0 there flips the sign bit); an
+    integer add on the bits would unpack the pairs. Without HOLD: x itself (its conversions
+    merge into one fp32 copy)."""
     if HOLD:
         return x + tl.abs(s * 0.0).to(x.dtype)
     else:

@@ -2,20 +2,18 @@
 parameter gradients, in one launch.
 
 The persistent backward kernels leave one fp32 partial row of dW (and of dB) per program.
-`partial.sum(0)` then `grad.copy_(...)` costs two launches per gradient (four for
-layer_norm) — on the H200 a few µs each, which is 5–15% of a backward at 8192×4096. One
-kernel sums every partial row of one column tile in a fixed order (deterministic) and casts
-once to the gradient's dtype; dW and dB go in the same launch.
+`partial.sum(0)` then `grad.copy_(...)` would cost two launches per gradient (four for
+layer_norm). One kernel sums every partial row of one column tile in a fixed order
+(deterministic) and casts once to the gradient's dtype; dW and dB go in the same launch.
 
 On sm_90+ it is launched with programmatic dependent launch (ops/_pdl.py): its launch is
 processed while the backward kernel before it runs, and it waits in `griddepcontrol.wait`
-until that kernel has finished and its partial rows are visible. On the H200 that took 0.4–2
-µs off each norm backward (benchmarks/pdl_probe.py; NOTES 29). Letting the backward kernels
-signal early (`griddepcontrol.launch_dependents` at their start) was slower.
+until that kernel has finished and its partial rows are visible. (Letting the backward kernels
+signal early, `griddepcontrol.launch_dependents` at their start, was slower.)
 
 `few_rows` is the other side of it: where those partial rows would be a large share of the
-backward's memory (few rows), the norm backwards skip them and leave dW (dB) to a column kernel
-that stores the gradient itself (layer_norm's `dwdb`, rms_norm's `dw`).
+backward's memory (few rows), the norm backwards skip them and leave dW (dB) to the column
+kernel (ops/_norm_reduce.py), which stores the gradient itself.
 """
 
 from __future__ import annotations
@@ -27,13 +25,6 @@ import triton.language as tl
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info
 from kernelwright.runtime.launch import pdl_args
-
-# Few rows: one fp32 partial row per program (about one per SM) is then a large share of the
-# backward's memory: at 1024 x 4096 bf16, 54% of dx for layer_norm (dW and dB), 26% for the
-# RMSNorms (peaks of 12.1 and 10.1 MB where torch.compile's are 8.0). Past this share of the
-# row gradient's bytes the norm backwards run dx alone, then a dW (dB) kernel with one program
-# per column block through every row and no partials (benchmarks/NOTES.md, issue 3, 41).
-PARTIALS_SHARE = 1 / 4
 
 _BLOCK_N = 32  # columns per program: N / 32 programs, enough to spread 4096 columns over SMs
 _MAX_BLOCK_P = 256  # partial rows per load step (sm_count * programs_per_sm, usually <= 264)
@@ -95,20 +86,13 @@ def sum_partials(
     )
 
 
-def few_rows(rows: int, n: int, partial_rows: int, out_elem: int, block_n: int, device) -> bool:
-    """Whether a norm backward should leave its parameter gradients to a column kernel: the
-    fp32 partial rows (`partial_rows` of them, all gradients together) would exceed
-    PARTIALS_SHARE of the row gradient (`rows` rows of `n` elements of `out_elem` bytes), and
-    the column kernel's blocks of `block_n` (one program each) fill at least half the GPU."""
+def few_rows(
+    rows: int, n: int, partial_rows: int, out_elem: int, block_n: int, share: float, device
+) -> bool:
+    """Whether a norm backward should leave its parameter gradients to the column kernel: the
+    fp32 partial rows (`partial_rows` of them, all gradients together) would exceed `share`
+    (the op table's PARTIALS_SHARE) of the row gradient (`rows` rows of `n` elements of
+    `out_elem` bytes), and the column kernel's blocks of `block_n` (one program each) fill at
+    least half the GPU."""
     wide = triton.cdiv(n, block_n) >= device_info(device).sm_count // 2
-    return wide and partial_rows * 4 > PARTIALS_SHARE * rows * out_elem
-
-
-def corun_programs(m: int, n: int, col_programs: int, programs: int) -> tuple[int, int, int]:
-    """The split of a co-running norm backward (row gradient and parameter gradients in one
-    launch, layer_norm's and fused_add_rms_norm's corun kernels): (row programs, column
-    programs, columns per column program). About `col_programs` column programs of a power-of-two
-    width cover the n columns; the rest of `programs` (the GPU's, one per SM) take the m rows."""
-    col_n = triton.next_power_of_2(triton.cdiv(n, col_programs))
-    cols = triton.cdiv(n, col_n)
-    return max(1, min(m, programs - cols)), cols, col_n
+    return wide and partial_rows * 4 > share * rows * out_elem

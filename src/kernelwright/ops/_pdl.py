@@ -6,8 +6,8 @@ A kernel launched with `runtime.launch.pdl_args(device)` has its launch processe
 kernel before it in the stream still runs; its first statement, `wait_for_inputs(GDC_WAIT)`,
 then holds every load and store until that kernel has finished and its writes are visible.
 Nothing is read or written before the wait, so any predecessor is safe, including one that
-still reads what this kernel overwrites (dx over dy). On the H200 the sum kernel's launch was
-worth 0.4-2 µs per norm backward this way (benchmarks/pdl_probe.py; NOTES 29).
+still reads what this kernel overwrites (dx over dy). The launch latency of a short kernel,
+such as the partial-row sum after a norm backward, is then hidden behind the kernel before it.
 """
 
 from __future__ import annotations

@@ -7,314 +7,35 @@ Casting modes reproduce where Hugging Face models cast (the kernel always accumu
   (GemmaRMSNorm: `(x.float() * rstd) * (1.0 + weight.float())`).
 - "none": every intermediate rounded to the input dtype, as code without casts computes it.
 
-Layer order: kernels → launchers → custom ops → autograd Function → `rms_norm` → `RMSNorm`.
+The kernels are the RMSNorm family's (ops/_rms.py), shared with fused_add_rms_norm. The backward
+keeps dW in one fp32 partial row per program, summed by ops/_partials.py; for few rows it leaves
+dW to the column kernel (ops/_norm_reduce.py).
+
+Layer order: launchers → custom ops → autograd Function → `rms_norm` → `RMSNorm`.
 """
 
 from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
+from kernelwright.ops._norm_reduce import norm_dw_launch
 from kernelwright.ops._partials import few_rows, sum_partials
-from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.ops._rms import (
+    CASTING_MODES,
+    _rms_norm_bwd_kernel,
+    _rms_norm_bwd_looped_kernel,
+    _rms_norm_fwd_kernel,
+    _rms_norm_fwd_looped_kernel,
+)
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.tables import rms_norm as _table
 from kernelwright.runtime.tables.rms_norm import DW_TABLE, FEW_ROWS, TABLE
 
-CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
-# tl.constexpr globals: compiled kernels may read only constexpr globals.
-_NONE, _LLAMA, _GEMMA = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-
-# The one-row forward loads w before x for rows of up to this many columns (block_n), so w's
-# latency overlaps x's (worth ~2% at 16384 x 4096 on an H200); for longer rows after the
-# statistics, so that w's registers are not live across the loads and the reduction. Early
-# everywhere: late was no faster at 2048-8192 columns (tune.py norm_affine, NOTES 42).
-EARLY_WEIGHT_MAX_N = 2**31 - 1
-
-# --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _weight_eff(w_ptr, cols, col_mask, offset, CASTING: tl.constexpr):
-    # (offset + w) in the weight's dtype for llama/none, in fp32 for gemma.
-    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) + offset
-    if CASTING != _GEMMA:
-        w = w.to(w_ptr.dtype.element_ty).to(tl.float32)
-    return w
-
-
-@triton.jit
-def _normalize(x, rstd, x_dtype: tl.constexpr, CASTING: tl.constexpr):
-    # x_hat as the model computes it: rounded to the input dtype unless the mode is gemma.
-    if CASTING == _NONE:
-        rstd = rstd.to(x_dtype).to(tl.float32)
-    x_hat = x * rstd
-    if CASTING != _GEMMA:
-        x_hat = x_hat.to(x_dtype).to(tl.float32)
-    return x_hat
-
-
-@triton.jit
-def _rms_norm_fwd_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    rstd_ptr,  # x, y: [M, N] with row strides; w: [N]; rstd: [M] fp32
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    offset,
-    CASTING: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    EARLY_WEIGHT: tl.constexpr,  # w loaded before x (see EARLY_WEIGHT_MAX_N)
-):
-    # One program normalizes ROWS whole rows held in registers (BLOCK_N >= N).
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    if HAS_WEIGHT and EARLY_WEIGHT:
-        w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-    if ROWS == 1:
-        # One row: a 1-D block, no row mask (the grid has exactly M programs).
-        row = tl.program_id(0).to(tl.int64)  # int64: row * stride may pass 2^31
-        x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        if HAS_WEIGHT and not EARLY_WEIGHT:
-            w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-        y = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
-        if HAS_WEIGHT:
-            y = y * w
-        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
-        tl.store(rstd_ptr + row, rstd)
-    else:
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)  # [ROWS]
-        if HAS_WEIGHT and not EARLY_WEIGHT:
-            w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-        y = _normalize(x, rstd[:, None], x_ptr.dtype.element_ty, CASTING)
-        if HAS_WEIGHT:
-            y = y * w[None, :]
-        y_ptrs = y_ptr + rows[:, None] * stride_y + cols[None, :]
-        tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(rstd_ptr + rows, rstd, mask=row_mask)
-
-
-@triton.jit
-def _rms_norm_fwd_looped_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    rstd_ptr,
-    M,
-    N,
-    stride_x,
-    stride_y,
-    eps,
-    offset,
-    CASTING: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    # Rows too long for registers: one pass for sum(x^2), a second (mostly from L2) to write y.
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * stride_x
-    y_row = y_ptr + row * stride_y
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        x = tl.load(x_row + cols, mask=cols < N, other=0.0).to(tl.float32)
-        acc += x * x
-    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_mask = cols < N
-        x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
-        if HAS_WEIGHT:
-            y = y * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
-    tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def _rms_norm_bwd_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    rstd_ptr,
-    dx_ptr,
-    dw_partial_ptr,  # dw_partial: [programs, N] fp32
-    M,
-    N,
-    stride_dy,
-    stride_x,
-    stride_dx,
-    offset,
-    CASTING: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_DW: tl.constexpr,  # off: dW left to the dw kernel (few rows, _partials.few_rows)
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
-):
-    # Persistent: program p takes row blocks p, p + P, ... and keeps its dW sum in registers.
-    # g = dy * (offset + w);  dx = rstd * (g - x_hat * mean(g * x_hat));  dW = sum_rows(dy * x_hat)
-    # PREFETCH: the next block's x, dy and rstd are loaded (in their own dtype) before this
-    # block's reductions, so one block's memory latency hides behind the previous block's math.
-    wait_for_inputs(GDC_WAIT)  # before any load or store
-    pid = tl.program_id(0)
-    step = tl.num_programs(0) * ROWS
-    cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    if HAS_WEIGHT:
-        w = _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if PREFETCH:
-        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
-        mask0 = (first < M)[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
-        dy_next = tl.load(
-            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
-        )
-        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
-    for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        if PREFETCH:
-            x, dy, rstd = x_next, dy_next, rstd_next
-            nxt = rows + step
-            nmask = (nxt < M)[:, None] & col_mask[None, :]
-            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
-            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
-            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
-            rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
-        else:
-            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
-            rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
-        x = x.to(tl.float32)
-        dy = dy.to(tl.float32)
-        rstd = rstd[:, None]
-        x_hat = x * rstd
-        if HAS_DW:
-            # dW sees x_hat as the forward multiplied it: rounded unless gemma.
-            dw_acc += tl.sum(dy * _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING), axis=0)
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
-        c = tl.sum(g * x_hat, axis=1)[:, None] / N
-        dx = (g - x_hat * c) * rstd
-        tl.store(
-            dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
-        )
-    if HAS_DW:
-        tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
-
-
-@triton.jit
-def _rms_norm_dw_kernel(
-    dy_ptr,
-    x_ptr,
-    rstd_ptr,
-    dw_ptr,  # dy, x: [M, N] with row strides; rstd: [M] fp32; dw: [N], the weight's dtype
-    M,
-    N,
-    stride_dy,
-    stride_x,
-    CASTING: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-    STAGES: tl.constexpr,  # row blocks in flight (tl.range's software pipeline)
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
-):
-    # dW alone, for few rows (ops/_partials.few_rows): program c sums dy * x_hat (x_hat as the
-    # forward multiplied it) over every [ROWS, BLOCK_N] tile of column block c, in fp32, and
-    # stores dW itself: no partial rows. fused_add_rms_norm calls it with x = s. The sums stay
-    # [ROWS, BLOCK_N] until the end: a sum over rows per tile would cross warps every step.
-    wait_for_inputs(GDC_WAIT)  # before any load or store
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for block in tl.range(0, tl.cdiv(M, ROWS), num_stages=STAGES):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        x_hat = _normalize(x.to(tl.float32), rstd, x_ptr.dtype.element_ty, CASTING)
-        acc += dy.to(tl.float32) * x_hat  # 0 outside the mask
-    tl.store(dw_ptr + cols, tl.sum(acc, axis=0).to(dw_ptr.dtype.element_ty), mask=col_mask)
-
-
-@triton.jit
-def _rms_norm_bwd_looped_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    rstd_ptr,
-    dx_ptr,
-    dw_partial_ptr,
-    M,
-    N,
-    stride_dy,
-    stride_x,
-    stride_dx,
-    offset,
-    CASTING: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_DW: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    GDC_WAIT: tl.constexpr,  # launched with PDL (ops/_pdl.py)
-):
-    # Long rows: pass 1 reduces sum(g * x_hat) over the row, pass 2 writes dx and adds this
-    # row's dW contribution into the program's own fp32 partial row (no atomics).
-    wait_for_inputs(GDC_WAIT)  # before any load or store
-    pid = tl.program_id(0)
-    dw_row = dw_partial_ptr + pid.to(tl.int64) * N
-    for row in range(pid, M, tl.num_programs(0)):
-        row64 = tl.cast(row, tl.int64)
-        x_row = x_ptr + row64 * stride_x
-        dy_row = dy_ptr + row64 * stride_dy
-        rstd = tl.load(rstd_ptr + row64)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            if HAS_WEIGHT:
-                g = g * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-            acc += g * x * rstd
-        c = tl.sum(acc, axis=0) / N
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = dy
-            if HAS_WEIGHT:
-                g = dy * _weight_eff(w_ptr, cols, col_mask, offset, CASTING)
-            if HAS_DW:
-                x_cast = _normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
-                dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
-                tl.store(dw_row + cols, dw + dy * x_cast, mask=col_mask)
-            dx = (g - x * rstd * c) * rstd
-            tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
-
+__all__ = ["CASTING_MODES", "RMSNorm", "rms_norm", "rms_norm_eager", "rms_norm_ref"]
 
 # --------------------------------------------------------------------------- launchers
 
@@ -339,17 +60,19 @@ def rms_norm_fwd_launch(
         return
     cfg = _config("fwd", x, config)
     common = dict(
-        CASTING=CASTING_MODES[casting_mode], HAS_WEIGHT=weight is not None, BLOCK_N=cfg.block_n
+        CASTING=CASTING_MODES[casting_mode],
+        HAS_WEIGHT=weight is not None,
+        HAS_RESIDUAL=False,
+        BLOCK_N=cfg.block_n,
     )
-    args = (x, weight if weight is not None else x, y, rstd, M, N, x.stride(0), y.stride(0))
+    w = weight if weight is not None else x
+    # no residual: r and s are pointers never read or written
+    args = (x, x, w, y, x, rstd, M, N, x.stride(0), 0, y.stride(0), 0, eps, offset)
     if cfg.block_n >= N:
         grid = (triton.cdiv(M, cfg.rows),)
-        early = cfg.block_n <= EARLY_WEIGHT_MAX_N
-        _rms_norm_fwd_kernel[grid](
-            *args, eps, offset, ROWS=cfg.rows, EARLY_WEIGHT=early, num_warps=cfg.num_warps, **common
-        )
+        _rms_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
     else:
-        _rms_norm_fwd_looped_kernel[(M,)](*args, eps, offset, num_warps=cfg.num_warps, **common)
+        _rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
 
 
 def rms_norm_bwd_launch(
@@ -373,7 +96,9 @@ def rms_norm_bwd_launch(
     row_blocks = triton.cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
-    if has_dw and fits and few_rows(M, N, programs, dx.element_size(), _dw_block(x), x.device):
+    block = _dw_config(x).block_n
+    share = _table.PARTIALS_SHARE
+    if has_dw and fits and few_rows(M, N, programs, dx.element_size(), block, share, x.device):
         # dW first: dx may be dy itself (in-place backward), and the dw kernel reads dy
         rms_norm_dw_launch(dy, x, rstd, dw, casting_mode)
         has_dw = False
@@ -382,20 +107,22 @@ def rms_norm_bwd_launch(
         # One fp32 dW row per program, summed below: deterministic, no bf16 atomics.
         partial = empty((programs, N), dtype=torch.float32, device=x.device)
         if not fits:
-            partial.zero_()
+            partial.zero_()  # the looped kernel accumulates into it row by row
     args = (
         dy,
+        dy,  # no residual gradient: a pointer never read
         x,
         weight if weight is not None else x,
         rstd,
         dx,
         partial if partial is not None else rstd,
     )
-    args += (M, N, dy.stride(0), x.stride(0), dx.stride(0), offset)
+    args += (M, N, dy.stride(0), 0, x.stride(0), dx.stride(0), offset)
     common = dict(
         CASTING=CASTING_MODES[casting_mode],
         HAS_WEIGHT=weight is not None,
         HAS_DW=has_dw,
+        HAS_DRES=False,
         BLOCK_N=cfg.block_n,
         **pdl_args(device_info(x.device)),  # its launch overlaps the kernel before it
     )
@@ -417,10 +144,6 @@ def _dw_config(x: torch.Tensor, config: LaunchConfig | None = None) -> LaunchCon
     return config or lookup(DW_TABLE, "rms_norm", "bwd_dw", device_info(x.device), x.shape[-1])
 
 
-def _dw_block(x: torch.Tensor) -> int:
-    return _dw_config(x).block_n
-
-
 def rms_norm_dw_launch(
     dy: torch.Tensor,  # [M, N], stride(1) == 1
     x: torch.Tensor,  # [M, N], stride(1) == 1 (fused_add_rms_norm: s)
@@ -429,31 +152,14 @@ def rms_norm_dw_launch(
     casting_mode: str,
     config: LaunchConfig | None = None,
 ) -> None:
-    """dW alone (the `dw` kernel): one program per column block of block_n, through every row;
-    no partial rows."""
-    M, N = x.shape
-    cfg = _dw_config(x, config)
-    _rms_norm_dw_kernel[(triton.cdiv(N, cfg.block_n),)](
-        dy,
-        x,
-        rstd,
-        dw,
-        M,
-        N,
-        dy.stride(0),
-        x.stride(0),
-        CASTING=CASTING_MODES[casting_mode],
-        BLOCK_N=cfg.block_n,
-        ROWS=cfg.rows,
-        STAGES=cfg.num_stages,
-        num_warps=cfg.num_warps,
-        **pdl_args(device_info(x.device)),
-    )
+    """dW alone (the column kernel, ops/_norm_reduce.py): one program per column block of
+    block_n, through every row; no partial rows."""
+    norm_dw_launch(dy, x, None, rstd, dw, None, _dw_config(x, config), casting_mode)
 
 
 # --------------------------------------------------------------------------- custom ops
 # Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
-# skip the dispatcher and go straight to the launcher (saves ~10 µs of Python per call).
+# skip the dispatcher and go straight to the launcher (less Python per call).
 
 
 @torch.library.custom_op("kernelwright::rms_norm_fwd", mutates_args=("y", "rstd"))

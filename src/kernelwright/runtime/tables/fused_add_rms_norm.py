@@ -6,12 +6,15 @@ Same keys and meaning as rms_norm's table: "fwd" and "bwd"; a row fits one progr
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW;
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
 larger values act as 2 (one block ahead).
+
+Below TABLE: the thresholds that choose how the backward sums dW (partial rows, parked in ds,
+rms_norm's column kernel, or co-running column programs). The launcher reads them at call
+time; the optimize workflow rewrites TABLE only.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
-# "default" rows for 2048..16384: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22;
-# benchmarks/results/tune_fused_add_rms_norm_layer_norm_h200.csv). The rest are rms_norm's.
+# "default" rows for 2048..16384: tuned on Hopper (bf16). The rest are rms_norm's.
 TABLE = {
     "fwd": {
         "default": [
@@ -31,8 +34,7 @@ TABLE = {
         ],
     },
     "bwd": {
-        # 2048..8192: num_stages=2 prefetches the next row block (+1-10% on the H200,
-        # benchmarks/results/h200-issue3-normbwd/); at 16384 it spills registers (0.45-0.7x).
+        # 2048..8192: num_stages=2 prefetches the next row block; at 16384 it spills registers.
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
             (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
@@ -49,3 +51,27 @@ TABLE = {
         ],
     },
 }
+
+# Few rows: past this share of ds's bytes in fp32 partial dW rows, dW comes from rms_norm's
+# column kernel (its DW_TABLE) instead (ops/_partials.few_rows).
+PARTIALS_SHARE = 1 / 4
+
+# Where the partial rows would pass this share of ds's bytes (and stay under PARTIALS_SHARE), the
+# backward parks dW in ds instead (ops/_park.py): no partial-row memory, at the cost of a
+# cooperative launch.
+PARK_SHARE = 1 / 20
+# The parking backward runs P programs, P dividing N into slices of whole 128-byte lines
+# (PARK_SLICE_WORDS fp32 words), but not fewer than this share of the SMs: fewer programs read
+# less of the memory bandwidth.
+PARK_MIN_SHARE = 0.9
+PARK_SLICE_WORDS = 32
+
+# From CORUN_FROM columns (where a row still fits one program) and CORUN_MIN_ROWS rows, ds and
+# dW run in one launch on different programs walking the rows at once (ops/_corun.py): the
+# second read of each row comes from L2. CORUN: the column programs' count, rows per step and
+# steps in flight. Only on GPUs of CORUN_MIN_SMS SMs or more: with fewer, ds would lose too
+# many SMs to dW.
+CORUN_FROM = 16384
+CORUN_MIN_ROWS = 4096
+CORUN = {"col_programs": 64, "col_rows": 16, "col_stages": 3}
+CORUN_MIN_SMS = 120

@@ -6,13 +6,15 @@ program handles per step (short rows: more rows, fewer programs). The backward i
 `programs_per_sm` programs per SM, each keeping its own fp32 partial sum of dW.
 `num_stages=2`: the backward loads the next row block before this one's math (prefetch);
 larger values act as 2 (one block ahead).
+
+Below TABLE: FEW_ROWS and DW_TABLE (configs for calls TABLE does not model), and the
+threshold that sends few rows to the column kernel. The launchers read them at call time; the
+optimize workflow rewrites TABLE only.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
-# "default" rows: swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22; results in
-# benchmarks/results/tune_rms_norm*_h200.csv, notes in benchmarks/NOTES.md). Other
-# architectures use them until tuned.
+# "default" rows: tuned on Hopper (bf16); other architectures use them until tuned.
 TABLE = {
     "fwd": {
         "default": [
@@ -20,8 +22,6 @@ TABLE = {
             (1024, C(block_n=1024, rows=4, num_warps=4)),
             (2048, C(block_n=2048, rows=1, num_warps=4)),
             (4096, C(block_n=4096, rows=1, num_warps=8)),
-            # 8192: one row a program, 63.7-63.9 us at 8192 x 8192 against 65.1-65.5 for two
-            # (two runs with the reading flush, results/h200-norm-fwd/, NOTES 42)
             (8192, C(block_n=8192, rows=1, num_warps=4)),
             (16384, C(block_n=16384, rows=1, num_warps=8)),
             (32768, C(block_n=32768, rows=1, num_warps=16)),
@@ -34,8 +34,7 @@ TABLE = {
         ],
     },
     "bwd": {
-        # 2048..8192: num_stages=2 prefetches the next row block (+1-10% on the H200,
-        # benchmarks/results/h200-issue3-normbwd/); at 16384 it spills registers (0.45-0.7x).
+        # 2048..8192: num_stages=2 prefetches the next row block; at 16384 it spills registers.
         "default": [
             (256, C(block_n=256, rows=16, num_warps=4, programs_per_sm=8)),
             (1024, C(block_n=1024, rows=4, num_warps=4, programs_per_sm=8)),
@@ -54,21 +53,20 @@ TABLE = {
 }
 
 # Few rows (runtime.launch.FewRows): at most 1024 rows of 2049..4096 columns, two rows of 8 warps
-# a program: 7.7-7.9 us at 1024 x 4096 against 8.5-8.6 for the table's row, swept at 8192+ rows
-# (three runs, H200; results/h200-norm-fwd/, NOTES 42); at 2048 rows the table's row wins again.
-# Not retuned by the optimize workflow, whose variants of the "fwd" row do not reach these calls.
+# a program, which fills the GPU better than the table's row (swept at 8192+ rows) there. Not
+# retuned by the optimize workflow, whose variants of the "fwd" row do not reach these calls.
 FEW_ROWS = {
     "fwd": {
         "default": [(1024, 4096, C(block_n=4096, rows=2, num_warps=8))],
     },
 }
 
-# dW alone, where the backward leaves it to a column kernel (few rows, _partials.few_rows;
-# fused_add_rms_norm's too): one program per column block of block_n through every row, `rows`
-# rows per step, `num_stages` steps in flight; layer_norm's dwdb configs (H200,
-# results/h200-ln-fewrows/), which read the same two tensors. Kept out of TABLE: the optimize
-# workflow tunes and models every TABLE kernel of a mode as running at every shape, and this
-# one runs at few rows only.
+# dW alone, where the backward leaves it to the column kernel (few rows, PARTIALS_SHARE;
+# fused_add_rms_norm's too; ops/_norm_reduce.py): one program per column block of block_n
+# through every row, `rows` rows per step, `num_stages` steps in flight; layer_norm's bwd_dwdb
+# configs, which read the same two tensors. Kept out of TABLE: the optimize workflow tunes and
+# models every TABLE kernel of a mode as running at every shape, and this one runs at few rows
+# only.
 DW_TABLE = {
     "bwd_dw": {
         "default": [
@@ -78,3 +76,8 @@ DW_TABLE = {
         "interpreter": [(2**31 - 1, C(block_n=64, rows=4, num_stages=2))],
     },
 }
+
+# Few rows: where the backward's fp32 partial dW rows (one per program) would pass this share of
+# the row gradient's bytes, dx runs alone and dW comes from the column kernel (DW_TABLE), which
+# stores dW itself (ops/_partials.few_rows).
+PARTIALS_SHARE = 1 / 4
