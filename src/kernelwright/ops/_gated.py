@@ -184,7 +184,9 @@ def _gated_bwd_kernel(
 def _config(
     activation: str, kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None
 ) -> tuple[str, LaunchConfig]:
-    op = ACTIVATIONS[activation]
+    op = ACTIVATIONS.get(activation)
+    if op is None:
+        raise ValueError(f"unknown activation {activation!r}; one of {tuple(ACTIVATIONS)}")
     return op, config or lookup(_TABLES[op], op, kernel, device_info(t.device), n)
 
 

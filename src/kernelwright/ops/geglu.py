@@ -47,10 +47,12 @@ _ACTIVATION = {"tanh": "gelu_tanh", "none": "gelu_erf"}  # F.gelu's approximate 
 # --------------------------------------------------------------------------- launchers
 
 
-def _activation(approximate: str) -> str:
+def _activation(op: str, approximate: object) -> str:
+    # F.gelu's `approximate` -> the family's ACTIVATION, with an error that names the op
     if approximate not in APPROXIMATIONS:
         raise ValueError(
-            f"geglu: approximate must be one of {APPROXIMATIONS} (as F.gelu), got {approximate!r}"
+            f"{op}: argument 'approximate' must be one of {APPROXIMATIONS} (as F.gelu: 'tanh' "
+            f"for gelu_pytorch_tanh, 'none' for the erf gelu), got {approximate!r}"
         )
     return _ACTIVATION[approximate]
 
@@ -62,7 +64,7 @@ def geglu_fwd_launch(
     approximate: str = "tanh",
     config: LaunchConfig | None = None,
 ) -> None:
-    gated_fwd_launch(_activation(approximate), a, b, c, config)
+    gated_fwd_launch(_activation("geglu", approximate), a, b, c, config)
 
 
 def geglu_bwd_launch(
@@ -74,7 +76,7 @@ def geglu_bwd_launch(
     approximate: str = "tanh",
     config: LaunchConfig | None = None,
 ) -> None:
-    gated_bwd_launch(_activation(approximate), dc, a, b, da, db, config)
+    gated_bwd_launch(_activation("geglu", approximate), dc, a, b, da, db, config)
 
 
 def geglu_fused_fwd_launch(
@@ -83,7 +85,7 @@ def geglu_fused_fwd_launch(
     approximate: str = "tanh",
     config: LaunchConfig | None = None,
 ) -> None:
-    gated_fused_fwd_launch(_activation(approximate), x, c, config)
+    gated_fused_fwd_launch(_activation("geglu", approximate), x, c, config)
 
 
 def geglu_fused_bwd_launch(
@@ -93,19 +95,10 @@ def geglu_fused_bwd_launch(
     approximate: str = "tanh",
     config: LaunchConfig | None = None,
 ) -> None:
-    gated_fused_bwd_launch(_activation(approximate), dc, x, dx, config)
+    gated_fused_bwd_launch(_activation("geglu", approximate), dc, x, dx, config)
 
 
 # --------------------------------------------------------------------------- public API
-
-
-def _check_approximate(op: str, approximate: object) -> str:
-    if approximate not in APPROXIMATIONS:
-        raise ValueError(
-            f"{op}: argument 'approximate' must be one of {APPROXIMATIONS} (as F.gelu: 'tanh' "
-            f"for gelu_pytorch_tanh, 'none' for the erf gelu), got {approximate!r}"
-        )
-    return approximate
 
 
 def geglu(
@@ -127,8 +120,7 @@ def geglu(
             this forward). Ignored under torch.compile and when the kernel cannot write
             through gate/up (a copy was needed, rows overlap, or they share elements).
     """
-    activation = _ACTIVATION[_check_approximate("geglu", approximate)]
-    return gated(activation, gate, up, in_place_backward)
+    return gated(_activation("geglu", approximate), gate, up, in_place_backward)
 
 
 def geglu_fused(x: torch.Tensor, *, approximate: str = "tanh") -> torch.Tensor:
@@ -140,7 +132,7 @@ def geglu_fused(x: torch.Tensor, *, approximate: str = "tanh") -> torch.Tensor:
     Returns:
         [..., N] in x's dtype. The gradient of x is one [..., 2N] tensor.
     """
-    return gated_fused(_ACTIVATION[_check_approximate("geglu_fused", approximate)], x)
+    return gated_fused(_activation("geglu_fused", approximate), x)
 
 
 class GeGLU(torch.nn.Module):
@@ -148,7 +140,8 @@ class GeGLU(torch.nn.Module):
 
     def __init__(self, *, approximate: str = "tanh", in_place_backward: bool = False):
         super().__init__()
-        self.approximate = _check_approximate("GeGLU", approximate)
+        _activation("GeGLU", approximate)  # raises on an unknown form
+        self.approximate = approximate
         self.in_place_backward = in_place_backward
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -165,7 +158,8 @@ class GeGLUFused(torch.nn.Module):
 
     def __init__(self, *, approximate: str = "tanh"):
         super().__init__()
-        self.approximate = _check_approximate("GeGLUFused", approximate)
+        _activation("GeGLUFused", approximate)  # raises on an unknown form
+        self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return geglu_fused(x, approximate=self.approximate)
