@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from kernelwright.ops._gated import (
+    _gated_bwd_kernel,
+    _gated_fwd_kernel,
     gated,
     gated_bwd_launch,
     gated_fused,
@@ -40,6 +42,10 @@ from kernelwright.ops._gated import (
     gated_fwd_launch,
 )
 from kernelwright.runtime.launch import LaunchConfig
+
+# The family's kernels, named here too: the optimize workflow profiles the Triton kernels it
+# finds in an op's module (workflows/optimize/resources.py).
+KERNELS = (_gated_fwd_kernel, _gated_bwd_kernel)
 
 APPROXIMATIONS = ("tanh", "none")
 _ACTIVATION = {"tanh": "gelu_tanh", "none": "gelu_erf"}  # F.gelu's approximate -> ACTIVATION

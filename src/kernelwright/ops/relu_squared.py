@@ -18,8 +18,18 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.ops._gated import gated_bwd_launch, gated_fwd_launch, single
+from kernelwright.ops._gated import (
+    _gated_bwd_kernel,
+    _gated_fwd_kernel,
+    gated_bwd_launch,
+    gated_fwd_launch,
+    single,
+)
 from kernelwright.runtime.launch import LaunchConfig
+
+# The family's kernels, named here too: the optimize workflow profiles the Triton kernels it
+# finds in an op's module (workflows/optimize/resources.py).
+KERNELS = (_gated_fwd_kernel, _gated_bwd_kernel)
 
 # --------------------------------------------------------------------------- launchers
 
