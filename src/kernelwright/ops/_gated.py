@@ -190,10 +190,6 @@ def _config(
     return op, config or lookup(_TABLES[op], op, kernel, device_info(t.device), n)
 
 
-def _stride(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.stride(0)
-
-
 def gated_fwd_launch(
     activation: str,
     a: torch.Tensor,  # gate (or the single input) [M, N], stride(1) == 1
@@ -208,7 +204,8 @@ def gated_fwd_launch(
     a, b, c = retile((a, b, c), cfg)
     M, N = a.shape
     _gated_fwd_kernel[elementwise_grid(op, M, N, cfg)](
-        a, b, c, M, N, a.stride(0), _stride(b), c.stride(0), ACTIVATION=activation,
+        a, b, c, M, N, a.stride(0), None if b is None else b.stride(0), c.stride(0),
+        ACTIVATION=activation,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -230,7 +227,8 @@ def gated_bwd_launch(
     M, N = a.shape
     _gated_bwd_kernel[elementwise_grid(op, M, N, cfg)](
         dc, a, b, da, db, M, N,
-        dc.stride(0), a.stride(0), _stride(b), da.stride(0), _stride(db), ACTIVATION=activation,
+        dc.stride(0), a.stride(0), None if b is None else b.stride(0), da.stride(0),
+        None if db is None else db.stride(0), ACTIVATION=activation,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
