@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 
+from kernelwright.ops import _gated as family
 from kernelwright.ops import geglu as G
 from kernelwright.ops._elementwise import elementwise_grid
 from kernelwright.ops.geglu import (
@@ -383,24 +384,24 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     exact = {"approximate": "none"}
     assert check_op(geglu, geglu_ref, inputs, kwargs=exact, tolerances=TOL).ok
 
-    real_fwd, real_bwd = G.geglu_fwd_launch, G.geglu_bwd_launch
-    tanh_fwd = lambda a, b, c, approximate="tanh", config=None: real_fwd(a, b, c, "tanh", config)
-    monkeypatch.setattr(G, "geglu_fwd_launch", tanh_fwd)
+    real_fwd, real_bwd = family.gated_fwd_launch, family.gated_bwd_launch
+    tanh_fwd = lambda activation, a, b, c, config=None: real_fwd("gelu_tanh", a, b, c, config)
+    monkeypatch.setattr(family, "gated_fwd_launch", tanh_fwd)
     report = check_op(geglu, geglu_ref, inputs, kwargs=exact, tolerances=TOL)
     assert [r.ok for r in report.rows] == [False, True, True], report.table()
     monkeypatch.undo()
 
-    swapped = lambda dc, a, b, da, db, approximate="tanh", config=None: real_bwd(
-        dc, a, b, db, da, approximate, config
+    swapped = lambda activation, dc, a, b, da, db, config=None: real_bwd(
+        activation, dc, a, b, db, da, config
     )
-    monkeypatch.setattr(G, "geglu_bwd_launch", swapped)
+    monkeypatch.setattr(family, "gated_bwd_launch", swapped)
     report = check_op(geglu, geglu_ref, inputs, tolerances=TOL)
     assert [r.ok for r in report.rows] == [True, False, False], report.table()
     monkeypatch.undo()
 
     # one program short of the grid: the last tile is never written
     short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
-    monkeypatch.setattr(G, "elementwise_grid", short_grid)
+    monkeypatch.setattr(family, "elementwise_grid", short_grid)
     report = check_op(geglu, geglu_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

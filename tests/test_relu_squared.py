@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 
+from kernelwright.ops import _gated as family
 from kernelwright.ops import relu_squared as R
 from kernelwright.ops._elementwise import elementwise_grid
 from kernelwright.ops.relu_squared import (
@@ -220,20 +221,20 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     inputs = _x((37, 300), torch.float16, 16, device)
     assert check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL).ok
 
-    real_bwd = R.relu_squared_bwd_launch
+    real_bwd = family.gated_bwd_launch
 
-    def half_bwd(dy, x, dx, config=None):
-        real_bwd(dy, x, dx, config)
+    def half_bwd(activation, dy, x, up, dx, dup, config=None):
+        real_bwd(activation, dy, x, up, dx, dup, config)
         dx.mul_(0.5)
 
-    monkeypatch.setattr(R, "relu_squared_bwd_launch", half_bwd)
+    monkeypatch.setattr(family, "gated_bwd_launch", half_bwd)
     report = check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL)
     assert [r.ok for r in report.rows] == [True, False], report.table()
     monkeypatch.undo()
 
     # one program short of the grid: the last tile is never written
     short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
-    monkeypatch.setattr(R, "elementwise_grid", short_grid)
+    monkeypatch.setattr(family, "elementwise_grid", short_grid)
     report = check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import ON_GPU
 
+from kernelwright.ops import _gated as family
 from kernelwright.ops import swiglu as S
 from kernelwright.ops._elementwise import elementwise_grid
 from kernelwright.ops.swiglu import (
@@ -357,16 +358,16 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     inputs = _pair((37, 300), torch.float16, 16, device=device)
     assert check_op(swiglu, swiglu_ref, inputs, tolerances=TOL).ok
 
-    real_bwd = S.swiglu_bwd_launch
-    swapped = lambda dc, a, b, da, db, config=None: real_bwd(dc, a, b, db, da, config)
-    monkeypatch.setattr(S, "swiglu_bwd_launch", swapped)
+    real_bwd = family.gated_bwd_launch
+    swapped = lambda act, dc, a, b, da, db, config=None: real_bwd(act, dc, a, b, db, da, config)
+    monkeypatch.setattr(family, "gated_bwd_launch", swapped)
     report = check_op(swiglu, swiglu_ref, inputs, tolerances=TOL)
     assert [r.ok for r in report.rows] == [True, False, False], report.table()
     monkeypatch.undo()
 
     # one program short of the grid: the last tile is never written
     short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
-    monkeypatch.setattr(S, "elementwise_grid", short_grid)
+    monkeypatch.setattr(family, "elementwise_grid", short_grid)
     report = check_op(swiglu, swiglu_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

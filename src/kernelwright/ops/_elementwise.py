@@ -1,4 +1,4 @@
-"""Shared plumbing of the elementwise kernels (swiglu, geglu, relu_squared): the tile a
+"""Shared plumbing of the elementwise kernels (the gated family in ops/_gated.py): the tile a
 program owns on a 1-D grid, the grid, and the re-viewing of dense inputs into full tiles."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kernelwright.runtime.launch import LaunchConfig
 def elementwise_tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     # A 1-D grid walked row block by row block, the column tiles of one row block on
     # consecutive programs: neighbouring programs touch neighbouring memory (a 2-D grid with
-    # rows on axis 0 sent them N elements apart and cost ~5% of bandwidth at N = 28672).
+    # rows on axis 0 sends them N elements apart, which costs bandwidth on wide rows).
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(N, BLOCK_N)
     rows = (pid // n_tiles).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64: M*stride > 2^31
@@ -31,12 +31,17 @@ def elementwise_grid(op: str, m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
     return (programs,)
 
 
-def retile(tensors: tuple[torch.Tensor, ...], cfg: LaunchConfig) -> tuple[torch.Tensor, ...]:
+def retile(
+    tensors: tuple[torch.Tensor | None, ...], cfg: LaunchConfig
+) -> tuple[torch.Tensor | None, ...]:
     # Elementwise: when every tensor is one dense block, any [M', block_n] view computes the
     # same thing, and full tiles need no masked tail (N = 18944 leaves 1/4 of a 2048 tile idle).
+    # None entries (an absent operand) pass through. Plain loops: this runs on every launch.
     m, n = tensors[0].shape
-    if (m * n) % cfg.block_n or n == cfg.block_n:
+    block = cfg.block_n
+    if (m * n) % block or n == block:
         return tensors
-    if not all(t.is_contiguous() for t in tensors):
-        return tensors
-    return tuple(t.view(-1, cfg.block_n) for t in tensors)
+    for t in tensors:
+        if t is not None and not t.is_contiguous():
+            return tensors
+    return tuple([None if t is None else t.view(-1, block) for t in tensors])

@@ -11,90 +11,37 @@ In fp32 every round() is the identity. In fp16/bf16 the roundings sit where eage
 them, so results agree with eager to the last bit except for ~1 in 10^4 elements (1 ulp), where
 the fast fp32 sigmoid differs from PyTorch's in its last bits.
 
-Two forms share the two kernels:
+Two forms share the gated family's kernels (ops/_gated.py, ACTIVATION="silu"):
 - `swiglu(gate, up)`: separate tensors (the outputs of gate_proj and up_proj).
 - `swiglu_fused(x)`: x = [gate | up] along the last dimension (a fused gate_up_proj). The halves
   are two row-strided views of x, so nothing is split or copied, and the backward writes the
   one [..., 2N] gradient directly.
 
-Layer order: kernels → launchers → custom ops → autograd Functions → `swiglu`/`swiglu_fused` →
-`SwiGLU`/`SwiGLUFused` → references.
+Layer order: launchers → `swiglu`/`swiglu_fused` → `SwiGLU`/`SwiGLUFused` → references.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retile
-from kernelwright.runtime import device_info, lookup
-from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
-from kernelwright.runtime.alloc import empty
-from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
+from kernelwright.ops._gated import (
+    _gated_bwd_kernel,
+    _gated_fwd_kernel,
+    gated,
+    gated_bwd_launch,
+    gated_fused,
+    gated_fused_bwd_launch,
+    gated_fused_fwd_launch,
+    gated_fwd_launch,
+)
 from kernelwright.runtime.launch import LaunchConfig
-from kernelwright.runtime.tables.swiglu import TABLE
 
-# --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _silu_parts(a):
-    # sigmoid(a) = 1 / (1 + exp(-a)) with the fast exp and division: an exact IEEE division
-    # and libdevice's expf (PyTorch's own formula, bit for bit) cost ~4% of the forward on an
-    # H200; the results differ from eager in the last bit of about 1 in 10^4 elements.
-    s = tl.sigmoid(a)
-    return a * s, s
-
-
-@triton.jit
-def _swiglu_fwd_kernel(
-    a_ptr, b_ptr, c_ptr,  # gate, up, out: [M, N] views with row strides, last dim contiguous
-    M, N, stride_a, stride_b, stride_c,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-):  # fmt: skip
-    # Program (i, j) covers rows [i*ROWS, (i+1)*ROWS) and columns [j*BLOCK_N, (j+1)*BLOCK_N).
-    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
-    a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    silu, _ = _silu_parts(a)
-    h = silu.to(a_ptr.dtype.element_ty).to(tl.float32)  # the model's activation tensor
-    c = h * b
-    tl.store(c_ptr + rows * stride_c + cols, c.to(c_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _swiglu_bwd_kernel(
-    dc_ptr, a_ptr, b_ptr, da_ptr, db_ptr,  # [M, N] views with row strides, last dim contiguous
-    M, N, stride_dc, stride_a, stride_b, stride_da, stride_db,
-    BLOCK_N: tl.constexpr,
-    ROWS: tl.constexpr,
-):  # fmt: skip
-    # da/db may be a/b themselves (in-place backward): each element is loaded, then stored, by
-    # the one program that owns it, so overwriting the inputs is race-free.
-    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
-    dc = tl.load(dc_ptr + rows * stride_dc + cols, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    dtype = a_ptr.dtype.element_ty
-    silu, s = _silu_parts(a)
-    # c = h * b with h = round(silu(a)): db = dc * h, and eager autograd rounds dh = dc * b
-    # to the input dtype before silu's backward: silu'(a) = s * (1 + a * (1 - s)), where
-    # PyTorch's compiled kernels (CPU and CUDA) fuse 1 + a * (1 - s) into one fma.
-    db = dc * silu.to(dtype).to(tl.float32)
-    dh = (dc * b).to(dtype).to(tl.float32)
-    da = dh * s * tl.fma(a, 1.0 - s, 1.0)
-    tl.store(da_ptr + rows * stride_da + cols, da.to(da_ptr.dtype.element_ty), mask=mask)
-    tl.store(db_ptr + rows * stride_db + cols, db.to(db_ptr.dtype.element_ty), mask=mask)
-
+# The family's kernels, named here too: the optimize workflow profiles the Triton kernels it
+# finds in an op's module (workflows/optimize/resources.py).
+KERNELS = (_gated_fwd_kernel, _gated_bwd_kernel)
 
 # --------------------------------------------------------------------------- launchers
-
-
-def _config(kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None) -> LaunchConfig:
-    return config or lookup(TABLE, "swiglu", kernel, device_info(t.device), n)
 
 
 def swiglu_fwd_launch(
@@ -103,16 +50,7 @@ def swiglu_fwd_launch(
     c: torch.Tensor,  # out [M, N], stride(1) == 1
     config: LaunchConfig | None = None,
 ) -> None:
-    M, N = a.shape
-    if M == 0 or N == 0:
-        return
-    cfg = _config("fwd", a, N, config)
-    a, b, c = retile((a, b, c), cfg)
-    M, N = a.shape
-    _swiglu_fwd_kernel[elementwise_grid("swiglu", M, N, cfg)](
-        a, b, c, M, N, a.stride(0), b.stride(0), c.stride(0),
-        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    gated_fwd_launch("silu", a, b, c, config)
 
 
 def swiglu_bwd_launch(
@@ -123,17 +61,7 @@ def swiglu_bwd_launch(
     db: torch.Tensor,  # [M, N]; may be b itself
     config: LaunchConfig | None = None,
 ) -> None:
-    M, N = a.shape
-    if M == 0 or N == 0:
-        return
-    cfg = _config("bwd", a, N, config)
-    dc, a, b, da, db = retile((dc, a, b, da, db), cfg)
-    M, N = a.shape
-    _swiglu_bwd_kernel[elementwise_grid("swiglu", M, N, cfg)](
-        dc, a, b, da, db, M, N,
-        dc.stride(0), a.stride(0), b.stride(0), da.stride(0), db.stride(0),
-        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    gated_bwd_launch("silu", dc, a, b, da, db, config)
 
 
 def swiglu_fused_fwd_launch(
@@ -141,8 +69,7 @@ def swiglu_fused_fwd_launch(
     c: torch.Tensor,  # [M, N]
     config: LaunchConfig | None = None,
 ) -> None:
-    n = x.shape[1] // 2
-    swiglu_fwd_launch(x[:, :n], x[:, n:], c, config)  # halves keep x's row stride: no copy
+    gated_fused_fwd_launch("silu", x, c, config)
 
 
 def swiglu_fused_bwd_launch(
@@ -151,130 +78,7 @@ def swiglu_fused_bwd_launch(
     dx: torch.Tensor,  # [M, 2N]: [da | db]
     config: LaunchConfig | None = None,
 ) -> None:
-    n = x.shape[1] // 2
-    swiglu_bwd_launch(dc, x[:, :n], x[:, n:], dx[:, :n], dx[:, n:], config)
-
-
-# --------------------------------------------------------------------------- custom ops
-# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
-# skip the dispatcher and go straight to the launcher. The fused ops take the whole [M, 2N]
-# tensors and slice inside the launcher: a custom op may not mutate two aliases of one base.
-
-
-@torch.library.custom_op("kernelwright::swiglu_fwd", mutates_args=("c",))
-def _swiglu_fwd_op(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-    swiglu_fwd_launch(a, b, c)
-
-
-@_swiglu_fwd_op.register_fake
-def _(a, b, c) -> None:
-    return None
-
-
-@torch.library.custom_op("kernelwright::swiglu_bwd", mutates_args=("da", "db"))
-def _swiglu_bwd_op(
-    dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, da: torch.Tensor, db: torch.Tensor
-) -> None:
-    swiglu_bwd_launch(dc, a, b, da, db)
-
-
-@_swiglu_bwd_op.register_fake
-def _(dc, a, b, da, db) -> None:
-    return None
-
-
-@torch.library.custom_op("kernelwright::swiglu_fused_fwd", mutates_args=("c",))
-def _swiglu_fused_fwd_op(x: torch.Tensor, c: torch.Tensor) -> None:
-    swiglu_fused_fwd_launch(x, c)
-
-
-@_swiglu_fused_fwd_op.register_fake
-def _(x, c) -> None:
-    return None
-
-
-@torch.library.custom_op("kernelwright::swiglu_fused_bwd", mutates_args=("dx",))
-def _swiglu_fused_bwd_op(dc: torch.Tensor, x: torch.Tensor, dx: torch.Tensor) -> None:
-    swiglu_fused_bwd_launch(dc, x, dx)
-
-
-@_swiglu_fused_bwd_op.register_fake
-def _(dc, x, dx) -> None:
-    return None
-
-
-# --------------------------------------------------------------------------- autograd
-
-
-class _SwiGLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, in_place_backward):
-        a2 = rows_view("swiglu", "gate", gate)  # [M, N]
-        b2 = rows_view("swiglu", "up", up)  # [M, N]
-        # out in gate's shape, returned as allocated (see rms_norm); written via a 2-D view
-        out = empty(gate.shape, dtype=gate.dtype, device=gate.device)
-        c = out.view(a2.shape)
-        compiling = torch.compiler.is_compiling()
-        if compiling:
-            _swiglu_fwd_op(a2, b2, c)
-        else:
-            swiglu_fwd_launch(a2, b2, c)
-        ctx.save_for_backward(a2, b2)
-        ctx.shape = gate.shape
-        # The backward may overwrite gate/up only when the [M, N] views are exactly their
-        # elements and the two share none (see `swiglu`); never under torch.compile.
-        ctx.in_place = (
-            in_place_backward
-            and not compiling
-            and writes_through(gate, a2)
-            and writes_through(up, b2)
-            and disjoint(a2, b2)
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx, dc):
-        a2, b2 = ctx.saved_tensors
-        dc2 = rows_view("swiglu", "dc", dc)  # copies a gradient whose last stride is not 1
-        need_a, need_b = ctx.needs_input_grad[:2]
-        in_place = ctx.in_place and storage_ptr(dc2) not in (storage_ptr(a2), storage_ptr(b2))
-        da = a2 if in_place and need_a else empty(a2.shape, dtype=a2.dtype, device=a2.device)
-        db = b2 if in_place and need_b else empty(b2.shape, dtype=b2.dtype, device=b2.device)
-        if torch.compiler.is_compiling():
-            _swiglu_bwd_op(dc2, a2, b2, da, db)
-        else:
-            swiglu_bwd_launch(dc2, a2, b2, da, db)
-        return (
-            da.view(ctx.shape) if need_a else None,
-            db.view(ctx.shape) if need_b else None,
-            None,
-        )
-
-
-class _SwiGLUFusedFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x2 = rows_view("swiglu_fused", "x", x)  # [M, 2N]
-        out = empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
-        c = out.view(x2.shape[0], x2.shape[1] // 2)
-        if torch.compiler.is_compiling():
-            _swiglu_fused_fwd_op(x2, c)
-        else:
-            swiglu_fused_fwd_launch(x2, c)
-        ctx.save_for_backward(x2)
-        ctx.shape = x.shape
-        return out
-
-    @staticmethod
-    def backward(ctx, dc):
-        (x2,) = ctx.saved_tensors
-        dc2 = rows_view("swiglu_fused", "dc", dc)
-        dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)  # [M, 2N] = [da | db]
-        if torch.compiler.is_compiling():
-            _swiglu_fused_bwd_op(dc2, x2, dx)
-        else:
-            swiglu_fused_bwd_launch(dc2, x2, dx)
-        return dx.view(ctx.shape)
+    gated_fused_bwd_launch("silu", dc, x, dx, config)
 
 
 # --------------------------------------------------------------------------- public API
@@ -296,16 +100,7 @@ def swiglu(
             torch.compile, and when gate/up are not views the kernel can write through (a
             copy was needed, rows overlap, or gate and up share elements).
     """
-    check_tensor("swiglu", "gate", gate)
-    check_tensor("swiglu", "up", up)
-    check_same_device("swiglu", gate=gate, up=up)
-    if up.dtype != gate.dtype:
-        raise TypeError(
-            f"swiglu: argument 'up' has dtype {str(up.dtype).replace('torch.', '')} but 'gate' "
-            f"has dtype {str(gate.dtype).replace('torch.', '')}; pass both in one dtype"
-        )
-    check_shape("swiglu", "up", up, gate.shape, "the shape of gate")
-    return _SwiGLUFunction.apply(gate, up, bool(in_place_backward))
+    return gated("silu", gate, up, in_place_backward)
 
 
 def swiglu_fused(x: torch.Tensor) -> torch.Tensor:
@@ -316,13 +111,7 @@ def swiglu_fused(x: torch.Tensor) -> torch.Tensor:
     Returns:
         [..., N] in x's dtype. The gradient of x is one [..., 2N] tensor.
     """
-    check_tensor("swiglu_fused", "x", x)
-    if x.shape[-1] % 2:
-        raise ValueError(
-            "swiglu_fused: argument 'x' must have an even last dimension ([..., 2N]: gate then "
-            f"up), got shape {tuple(x.shape)}"
-        )
-    return _SwiGLUFusedFunction.apply(x)
+    return gated_fused("silu", x)
 
 
 class SwiGLU(torch.nn.Module):

@@ -1,19 +1,19 @@
 """Launch configs for geglu. Rewritten by the optimize workflow; kernels read, never choose.
 
-Both kernels ("fwd" and "bwd") are elementwise over an [M, N] view, laid out as swiglu's: one
-program per (row block of `rows`, column tile of `block_n`), dense inputs re-viewed as
-[M*N / block_n, block_n] (full tiles). The fused form (x = [gate | up]) looks up the table
-with N = half of x's last dimension. Both gelu forms (tanh, erf) share the table.
+Both kernels ("fwd" and "bwd", the gated family's in ops/_gated.py) are elementwise over an
+[M, N] view, laid out as swiglu's: one program per (row block of `rows`, column tile of
+`block_n`), dense inputs re-viewed as [M*N / block_n, block_n] (full tiles). The fused form
+(x = [gate | up]) looks up the table with N = half of x's last dimension. Both gelu forms
+(tanh, erf) share the table.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
 
 _LAST = 2**31 - 1
 
-# Swept with benchmarks/tune.py on an H200 (bf16, 2026-11-22;
-# benchmarks/results/tune_geglu_relu_squared_h200.csv): swiglu's rows, which these are, sit
-# within 0.1% of the best config at 99-104% of copy bandwidth for >= 8192 x 8192.
 TABLE = {
+    # swiglu's rows: the same memory traffic (3 tensors forward, 5 backward), and the extra
+    # gelu arithmetic still leaves the kernels memory-bound.
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),

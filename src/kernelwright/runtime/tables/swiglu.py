@@ -1,11 +1,11 @@
 """Launch configs for swiglu. Rewritten by the optimize workflow; kernels read, never choose.
 
-Both kernels ("fwd" and "bwd") are elementwise over an [M, N] view: one program per
-(row block of `rows`, column tile of `block_n`), so any row length is covered and a row never
-has to fit in registers. Dense inputs are re-viewed as [M*N / block_n, block_n] (full tiles).
-`max_n` picks the tile for a row-length regime: short rows take
-several rows per program so each program still moves enough bytes to hide memory latency.
-The fused form (x = [gate | up]) looks up the table with N = half of x's last dimension.
+Both kernels ("fwd" and "bwd", the gated family's in ops/_gated.py) are elementwise over an
+[M, N] view: one program per (row block of `rows`, column tile of `block_n`), so any row length
+is covered and a row never has to fit in registers. Dense inputs are re-viewed as
+[M*N / block_n, block_n] (full tiles). `max_n` picks the tile for a row-length regime: short
+rows take several rows per program so each program still moves enough bytes to hide memory
+latency. The fused form (x = [gate | up]) looks up the table with N = half of x's last dimension.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
@@ -14,12 +14,7 @@ _LAST = 2**31 - 1
 
 TABLE = {
     # Forward reads gate and up, writes c: 3 tensors. At least 16 bytes per thread per row for
-    # bf16 (block_n / (32 * num_warps) >= 8 elements) gives full-width vector loads. Measured on
-    # an H200 at 16384 x 14336 bf16 (copy: 4211 GB/s): 2048 x 1 rows, 4 warps moved 4182 GB/s
-    # (99%); 2048 x 2 rows, 8 warps 4037 GB/s (96%); 4096 x 4 rows, 8 warps only 1992 GB/s.
-    # Re-measured after the switch to the fast sigmoid (benchmarks/results/tune_swiglu_h200.csv,
-    # copy 4144 GB/s): 4096 x 1 rows, 8 warps moved 4317 GB/s at 16384 x 14336 and 4273 GB/s at
-    # 8192 x 18944 (re-tiled to full tiles), within 0.5% of the best config at each.
+    # bf16 (block_n / (32 * num_warps) >= 8 elements) gives full-width vector loads.
     "fwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),
@@ -32,9 +27,7 @@ TABLE = {
             (_LAST, C(block_n=512, rows=16)),
         ],
     },
-    # Backward reads gate, up and dc, writes da and db: 5 tensors. Same H200 shape: 2048 x 2
-    # rows, 8 warps moved 4135 GB/s (98%); the top eight configs were all within 1%.
-    # After the fast sigmoid: 4096 x 1 rows, 8 warps moved 4285 GB/s at 16384 x 14336 (best).
+    # Backward reads gate, up and dc, writes da and db: 5 tensors.
     "bwd": {
         "default": [
             (256, C(block_n=256, rows=8, num_warps=4)),

@@ -1,0 +1,444 @@
+"""The gated-activation family: one forward and one backward kernel, switched by `ACTIVATION`.
+
+    gated (swiglu, geglu):   c = act(gate) * up      act = silu, gelu_tanh or gelu_erf
+    single (relu_squared):   c = act(x)              act = relu_squared
+
+The public modules (ops/swiglu.py, ops/geglu.py, ops/relu_squared.py) hold the numerics of
+each op, its public function, module and reference; this module holds what they share: the
+kernels, the launchers (each activation reads its own op's launch table), the custom ops and
+the autograd Functions.
+
+Numerics as Hugging Face writes the MLP, `act_fn(gate_proj(x)) * up_proj(x)`: in fp32, the
+activation rounded to the input dtype (the model's activation tensor), times up in fp32,
+rounded once. The backward recomputes act from gate (only the inputs are saved) and rounds
+where eager autograd does:
+    h = round(act(a)),  dh = round(dc * b),  da = dh * act'(a),  db = dc * h
+A single-input activation rounds once each way: c = round(act(a)), da = round(dc * act'(a)).
+
+Layer order: activation formulas → kernels → launchers → custom ops → autograd Functions →
+the entry points the public functions call.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retile
+from kernelwright.runtime import device_info, lookup
+from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
+from kernelwright.runtime.launch import LaunchConfig, Table
+from kernelwright.runtime.tables.geglu import TABLE as GEGLU_TABLE
+from kernelwright.runtime.tables.relu_squared import TABLE as RELU_SQUARED_TABLE
+from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
+
+# activation -> the op it serves: that op's launch table and the name its errors carry
+ACTIVATIONS: dict[str, str] = {
+    "silu": "swiglu",
+    "gelu_tanh": "geglu",
+    "gelu_erf": "geglu",
+    "relu_squared": "relu_squared",
+}
+GATED = ("silu", "gelu_tanh", "gelu_erf")  # the others take one input, no up
+_TABLES: dict[str, Table] = {
+    "swiglu": SWIGLU_TABLE,
+    "geglu": GEGLU_TABLE,
+    "relu_squared": RELU_SQUARED_TABLE,
+}
+
+# Compiled kernels may only read globals that are tl.constexpr.
+_K = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+_KAPPA = tl.constexpr(0.044715)
+_KAPPA3 = tl.constexpr(0.134145)  # 3 * 0.044715
+_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
+
+# --------------------------------------------------------------------------- activations
+# sigmoid is tl.sigmoid, the fast exp and division: an exact IEEE division and libdevice's expf
+# (PyTorch's formula bit for bit) cost bandwidth, for a last-bit difference in ~1 in 10^4
+# elements. Triton has no portable tanh, so tanh(u) = 2 * sigmoid(2u) - 1 (exact algebra; in the
+# far negative tail 2 * sigmoid(2u) - 1 cancels in fp32 as eager's 1 + tanh(u) does).
+
+
+@triton.jit
+def _activation(a, ACTIVATION: tl.constexpr):
+    # act(a) in fp32, PyTorch's formula term for term.
+    if ACTIVATION == "silu":
+        g = a * tl.sigmoid(a)
+    elif ACTIVATION == "gelu_tanh":
+        u = _K * (a + _KAPPA * (a * a * a))
+        t = 2.0 * tl.sigmoid(2.0 * u) - 1.0  # tanh(u)
+        g = 0.5 * a * (1.0 + t)
+    elif ACTIVATION == "gelu_erf":
+        g = a * 0.5 * (1.0 + tl.erf(a * _SQRT1_2))
+    else:
+        tl.static_assert(ACTIVATION == "relu_squared", "unknown ACTIVATION")
+        r = tl.maximum(a, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as torch's
+        g = r * r  # exact in fp32 for fp16/bf16 inputs: one rounding, at the store
+    return g
+
+
+@triton.jit
+def _activation_grad(a, ACTIVATION: tl.constexpr):
+    # (act(a), d) in fp32, d what the chain rule `_chain` takes: act'(a), or for silu sigmoid(a)
+    # (silu's backward forms its derivative with the incoming gradient, in PyTorch's order).
+    if ACTIVATION == "silu":
+        d = tl.sigmoid(a)
+        g = a * d
+    elif ACTIVATION == "gelu_tanh":
+        a2 = a * a
+        u = _K * (a + _KAPPA * (a2 * a))
+        t = 2.0 * tl.sigmoid(2.0 * u) - 1.0  # tanh(u)
+        left = 0.5 * a
+        right = 1.0 + t
+        g = left * right
+        # d/da [0.5 a (1 + tanh(u))] = 0.5 (1 + t) + 0.5 a (1 - t^2) du/da
+        du = _K * (1.0 + _KAPPA3 * a2)
+        d = 0.5 * right + left * (1.0 - t * t) * du
+    elif ACTIVATION == "gelu_erf":
+        cdf = 0.5 * (1.0 + tl.erf(a * _SQRT1_2))  # Phi(a)
+        pdf = _INV_SQRT_2PI * tl.exp(a * a * -0.5)  # phi(a)
+        g = a * cdf
+        d = cdf + a * pdf
+    else:
+        tl.static_assert(ACTIVATION == "relu_squared", "unknown ACTIVATION")
+        g = a  # unused, as d: relu_squared's gradient is a select on a alone (see `_chain`)
+        d = a
+    return g, d
+
+
+@triton.jit
+def _chain(a, d, dh, ACTIVATION: tl.constexpr):
+    # da = dh * act'(a) in fp32, with d from `_activation_grad`.
+    if ACTIVATION == "silu":
+        # silu'(a) = s * (1 + a * (1 - s)); PyTorch's compiled kernels (CPU and CUDA) fuse
+        # 1 + a * (1 - s) into one fma.
+        da = dh * d * tl.fma(a, 1.0 - d, 1.0)
+    elif ACTIVATION == "relu_squared":
+        # d/da relu(a)^2 = 2 relu(a); +0 where a <= 0, as eager's relu backward (a select).
+        da = tl.where(a > 0, 2.0 * a * dh, 0.0)
+    else:
+        da = dh * d
+    return da
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _gated_fwd_kernel(
+    a_ptr, b_ptr, c_ptr,  # gate, up, out: [M, N] views with row strides, last dim contiguous
+    M, N, stride_a, stride_b, stride_c,  # b_ptr and stride_b are None for a single input
+    ACTIVATION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    # Program (i, j) covers rows [i*ROWS, (i+1)*ROWS) and columns [j*BLOCK_N, (j+1)*BLOCK_N).
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
+    a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+        h = _activation(a, ACTIVATION).to(a_ptr.dtype.element_ty).to(tl.float32)  # rounded
+        c = h * b
+    else:
+        c = _activation(a, ACTIVATION)
+    tl.store(c_ptr + rows * stride_c + cols, c.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_bwd_kernel(
+    dc_ptr, a_ptr, b_ptr, da_ptr, db_ptr,  # [M, N] views with row strides, last dim contiguous
+    M, N, stride_dc, stride_a, stride_b, stride_da, stride_db,  # b, db: None for a single input
+    ACTIVATION: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    # da/db may be a/b themselves (in-place backward): each element is loaded, then stored, by
+    # the one program that owns it, so overwriting the inputs is race-free.
+    rows, cols, mask = elementwise_tile(M, N, BLOCK_N, ROWS)
+    dc = tl.load(dc_ptr + rows * stride_dc + cols, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + rows * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    if b_ptr is not None:
+        b = tl.load(b_ptr + rows * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+    dtype = a_ptr.dtype.element_ty
+    g, d = _activation_grad(a, ACTIVATION)
+    if b_ptr is not None:
+        # c = h * b with h = round(act(a)): db = dc * h, and eager autograd rounds dh = dc * b
+        # to the input dtype before act's backward.
+        db = dc * g.to(dtype).to(tl.float32)
+        dh = (dc * b).to(dtype).to(tl.float32)
+    else:
+        dh = dc
+    da = _chain(a, d, dh, ACTIVATION)
+    tl.store(da_ptr + rows * stride_da + cols, da.to(da_ptr.dtype.element_ty), mask=mask)
+    if b_ptr is not None:
+        tl.store(db_ptr + rows * stride_db + cols, db.to(db_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _config(
+    activation: str, kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None
+) -> tuple[str, LaunchConfig]:
+    op = ACTIVATIONS.get(activation)
+    if op is None:
+        raise ValueError(f"unknown activation {activation!r}; one of {tuple(ACTIVATIONS)}")
+    return op, config or lookup(_TABLES[op], op, kernel, device_info(t.device), n)
+
+
+def gated_fwd_launch(
+    activation: str,
+    a: torch.Tensor,  # gate (or the single input) [M, N], stride(1) == 1
+    b: torch.Tensor | None,  # up [M, N], stride(1) == 1; None for a single-input activation
+    c: torch.Tensor,  # out [M, N], stride(1) == 1
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = a.shape
+    if M == 0 or N == 0:
+        return
+    op, cfg = _config(activation, "fwd", a, N, config)
+    a, b, c = retile((a, b, c), cfg)
+    M, N = a.shape
+    _gated_fwd_kernel[elementwise_grid(op, M, N, cfg)](
+        a, b, c, M, N, a.stride(0), None if b is None else b.stride(0), c.stride(0),
+        ACTIVATION=activation,
+        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def gated_bwd_launch(
+    activation: str,
+    dc: torch.Tensor,  # [M, N], stride(1) == 1 (row stride may be 0: an expanded gradient)
+    a: torch.Tensor,  # gate [M, N]
+    b: torch.Tensor | None,  # up [M, N]; None for a single-input activation
+    da: torch.Tensor,  # [M, N]; may be a itself (in-place backward)
+    db: torch.Tensor | None,  # [M, N]; may be b itself; None when b is
+    config: LaunchConfig | None = None,
+) -> None:
+    M, N = a.shape
+    if M == 0 or N == 0:
+        return
+    op, cfg = _config(activation, "bwd", a, N, config)
+    dc, a, b, da, db = retile((dc, a, b, da, db), cfg)
+    M, N = a.shape
+    _gated_bwd_kernel[elementwise_grid(op, M, N, cfg)](
+        dc, a, b, da, db, M, N,
+        dc.stride(0), a.stride(0), None if b is None else b.stride(0), da.stride(0),
+        None if db is None else db.stride(0), ACTIVATION=activation,
+        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def gated_fused_fwd_launch(
+    activation: str,
+    x: torch.Tensor,  # [M, 2N] = [gate | up], stride(1) == 1
+    c: torch.Tensor,  # [M, N]
+    config: LaunchConfig | None = None,
+) -> None:
+    n = x.shape[1] // 2
+    gated_fwd_launch(activation, x[:, :n], x[:, n:], c, config)  # halves keep x's row stride
+
+
+def gated_fused_bwd_launch(
+    activation: str,
+    dc: torch.Tensor,  # [M, N]
+    x: torch.Tensor,  # [M, 2N]
+    dx: torch.Tensor,  # [M, 2N]: [da | db]
+    config: LaunchConfig | None = None,
+) -> None:
+    n = x.shape[1] // 2
+    gated_bwd_launch(activation, dc, x[:, :n], x[:, n:], dx[:, :n], dx[:, n:], config)
+
+
+# --------------------------------------------------------------------------- custom ops
+# Registered so torch.compile(fullgraph=True) treats each launch as one opaque node. Eager calls
+# skip the dispatcher and go straight to the launcher. The fused ops take the whole [M, 2N]
+# tensors and slice inside the launcher: a custom op may not mutate two aliases of one base.
+
+
+@torch.library.custom_op("kernelwright::gated_fwd", mutates_args=("c",))
+def _fwd_op(a: torch.Tensor, b: torch.Tensor | None, c: torch.Tensor, activation: str) -> None:
+    gated_fwd_launch(activation, a, b, c)
+
+
+@_fwd_op.register_fake
+def _(a, b, c, activation) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::gated_bwd", mutates_args=("da", "db"))
+def _bwd_op(
+    dc: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor | None,
+    da: torch.Tensor,
+    db: torch.Tensor | None,
+    activation: str,
+) -> None:
+    gated_bwd_launch(activation, dc, a, b, da, db)
+
+
+@_bwd_op.register_fake
+def _(dc, a, b, da, db, activation) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::gated_fused_fwd", mutates_args=("c",))
+def _fused_fwd_op(x: torch.Tensor, c: torch.Tensor, activation: str) -> None:
+    gated_fused_fwd_launch(activation, x, c)
+
+
+@_fused_fwd_op.register_fake
+def _(x, c, activation) -> None:
+    return None
+
+
+@torch.library.custom_op("kernelwright::gated_fused_bwd", mutates_args=("dx",))
+def _fused_bwd_op(dc: torch.Tensor, x: torch.Tensor, dx: torch.Tensor, activation: str) -> None:
+    gated_fused_bwd_launch(activation, dc, x, dx)
+
+
+@_fused_bwd_op.register_fake
+def _(dc, x, dx, activation) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+class _GatedFunction(torch.autograd.Function):
+    # act(gate) * up on two separate tensors.
+    @staticmethod
+    def forward(ctx, gate, up, activation, in_place_backward):
+        op = ACTIVATIONS[activation]
+        a2 = rows_view(op, "gate", gate)  # [M, N]
+        b2 = rows_view(op, "up", up)  # [M, N]
+        # out in gate's shape, returned as allocated (see rms_norm); written via a 2-D view
+        out = empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        c = out.view(a2.shape)
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            _fwd_op(a2, b2, c, activation)
+        else:
+            gated_fwd_launch(activation, a2, b2, c)
+        ctx.save_for_backward(a2, b2)
+        ctx.shape = gate.shape
+        ctx.activation = activation
+        # The backward may overwrite gate/up only when the [M, N] views are exactly their
+        # elements and the two share none (see `gated`); never under torch.compile.
+        ctx.in_place = (
+            in_place_backward
+            and not compiling
+            and writes_through(gate, a2)
+            and writes_through(up, b2)
+            and disjoint(a2, b2)
+        )
+        return out
+
+    @staticmethod
+    def backward(ctx, dc):
+        a2, b2 = ctx.saved_tensors
+        op = ACTIVATIONS[ctx.activation]
+        dc2 = rows_view(op, "dc", dc)  # copies a gradient whose last stride is not 1
+        need_a, need_b = ctx.needs_input_grad[:2]
+        in_place = ctx.in_place and storage_ptr(dc2) not in (storage_ptr(a2), storage_ptr(b2))
+        da = a2 if in_place and need_a else empty(a2.shape, dtype=a2.dtype, device=a2.device)
+        db = b2 if in_place and need_b else empty(b2.shape, dtype=b2.dtype, device=b2.device)
+        if torch.compiler.is_compiling():
+            _bwd_op(dc2, a2, b2, da, db, ctx.activation)
+        else:
+            gated_bwd_launch(ctx.activation, dc2, a2, b2, da, db)
+        return (
+            da.view(ctx.shape) if need_a else None,
+            db.view(ctx.shape) if need_b else None,
+            None,
+            None,
+        )
+
+
+class _OneInputFunction(torch.autograd.Function):
+    # One input, one gradient: x = [gate | up] for a gated activation (the fused form, out
+    # [..., N] from x [..., 2N]), or x itself for a single-input one (out in x's shape).
+    @staticmethod
+    def forward(ctx, x, activation):
+        fused = activation in GATED
+        op = ACTIVATIONS[activation] + ("_fused" if fused else "")
+        x2 = rows_view(op, "x", x)  # [M, 2N] or [M, N]
+        n = x.shape[-1] // 2 if fused else x.shape[-1]
+        out = empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+        c = out.view(x2.shape[0], n)
+        compiling = torch.compiler.is_compiling()
+        if fused and compiling:
+            _fused_fwd_op(x2, c, activation)
+        elif fused:
+            gated_fused_fwd_launch(activation, x2, c)
+        elif compiling:
+            _fwd_op(x2, None, c, activation)
+        else:
+            gated_fwd_launch(activation, x2, None, c)
+        ctx.save_for_backward(x2)  # x only: the activation is recomputed, out is never kept
+        ctx.shape = x.shape
+        ctx.activation = activation
+        ctx.op = op
+        return out
+
+    @staticmethod
+    def backward(ctx, dc):
+        (x2,) = ctx.saved_tensors
+        activation = ctx.activation
+        dc2 = rows_view(ctx.op, "dc", dc)  # copies a gradient whose last stride is not 1
+        dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)  # [M, 2N] = [da | db], or [M, N]
+        compiling = torch.compiler.is_compiling()
+        if activation in GATED and compiling:
+            _fused_bwd_op(dc2, x2, dx, activation)
+        elif activation in GATED:
+            gated_fused_bwd_launch(activation, dc2, x2, dx)
+        elif compiling:
+            _bwd_op(dc2, x2, None, dx, None, activation)
+        else:
+            gated_bwd_launch(activation, dc2, x2, None, dx, None)
+        return dx.view(ctx.shape), None
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def gated(
+    activation: str, gate: torch.Tensor, up: torch.Tensor, in_place_backward: bool
+) -> torch.Tensor:
+    """act(gate) * up for `activation` in GATED, after the argument checks (errors name the
+    op). `in_place_backward` writes the gradients into gate's and up's storage where the
+    kernel can write through both (see `kernelwright.ops.swiglu.swiglu`)."""
+    op = ACTIVATIONS[activation]
+    check_tensor(op, "gate", gate)
+    check_tensor(op, "up", up)
+    check_same_device(op, gate=gate, up=up)
+    if up.dtype != gate.dtype:
+        raise TypeError(
+            f"{op}: argument 'up' has dtype {str(up.dtype).replace('torch.', '')} but 'gate' "
+            f"has dtype {str(gate.dtype).replace('torch.', '')}; pass both in one dtype"
+        )
+    check_shape(op, "up", up, gate.shape, "the shape of gate")
+    return _GatedFunction.apply(gate, up, activation, bool(in_place_backward))
+
+
+def gated_fused(activation: str, x: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up for x = [gate | up] along the last dim, after the argument checks."""
+    op = ACTIVATIONS[activation] + "_fused"
+    check_tensor(op, "x", x)
+    if x.shape[-1] % 2:
+        raise ValueError(
+            f"{op}: argument 'x' must have an even last dimension ([..., 2N]: gate then "
+            f"up), got shape {tuple(x.shape)}"
+        )
+    return _OneInputFunction.apply(x, activation)
+
+
+def single(activation: str, x: torch.Tensor) -> torch.Tensor:
+    """act(x) for a single-input `activation` (not in GATED), after the argument checks."""
+    check_tensor(ACTIVATIONS[activation], "x", x)
+    return _OneInputFunction.apply(x, activation)
