@@ -14,7 +14,7 @@ import time
 import torch
 
 from kernelwright.testing.convergence import RUNS, run_convergence, tiny_config
-from kernelwright.workflows.autopatch.analyze import analyze
+from kernelwright.workflows.autopatch import analyze
 
 PARTS = ("rms_norm", "rope", "moe_experts", "fused_linear_cross_entropy", "mlp")
 EPS = {
