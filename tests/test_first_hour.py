@@ -32,7 +32,7 @@ def _cpu_python(code: str, *paths: Path) -> subprocess.CompletedProcess:
     )
 
 
-# ----------------------------------------------------------------------------- import order
+# ----------------------------------------------------------------------------------- import order
 
 OPS_RUN = """
 import torch
@@ -76,3 +76,188 @@ print("ok")
 """
     proc = _cpu_python(code, tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------ reviewed profiles
+
+
+def _edit(path: Path) -> str:
+    """A reviewer's edit: a comment is enough to make the file theirs."""
+    text = path.read_text() + "# reviewed: keep as it is\n"
+    path.write_text(text)
+    return text
+
+
+def test_create_keeps_an_edited_profile(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    src = str(ROOT / "examples" / "create" / "relu_squared.py")
+    args = ["create", src, "--name", "kwfirst_relu_sq"]
+    runner = CliRunner()
+    assert runner.invoke(app, args).exit_code == 0
+    ws = tmp_path / "kernelwright-runs" / "create" / "kwfirst_relu_sq"
+    profile = ws / "profile.yaml"
+    fresh = profile.read_text()
+    assert runner.invoke(app, args).exit_code == 0  # unedited: re-running rewrites it quietly
+    assert profile.read_text() == fresh and not (ws / "profile.new.yaml").exists()
+
+    edited = _edit(profile)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert profile.read_text() == edited
+    assert (ws / "profile.new.yaml").read_text() == fresh
+    assert "profile.new.yaml" in result.output and "--force" in result.output
+
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
+    assert profile.read_text() == fresh
+
+
+def test_autopatch_keeps_an_edited_profile(tmp_path):
+    pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    out = tmp_path / "llama" / "profile.yaml"
+    args = ["autopatch", "llama", "--no-check", "--out", str(out)]
+    runner = CliRunner()
+    assert runner.invoke(app, args).exit_code == 0
+    fresh = out.read_text()
+    edited = _edit(out)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert out.read_text() == edited and (out.parent / "profile.new.yaml").read_text() == fresh
+    assert runner.invoke(app, [*args, "--force"]).exit_code == 0
+    assert out.read_text() == fresh
+
+
+def test_optimize_keeps_an_edited_profile(tmp_path):
+    from kernelwright.workflows.optimize import OptimizeOptions, optimize
+
+    ws = tmp_path / "ws"
+    shapes = [{"tokens": 64, "hidden": 256}]
+    opts = dict(workspace=ws, max_variants=1, dry_run=True, gpu="hopper", shapes=shapes)
+    assert optimize(OptimizeOptions("rms_norm", **opts)).stage == "review"
+    edited = _edit(ws / "profile.yaml")
+    again = optimize(OptimizeOptions("rms_norm", yes=True, **opts))
+    assert again.stage == "kept" and not (ws / "v1.json").exists()
+    assert (ws / "profile.yaml").read_text() == edited
+    assert again.profile_path == ws / "profile.new.yaml" and again.profile_path.is_file()
+    assert "--force" in again.saved.message
+    forced = optimize(OptimizeOptions("rms_norm", force=True, **opts))
+    assert forced.stage == "review" and (ws / "profile.yaml").read_text() != edited
+
+
+# ------------------------------------------------------------------------------ patch and the RNG
+
+
+def _tiny_llama(**overrides):
+    from transformers import AutoModelForCausalLM
+
+    from kernelwright.testing.model_configs import tiny_config
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(tiny_config("llama", **overrides))
+
+
+def test_patch_and_the_callback_leave_the_rng_alone():
+    pytest.importorskip("transformers")
+    import torch
+
+    from kernelwright.integrations.transformers import KernelwrightCallback, patch, unpatch
+
+    model = _tiny_llama()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    patch(model)
+    assert torch.equal(torch.get_rng_state(), before)
+    unpatch(model)
+    callback = KernelwrightCallback()
+    callback.on_init_end(None, None, None, model=model)
+    assert callback.applied is not None
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_patched_and_unpatched_runs_draw_the_same_dropout_masks(monkeypatch):
+    pytest.importorskip("transformers")
+    import copy
+
+    import torch
+
+    from kernelwright.integrations.transformers import patch
+
+    model = _tiny_llama(attention_dropout=0.5)
+    masks: list[torch.Tensor] = []
+    dropout = torch.nn.functional.dropout
+
+    def recording(x, *args, **kwargs):
+        out = dropout(x, *args, **kwargs)
+        masks.append(out == 0)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", recording)
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def run(m, patched: bool) -> list[torch.Tensor]:
+        masks.clear()
+        torch.manual_seed(7)  # as a training script seeds once, then builds and patches
+        if patched:
+            patch(m)
+        m.train()
+        m(ids)
+        return list(masks)
+
+    want = run(copy.deepcopy(model), patched=False)
+    got = run(model, patched=True)
+    assert want and len(got) == len(want)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+# ------------------------------------------------------------------------- patch says what it did
+
+
+def test_patch_logs_one_line_and_the_record_reads(caplog):
+    pytest.importorskip("transformers")
+    from kernelwright.integrations.transformers import patch, patch_record
+
+    model = _tiny_llama()
+    with caplog.at_level("INFO", logger="kernelwright"):
+        patch(model, mlp=False)
+    lines = [r for r in caplog.records if r.name == "kernelwright"]
+    assert len(lines) == 1 and lines[0].levelname == "INFO"
+    line = lines[0].getMessage()
+    assert "\n" not in line
+    assert "norm (LlamaRMSNorm)" in line and "rope (LlamaAttention)" in line
+    assert "left alone: mlp (mlp=False)" in line
+    text = str(patch_record(model))
+    assert text == patch_record(model).summary()
+    assert text.startswith("kernelwright patched LlamaForCausalLM (llama): ")
+    assert "left alone: mlp: mlp=False" in text
+
+
+# ------------------------------------------------------------------------------- the command line
+
+
+def test_cli_version_and_help():
+    from typer.testing import CliRunner
+
+    import kernelwright
+    from kernelwright.cli import app
+    from kernelwright.testing.model_configs import ARCHITECTURES
+
+    runner = CliRunner(env={"COLUMNS": "200"})
+    version = runner.invoke(app, ["--version"])
+    assert (
+        version.exit_code == 0
+        and version.output.strip() == f"kernelwright {kernelwright.__version__}"
+    )
+    top = runner.invoke(app, ["--help"]).output
+    for workflow in ("create", "autopatch", "optimize", "bench", "demo"):
+        assert f"{workflow} (" in top, workflow  # named and said what it does, not only listed
+    autopatch = " ".join(runner.invoke(app, ["autopatch", "--help"]).output.split())
+    assert "Tested model types" in autopatch
+    assert all(arch in autopatch for arch in ARCHITECTURES)

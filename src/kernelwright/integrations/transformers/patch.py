@@ -33,7 +33,9 @@ patching never changes, or unpatch first.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import logging
 import types
 import warnings
 from collections.abc import Callable
@@ -52,6 +54,8 @@ from kernelwright.integrations.transformers.rebind import rope_forward
 from kernelwright.profiles.model import MLPDecision, ModelProfile
 
 _RECORD = "_kernelwright_patch"  # instance attribute on the module `patch` was given
+_LABEL = {"causal_lm": "fused_linear_cross_entropy"}  # a PatchedModule kind, as users know it
+logger = logging.getLogger("kernelwright")
 
 
 @dataclasses.dataclass
@@ -74,6 +78,23 @@ class PatchRecord:
 
     def count(self, kind: str) -> int:
         return sum(1 for p in self.modules if p.kind == kind)
+
+    def patched(self) -> str:
+        """'4 norm (LlamaRMSNorm), 2 mlp (LlamaMLP), ...': how many modules of which class."""
+        counts = collections.Counter(
+            (_LABEL.get(p.kind, p.kind), p.class_name) for p in self.modules
+        )
+        return ", ".join(f"{n} {kind} ({cls})" for (kind, cls), n in counts.items()) or "nothing"
+
+    def summary(self) -> str:
+        """What was patched, and each part left alone with the reason: a few readable lines."""
+        p = self.profile
+        lines = [f"kernelwright patched {p.architecture} ({p.model_type}): {self.patched()}"]
+        lines += [f"  left alone: {what}: {why}" for what, why in self.skipped]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 # --------------------------------------------------------------------------- matching
@@ -330,8 +351,9 @@ def patch(
         fused_linear_cross_entropy: compute the training loss without materialising logits;
             the output's `logits` is then None (labels given and grad enabled only).
 
-    Returns the profile applied. What was patched and what was skipped (and why) is in
-    `kernelwright.integrations.transformers.patch_record(model)`.
+    Returns the profile applied. What was patched and what was skipped (and why) is logged as
+    one line (logger "kernelwright", INFO) and kept in
+    `kernelwright.integrations.transformers.patch_record(model)` (print it for a summary).
 
     Raises RuntimeError when `model` (or a module inside it) is already patched, ValueError when
     the profile does not belong to this model or lacks a field a "patch" decision needs.
@@ -375,6 +397,13 @@ def patch(
         p.undo()  # all or nothing: a half-patched model is worse than either
         raise
     model.__dict__[_RECORD] = p.record
+    left = "; ".join(f"{what} ({why})" for what, why in p.record.skipped) or "nothing"
+    logger.info(
+        "kernelwright.patch %s: patched %s; left alone: %s",
+        type(model).__name__,
+        p.record.patched(),
+        left,
+    )
     if p.found:
         # the profile said "patch" but this instance could not take it: say so, once
         warnings.warn(
