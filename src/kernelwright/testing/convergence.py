@@ -62,22 +62,12 @@ class ConvergenceTolerance:
     params: float  # after training: ||p_patched - p_ref|| / ||p_ref - p_init||, all together
 
 
-# Table tolerances: the floor under every bound. How they were chosen: all 14 architectures at
-# both sizes (tiny: CPU interpreter, RUNS["tiny"]; gpu: H200, RUNS["gpu"]), measuring against
-# the reference (a) the control and (b) the unpatched model with every norm's output re-rounded
-# by one ulp on each forward (a second, equivalent norm implementation). Largest divergence
-# among the dense models, either size (the MoE ones are chaotic and left to the control):
-#   fp32: loss 1.3e-5, grads 2.2e-6, logprobs 1.4e-3 (olmo2, gpu), params 5.4e-4 (olmo2, gpu).
-#         Real patches measured the same (loss <= 1e-5, grads <= 1.8e-6, logprobs <= 1.3e-3).
-#         MoE, gpu: loss ~1e-3, logprobs ~0.2, params ~1e-2, in the control too.
-#   bf16: loss 5.9e-3, grads 3.8e-2, logprobs 0.21 (gemma3_text, gpu: one bf16 ulp of a logit
-#         near 16 is 0.125), params 9e-2 (tiny, 4 steps). MoE: loss ~2e-2, grads ~0.15,
-#         logprobs ~0.8, params ~0.3 (routing flips), in the control too.
-# The bounds sit 2.5-4x above those floors. Wrong patches measured (llama, tiny): a norm offset
-# of 1 instead of 0 gives a step-0 loss error of 1.5e-3, gradient error 1.7, log-probs 0.8 (in
-# bf16 too); interleaved instead of half-split RoPE gives in fp32 a step-0 loss error of 2e-4
-# and gradient error 1e-2 (1000x the bound), but in bf16 only 1.4e-2, under the floor: bf16 is
-# the weaker check by nature, fp32 is where an equivalence is proven.
+# Table tolerances: the floor under every bound, a few times above the largest divergence from
+# the reference that the dense models show, at both sizes, in (a) the control and (b) the
+# unpatched model with every norm's output re-rounded by one ulp (a second, equivalent norm);
+# the MoE models are chaotic and left to the control. A wrong norm offset or RoPE layout
+# exceeds the fp32 bounds by orders of magnitude from step 0; bf16 is the weaker check by
+# nature (one bf16 ulp of a logit near 16 is 0.125), fp32 is where an equivalence is proven.
 TOLERANCES: dict[torch.dtype, ConvergenceTolerance] = {
     torch.float32: ConvergenceTolerance(loss=5e-5, grads=1e-5, logprobs=5e-3, params=2e-3),
     torch.bfloat16: ConvergenceTolerance(loss=2e-2, grads=1e-1, logprobs=5e-1, params=2.5e-1),
@@ -421,10 +411,8 @@ def _jitter(model: torch.nn.Module, seed: int) -> None:
     # - every norm's output row is scaled as a whole by 1 + eps, 1 - eps or 1, at random per row.
     #   A norm that sums its row in another order (every norm kernel does) rounds the row's
     #   statistic differently, and that moves the whole row one way, which element-wise noise
-    #   does not do. On the GPU (mixtral fp32, benchmarks/NOTES.md issue 5) a correct rms_norm
-    #   patch flipped a routing decision at step 6; controls with element-wise noise only, at
-    #   the embeddings or at every norm, first flipped at step 10-11, while row scaling flipped
-    #   at step 6 as well for two of three seeds (this one among them).
+    #   does not do: in an MoE model a correct norm patch flips routing decisions as early as
+    #   row scaling does, and earlier than element-wise noise alone.
     gen = torch.Generator().manual_seed(seed + 3)
 
     def elements(module, args, out):

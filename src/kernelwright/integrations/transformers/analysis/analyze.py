@@ -1,4 +1,4 @@
-"""The Understand stage of autopatch: any Hugging Face causal LM in, a ModelProfile out.
+"""The analyser that autopatch and `patch(model)` run: a HF causal LM in, a ModelProfile out.
 
     profile = analyze("qwen3")                 # a model type, a directory / config.json,
     profile = analyze(model)                   # a modeling_*.py, a PretrainedConfig, a model
