@@ -20,10 +20,10 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig  # noqa: E402
 
+from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
+from kernelwright.integrations.transformers.analysis import checks as C  # noqa: E402
+from kernelwright.integrations.transformers.analysis.load import build_tiny, resolve  # noqa: E402
 from kernelwright.profiles.model import ModelProfile  # noqa: E402
-from kernelwright.workflows.autopatch import analyze  # noqa: E402
-from kernelwright.workflows.autopatch import checks as C  # noqa: E402
-from kernelwright.workflows.autopatch.load import build_tiny, resolve  # noqa: E402
 
 SITE = Path(transformers.__file__).resolve().parent.parent
 
@@ -275,7 +275,7 @@ class UpGateMLP(torch.nn.Module):
 
 def test_fused_mlp_gate_half():
     """swiglu_fused takes [gate | up]: the other order is unsupported, and the check agrees."""
-    from kernelwright.workflows.autopatch.mlp import analyze_mlp_class
+    from kernelwright.integrations.transformers.analysis.mlp import analyze_mlp_class
 
     module = UpGateMLP()
     d = analyze_mlp_class(module, AutoConfig.for_model("llama"))

@@ -21,6 +21,7 @@ pytest.importorskip("transformers")
 from conftest import DEVICE, ON_GPU  # noqa: E402
 
 from kernelwright.integrations.transformers import patch, patch_record  # noqa: E402
+from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
 from kernelwright.testing.convergence import (  # noqa: E402
     ARCHITECTURES,
     RUNS,
@@ -28,7 +29,6 @@ from kernelwright.testing.convergence import (  # noqa: E402
     run_convergence,
     tiny_config,
 )
-from kernelwright.workflows.autopatch.analyze import analyze  # noqa: E402
 from kernelwright.workflows.autopatch.emit import (  # noqa: E402
     emit_convergence_test,
     render_convergence_test,

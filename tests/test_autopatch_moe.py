@@ -17,7 +17,7 @@ from kernelwright.integrations.transformers import (  # noqa: E402
     patch_record,
     unpatch,
 )
-from kernelwright.workflows.autopatch import analyze  # noqa: E402
+from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
 
 RTOL = 2e-5  # fp32, relative to the largest reference entry
 B, T, V = 2, 8, 128

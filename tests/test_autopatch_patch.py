@@ -32,7 +32,7 @@ from kernelwright.integrations.transformers import (  # noqa: E402
     unpatch,
 )
 from kernelwright.integrations.transformers.forward import NotStandardForward  # noqa: E402
-from kernelwright.integrations.transformers.patch import with_global  # noqa: E402
+from kernelwright.integrations.transformers.rebind import with_global  # noqa: E402
 from kernelwright.profiles.model import (  # noqa: E402
     DecoderDecision,
     Evidence,
@@ -708,7 +708,7 @@ def test_moe_aux_loss_not_reproducible_falls_back():
 
 
 def test_analyser_profile_patches():
-    analyze = pytest.importorskip("kernelwright.workflows.autopatch.analyze").analyze
+    analyze = pytest.importorskip("kernelwright.integrations.transformers.analysis").analyze
     ref = tiny_model("qwen3")
     model = copy.deepcopy(ref)
     profile = kernelwright.patch(model)  # profile=None runs the analyser

@@ -142,9 +142,9 @@ def test_cli_help_lists_the_ops():
 
 
 def test_hf_patterns_feed_autopatch():
+    from kernelwright.integrations.transformers.analysis.mlp import ACTIVATIONS
     from kernelwright.integrations.transformers.replacements import _GATED
     from kernelwright.profiles.model import MLPActivation
-    from kernelwright.workflows.autopatch.mlp import ACTIVATIONS
 
     assert registry.hf_activations() == ACTIVATIONS
     assert ACTIVATIONS["silu"] == "swiglu" and ACTIVATIONS["gelu"] == "geglu_erf"

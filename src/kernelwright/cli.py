@@ -20,16 +20,51 @@ from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
 from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
+from kernelwright.testing.model_configs import ARCHITECTURES
 
 app = typer.Typer(
     name="kernelwright",
-    help="Fast, tested Triton kernels for LLM training: benchmarks and device info.",
+    help="Fast, tested Triton kernels for LLM training, and the workflows that make and keep "
+    "them fast.\n\n"
+    "Workflows: create (a PyTorch reference → a tested Triton kernel), autopatch (a Hugging "
+    "Face model → a reviewed profile → kernels patched in), optimize (an op's launch table "
+    "tuned on this GPU). Tools: bench (time ops against their peers), demo (verify every "
+    "kernel, then a benchmark), info (the device and versions).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kernelwright {kernelwright.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+# create, autopatch and optimize: a reviewer's edits to profile.yaml are never lost
+Force = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
+        "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
+    ),
+]
 
 
 def make_console() -> Console:
@@ -278,7 +313,11 @@ def info() -> None:
     make_console().print(table)
 
 
-@app.command()
+@app.command(
+    epilog="Tested model types (each trained patched against unpatched by the convergence "
+    f"suite): {', '.join(ARCHITECTURES)}. Others are analysed the same way; what is not "
+    "proven is left unpatched."
+)
 def autopatch(
     model: Annotated[
         str,
@@ -298,10 +337,15 @@ def autopatch(
     emit: Annotated[
         Path | None, typer.Option(help="Also write a convergence test for the profile here.")
     ] = None,
+    force: Force = False,
 ) -> None:
-    """Analyse MODEL into a reviewed ModelProfile: every decision, its status and evidence."""
+    """Analyse MODEL into a reviewed ModelProfile: every decision, its status and evidence.
+
+    A profile.yaml you edited is never overwritten without --force.
+    """
     from rich.markup import escape
 
+    from kernelwright.profiles.reviewed import save_profile
     from kernelwright.workflows.autopatch import analyze
     from kernelwright.workflows.autopatch.summary import rows
 
@@ -310,8 +354,11 @@ def autopatch(
         profile = analyze(model, check=check)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="MODEL") from None
-    path = out or Path("kernelwright-runs/autopatch") / profile.model_type / "profile.yaml"
-    profile.save(path)
+    saved = save_profile(
+        profile,
+        out or Path("kernelwright-runs/autopatch") / profile.model_type / "profile.yaml",
+        force=force,
+    )
 
     table = Table(title=f"autopatch {profile.architecture} ({profile.modeling_file})")
     for col in ("what", "status", "value", "evidence"):
@@ -327,7 +374,12 @@ def autopatch(
         console.print(f"note: {escape(note)}")
     if not check:
         console.print("[yellow]--no-check: no decision was confirmed numerically.[/]")
-    console.print(f"Profile: {path}  (review it; edit a decision to 'unsupported' to skip it)")
+    if saved.kept is not None:
+        console.print(saved.message, style="yellow", markup=False)
+        raise typer.Exit(2)
+    console.print(
+        f"Profile: {saved.path}  (review it; edit a decision to 'unsupported' to skip it)"
+    )
     if emit is not None:
         from kernelwright.workflows.autopatch.emit import emit_convergence_test
 
@@ -374,8 +426,12 @@ def create(
             "reads fewer bytes). With --from-profile it replaces the reviewed choice."
         ),
     ] = None,
+    force: Force = False,
 ) -> None:
-    """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark."""
+    """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark.
+
+    A profile.yaml you edited is never overwritten without --force.
+    """
     from kernelwright.workflows.create.run import create as run_create
 
     console = make_console()
@@ -393,9 +449,13 @@ def create(
             bench=bench,
             into_library=into_library,
             save_policy=save,
+            force=force,
         )
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
+    if result.stage == "kept":
+        console.print(result.message, style="yellow", markup=False)
+        raise typer.Exit(2)
     if result.stage == "review":
         console.print(f"Profile: {result.message}  (review it, then resume with:)")
         console.print(
@@ -469,8 +529,12 @@ def optimize(
             "the library is never written.",
         ),
     ] = False,
+    force: Force = False,
 ) -> None:
-    """Make OP faster on this GPU: profile → versioned variants with notebooks → the winner."""
+    """Make OP faster on this GPU: profile → versioned variants with notebooks → the winner.
+
+    A profile.yaml you edited is never overwritten without --force.
+    """
     from rich.markup import escape
 
     from kernelwright.runtime import device_info
@@ -487,6 +551,7 @@ def optimize(
         yes=yes,
         dry_run=dry_run,
         resume=resume,
+        force=force,
         quick=quick,
         workspace=out,
         write_library=not plant_regression,
@@ -501,6 +566,9 @@ def optimize(
     except wf.PreflightError as e:
         console.print(f"[red]optimize {op}: stopped before measuring anything.[/] {escape(str(e))}")
         raise typer.Exit(2) from None
+    if result.stage == "kept":
+        console.print(result.saved.message, style="yellow", markup=False)
+        raise typer.Exit(2)
     if result.stage == "review":
         console.print(f"Profile: {result.profile_path}  (and profile.md beside it; review it)")
         flags = " --dry-run" if dry_run else ""

@@ -1,9 +1,9 @@
 """ModelProfile: autopatch's decision matrix for one Hugging Face causal-LM architecture.
 
-The analyser (`kernelwright.workflows.autopatch.analyze`) writes it; a person reviews the YAML;
-the patcher (`kernelwright.integrations.transformers.patch`) applies it. Every decision carries
-the evidence that fixed it (a source line of the modeling file, a config key, or a numerical
-check on a tiny instance). A decision the analyser could not establish has status
+The analyser (`kernelwright.integrations.transformers.analysis`) writes it; a person reviews
+the YAML; the patcher (`kernelwright.integrations.transformers.patch`) applies it. Every decision
+carries the evidence that fixed it (a source line of the modeling file, a config key, or a
+numerical check on a tiny instance). A decision the analyser could not establish has status
 "unsupported" and a reason, and the patcher leaves that part of the model as it is: a wrong
 patch silently ruins a training run, an unpatched module only misses a speed-up.
 

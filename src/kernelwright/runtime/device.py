@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -28,9 +29,38 @@ def ensure_backend() -> None:
 
     Triton reads `TRITON_INTERPRET` when a `@triton.jit` function is decorated, so this must
     run before `kernelwright.ops` is imported. An explicit setting of the variable is kept.
+    Triton may have been imported already (by the user, or by a library such as peft): its own
+    `@triton.jit` helpers (`tl.sum`, `tl.max`, ...) were then decorated for the GPU, and
+    `_interpret_jit_calls` lets interpreted kernels call them.
     """
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+    if interpreter_mode() and "triton.language" in sys.modules:
+        _interpret_jit_calls()
+
+
+def _interpret_jit_calls() -> None:
+    """Run a GPU-decorated `@triton.jit` function through the interpreter when a kernel calls it.
+
+    Without this, importing triton before kernelwright on a CPU machine makes every kernel fail
+    inside the interpreter ("Cannot call @triton.jit'd outside of the scope of a kernel"): the
+    helpers triton defines at import are JITFunctions, which only a GPU compile can call.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if getattr(JITFunction.__call__, "_kernelwright", False):
+        return
+    interpreted: dict = {}  # the Python function -> its InterpretedFunction
+
+    def __call__(self, *args, **kwargs):
+        f = interpreted.get(self.fn)
+        if f is None:
+            f = interpreted[self.fn] = InterpretedFunction(self.fn)
+        return f(*args, **kwargs)
+
+    __call__._kernelwright = True
+    JITFunction.__call__ = __call__
 
 
 @dataclass(frozen=True)

@@ -19,24 +19,39 @@ CONTROL_FACTOR x the control's divergence): the table bounds the dense, short ru
 floor is tiny; the control stretches the bound where the model itself is chaotic (MoE routing,
 long bf16 runs). A wrong patch diverges from the first step, where the control has not yet.
 
-`tiny_config` gives small configs of the supported architectures with the knobs that change
-the math kept (soft-capping, multipliers, partial rotary, experts, no-rope and sliding layers):
-"tiny" for the CPU suite through Triton's interpreter, "gpu" for realistic widths on a GPU.
+`tiny_config` and `config_for_profile` (in `model_configs.py`) give the small configs it trains.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kernelwright.runtime.device import default_device
+from kernelwright.testing.model_configs import (
+    ARCHITECTURES,
+    config_for_profile,
+    tiny_config,
+)
+
+__all__ = [
+    "ARCHITECTURES",
+    "CONTROL_FACTOR",
+    "RUNS",
+    "TOLERANCES",
+    "ConvergenceResult",
+    "ConvergenceTolerance",
+    "Divergence",
+    "config_for_profile",
+    "make_batches",
+    "run_convergence",
+    "tiny_config",
+]
 
 
 @dataclass(frozen=True)
@@ -47,22 +62,12 @@ class ConvergenceTolerance:
     params: float  # after training: ||p_patched - p_ref|| / ||p_ref - p_init||, all together
 
 
-# Table tolerances: the floor under every bound. How they were chosen: all 14 architectures at
-# both sizes (tiny: CPU interpreter, RUNS["tiny"]; gpu: H200, RUNS["gpu"]), measuring against
-# the reference (a) the control and (b) the unpatched model with every norm's output re-rounded
-# by one ulp on each forward (a second, equivalent norm implementation). Largest divergence
-# among the dense models, either size (the MoE ones are chaotic and left to the control):
-#   fp32: loss 1.3e-5, grads 2.2e-6, logprobs 1.4e-3 (olmo2, gpu), params 5.4e-4 (olmo2, gpu).
-#         Real patches measured the same (loss <= 1e-5, grads <= 1.8e-6, logprobs <= 1.3e-3).
-#         MoE, gpu: loss ~1e-3, logprobs ~0.2, params ~1e-2, in the control too.
-#   bf16: loss 5.9e-3, grads 3.8e-2, logprobs 0.21 (gemma3_text, gpu: one bf16 ulp of a logit
-#         near 16 is 0.125), params 9e-2 (tiny, 4 steps). MoE: loss ~2e-2, grads ~0.15,
-#         logprobs ~0.8, params ~0.3 (routing flips), in the control too.
-# The bounds sit 2.5-4x above those floors. Wrong patches measured (llama, tiny): a norm offset
-# of 1 instead of 0 gives a step-0 loss error of 1.5e-3, gradient error 1.7, log-probs 0.8 (in
-# bf16 too); interleaved instead of half-split RoPE gives in fp32 a step-0 loss error of 2e-4
-# and gradient error 1e-2 (1000x the bound), but in bf16 only 1.4e-2, under the floor: bf16 is
-# the weaker check by nature, fp32 is where an equivalence is proven.
+# Table tolerances: the floor under every bound, a few times above the largest divergence from
+# the reference that the dense models show, at both sizes, in (a) the control and (b) the
+# unpatched model with every norm's output re-rounded by one ulp (a second, equivalent norm);
+# the MoE models are chaotic and left to the control. A wrong norm offset or RoPE layout
+# exceeds the fp32 bounds by orders of magnitude from step 0; bf16 is the weaker check by
+# nature (one bf16 ulp of a logit near 16 is 0.125), fp32 is where an equivalence is proven.
 TOLERANCES: dict[torch.dtype, ConvergenceTolerance] = {
     torch.float32: ConvergenceTolerance(loss=5e-5, grads=1e-5, logprobs=5e-3, params=2e-3),
     torch.bfloat16: ConvergenceTolerance(loss=2e-2, grads=1e-1, logprobs=5e-1, params=2.5e-1),
@@ -76,178 +81,6 @@ RUNS: dict[str, dict[str, Any]] = {
     "tiny": dict(steps=4, batch=2, seq=16, lr=1e-3),
     "gpu": dict(steps=32, batch=4, seq=256, lr=3e-4),
 }
-
-ARCHITECTURES = (
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "qwen3_moe",
-    "gemma",
-    "gemma2",
-    "gemma3_text",
-    "phi3",
-    "olmo2",
-    "granite",
-    "nemotron",
-    "mixtral",
-    "smollm3",
-)
-
-# Widths per size. head_dim is explicit because several configs derive it from hidden/heads.
-SIZES: dict[str, dict[str, Any]] = {
-    "tiny": dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=256,
-        max_position_embeddings=256,
-    ),
-    "gpu": dict(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=128,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-}
-
-# Knobs that only some architectures have, per size: experts and windows scale with the size.
-_SIZED_KNOBS: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {
-        "moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
-        "window": dict(sliding_window=8),  # shorter than the suites' sequences: it masks
-    },
-    "gpu": {
-        "moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=704),
-        "window": dict(sliding_window=128),
-    },
-}
-
-# Per-architecture knobs that change the math the patch must reproduce. Values follow released
-# checkpoints where the default config would hide the feature (default 1.0 multipliers, a no-rope
-# interval longer than two layers, a sliding pattern that leaves no full layer in two).
-ARCH_KNOBS: dict[str, dict[str, Any]] = {
-    "mistral": {"window": True},
-    "qwen3_moe": {"moe": True, "norm_topk_prob": True},
-    "mixtral": {"moe": True, "router_jitter_noise": 0.0},
-    "gemma2": {"window": True, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
-    "gemma3_text": {"window": True, "sliding_window_pattern": 2},  # sliding, full
-    "phi3": {"partial_rotary_factor": 0.75},  # Phi-4-mini rotates 3/4 of each head
-    "granite": {
-        # Granite-3 style: logits divided by 8, embeddings x12, damped residuals
-        "embedding_multiplier": 12.0,
-        "logits_scaling": 8.0,
-        "residual_multiplier": 0.22,
-        "attention_multiplier": 0.0625,
-    },
-    "nemotron": {"partial_rotary_factor": 0.5},
-    "smollm3": {"no_rope_layer_interval": 2},  # layer 0 rotates, layer 1 has no rope
-}
-
-# Shared by every config: no cache while training, token ids inside any vocab, one attention.
-_COMMON = dict(use_cache=False, pad_token_id=None, bos_token_id=1, eos_token_id=2)
-ATTN_IMPLEMENTATION = "eager"  # the same attention on CPU and GPU, softcapping included
-
-
-def tiny_config(model_type: str, *, size: str = "tiny", **overrides):
-    """A small `transformers` config of `model_type` ("tiny" for the CPU, "gpu" for a GPU).
-
-    Dropout is zero, the attention is eager and `overrides` win over everything else.
-    """
-    from transformers import AutoConfig
-
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    kwargs: dict[str, Any] = {**_COMMON, **SIZES[size]}
-    for key, value in ARCH_KNOBS.get(model_type, {}).items():
-        if key in _SIZED_KNOBS[size]:
-            kwargs.update(_SIZED_KNOBS[size][key])
-        else:
-            kwargs[key] = value
-    kwargs.update(overrides)
-    try:
-        config = AutoConfig.for_model(model_type, **kwargs)
-    except ValueError as e:
-        raise ValueError(
-            f"transformers cannot build a config for model_type {model_type!r}: {e}. "
-            f"Known to this harness: {', '.join(ARCHITECTURES)}"
-        ) from e
-    return _training_ready(config, overrides)
-
-
-def config_for_profile(profile, *, size: str = "tiny", **overrides):
-    """A small config of the architecture a ModelProfile describes, from its `config_source`.
-
-    A config.json source is shrunk to the size's widths, layer count, experts and window,
-    keeping its other keys (per-layer lists are cut to the kept layers). Any other source
-    ("model_type:<type>", or a config or instance that was analysed) gives
-    `tiny_config(profile.model_type)`: the profile keeps no config values beyond its decisions.
-    """
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    path = Path(profile.config_source)
-    if path.suffix == ".json" and path.is_file():
-        return _shrink_config_json(path, size, overrides)
-    if profile.model_type in CONFIG_MAPPING:
-        return tiny_config(profile.model_type, size=size, **overrides)
-    raise ValueError(
-        f"cannot build a config for {profile.architecture}: model_type "
-        f"{profile.model_type!r} is not registered with transformers and config_source "
-        f"{profile.config_source!r} is not a config.json; build the config yourself and pass it "
-        "to run_convergence"
-    )
-
-
-def _shrink_config_json(path: Path, size: str, overrides: Mapping[str, Any]):
-    from transformers import AutoConfig
-
-    data = json.loads(path.read_text())
-    model_type = data.pop("model_type", None)
-    if model_type is None:
-        raise ValueError(f"{path} has no 'model_type'; cannot tell which config class to build")
-    layers = data.get("num_hidden_layers")
-    new_layers = overrides.get("num_hidden_layers", SIZES[size]["num_hidden_layers"])
-    for key, value in list(data.items()):
-        # layer_types, no_rope_layers, ...: one entry per layer, cut to the kept layers
-        if isinstance(value, list) and layers is not None and len(value) == layers:
-            data[key] = value[:new_layers]
-    for key in (
-        "architectures",
-        "transformers_version",
-        "auto_map",
-        "_name_or_path",
-        "quantization_config",
-    ):
-        data.pop(key, None)
-    # experts and windows shrink with the size, under whichever key this config uses
-    sized = {**_SIZED_KNOBS[size]["moe"], **_SIZED_KNOBS[size]["window"]}
-    sized["num_local_experts"] = sized["num_experts"]
-    for key, value in sized.items():
-        if data.get(key) is not None:
-            data[key] = value
-    kwargs = {**data, **_COMMON, **SIZES[size], **overrides}
-    config = AutoConfig.for_model(model_type, **kwargs)
-    return _training_ready(config, overrides)
-
-
-def _training_ready(config, overrides: Mapping[str, Any]):
-    # Dropout would draw different masks in the two models; every *dropout / *pdrop float → 0.
-    for key, value in config.to_dict().items():
-        if (
-            ("dropout" in key or "pdrop" in key)
-            and isinstance(value, float)
-            and key not in overrides
-        ):
-            setattr(config, key, 0.0)
-    config._attn_implementation = overrides.get("attn_implementation", ATTN_IMPLEMENTATION)
-    return config
 
 
 def make_batches(
@@ -578,10 +411,8 @@ def _jitter(model: torch.nn.Module, seed: int) -> None:
     # - every norm's output row is scaled as a whole by 1 + eps, 1 - eps or 1, at random per row.
     #   A norm that sums its row in another order (every norm kernel does) rounds the row's
     #   statistic differently, and that moves the whole row one way, which element-wise noise
-    #   does not do. On the GPU (mixtral fp32, benchmarks/NOTES.md issue 5) a correct rms_norm
-    #   patch flipped a routing decision at step 6; controls with element-wise noise only, at
-    #   the embeddings or at every norm, first flipped at step 10-11, while row scaling flipped
-    #   at step 6 as well for two of three seeds (this one among them).
+    #   does not do: in an MoE model a correct norm patch flips routing decisions as early as
+    #   row scaling does, and earlier than element-wise noise alone.
     gen = torch.Generator().manual_seed(seed + 3)
 
     def elements(module, args, out):

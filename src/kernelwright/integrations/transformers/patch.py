@@ -12,13 +12,13 @@ attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one an
 
 - norms: `replacements.norm_forward`, with the in-place backward only where every use of that
   norm instance (owner class + attribute name) is marked `in_place_safe` in the profile;
-- MLPs: `replacements.mlp_forward`, after checking that the instance's activation module
-  computes the profile's `hidden_act` (a profile made from another config is refused);
-- MoE experts (stacked, SwiGLU, no bias): `ops.moe_experts.moe_experts`, which keeps one
-  [tokens*top_k, 2I] tensor for the backward instead of five, after checking the instance's
-  layout flags and that its act_fn computes silu;
-- RoPE: the attention class's own forward, re-created with a globals dict in which the name it
-  calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
+- MLPs: `replacements.mlp_forward`, after checking (`guards.py`) that the instance's activation
+  module computes the profile's `hidden_act` (a profile made from another config is refused);
+- MoE experts (stacked, SwiGLU, no bias): `replacements.experts_forward` (`ops.moe_experts`),
+  which keeps one [tokens*top_k, 2I] tensor for the backward instead of five, after checking
+  (`guards.py`) the instance's layout flags and that its act_fn computes silu;
+- RoPE: the attention class's own forward, re-created (`rebind.py`) with a globals dict in which
+  the name it calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
 - the causal LM: `forward.causal_lm_forward` (fused linear cross-entropy when training).
 
 A module that already carries an instance-level `forward` (another patcher, or accelerate's
@@ -33,33 +33,29 @@ patching never changes, or unpatch first.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import inspect
+import logging
 import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import TrainerCallback
-from transformers.activations import ACT2FN
 
-from kernelwright.integrations.transformers import replacements
+from kernelwright.integrations.transformers import guards, replacements
 from kernelwright.integrations.transformers.forward import (
     NotStandardForward,
     causal_lm_forward,
     plan_causal_lm,
 )
-from kernelwright.ops import moe_experts as _moe
-from kernelwright.profiles.model import MLPDecision, ModelProfile, RopeDecision
+from kernelwright.integrations.transformers.rebind import rope_forward
+from kernelwright.profiles.model import MLPDecision, ModelProfile
 
 _RECORD = "_kernelwright_patch"  # instance attribute on the module `patch` was given
-# the rope replacement accepts HF's apply_rotary_pos_emb signatures named here, nothing else
-_ROPE_SIGNATURES = {
-    ("q", "k", "cos", "sin", "unsqueeze_dim"),
-    ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"),
-}
+_LABEL = {"causal_lm": "fused_linear_cross_entropy"}  # a PatchedModule kind, as users know it
+logger = logging.getLogger("kernelwright")
 
 
 @dataclasses.dataclass
@@ -82,6 +78,23 @@ class PatchRecord:
 
     def count(self, kind: str) -> int:
         return sum(1 for p in self.modules if p.kind == kind)
+
+    def patched(self) -> str:
+        """'4 norm (LlamaRMSNorm), 2 mlp (LlamaMLP), ...': how many modules of which class."""
+        counts = collections.Counter(
+            (_LABEL.get(p.kind, p.kind), p.class_name) for p in self.modules
+        )
+        return ", ".join(f"{n} {kind} ({cls})" for (kind, cls), n in counts.items()) or "nothing"
+
+    def summary(self) -> str:
+        """What was patched, and each part left alone with the reason: a few readable lines."""
+        p = self.profile
+        lines = [f"kernelwright patched {p.architecture} ({p.model_type}): {self.patched()}"]
+        lines += [f"  left alone: {what}: {why}" for what, why in self.skipped]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 # --------------------------------------------------------------------------- matching
@@ -114,15 +127,8 @@ def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
 
 def _resolve_profile(model: torch.nn.Module, profile) -> ModelProfile:
     if profile is None:
-        try:
-            from kernelwright.workflows.autopatch.analyze import analyze
-        except ModuleNotFoundError as e:
-            if not (e.name or "").startswith("kernelwright"):
-                raise
-            raise ImportError(
-                "kernelwright.patch(model) without a profile needs the autopatch analyser "
-                f"({e.name} is missing); pass profile=<ModelProfile or YAML path>"
-            ) from e
+        from kernelwright.integrations.transformers.analysis import analyze
+
         return analyze(_hf_model(model))
     if isinstance(profile, (str, Path)):
         return ModelProfile.load(profile)
@@ -131,170 +137,6 @@ def _resolve_profile(model: torch.nn.Module, profile) -> ModelProfile:
     raise TypeError(
         f"profile must be None, a ModelProfile or a path to its YAML, got {type(profile).__name__}"
     )
-
-
-# --------------------------------------------------------------------------- builders
-
-
-def _activation_matches(module: torch.nn.Module, hidden_act: str | None) -> str | None:
-    """None when the MLP's activation module computes `hidden_act`, else why not.
-
-    The profile was made from one config; another checkpoint of the same class may set another
-    hidden_act, and a swiglu kernel on a gelu MLP would train silently wrong. Compared by value
-    on a probe (aliases such as silu/swish are different classes with the same function).
-    """
-    if hidden_act is None or hidden_act not in ACT2FN:
-        return None
-    acts = [
-        c
-        for c in module.children()
-        if type(c).__module__ in ("transformers.activations", "torch.nn.modules.activation")
-    ]
-    if not acts:
-        return None  # nothing to compare: the analyser's evidence stands
-    probe = torch.linspace(-6.0, 6.0, 97)
-    want = ACT2FN[hidden_act](probe)
-    for act in acts:
-        with torch.no_grad():
-            got = act(probe)
-        if got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6):
-            return None
-    names = ", ".join(type(a).__name__ for a in acts)
-    return f"its activation ({names}) does not compute the profile's hidden_act={hidden_act!r}"
-
-
-def _experts_unsupported(module: torch.nn.Module) -> str | None:
-    """None when `moe_experts` computes exactly what this stacked-experts instance computes.
-
-    The flags are the ones `@use_experts_implementation` sets on the instance; a class with its
-    own `_apply_gate` (gpt-oss clamps and offsets it) or a non-silu act_fn is left alone.
-    """
-    from transformers.integrations.moe import _default_apply_gate
-
-    flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True}
-    for flag, want in flags.items():
-        got = getattr(module, flag, None)
-        if got is not want:
-            return f"{flag}={got!r} (moe_experts needs {flag}={want})"
-    gate = getattr(type(module), "_apply_gate", None)
-    if gate is not _default_apply_gate:
-        return "its class defines its own _apply_gate (not HF's act_fn(gate) * up)"
-    gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
-    if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor):
-        return "it has no gate_up_proj/down_proj tensors"
-    if gu.dim() != 3 or down.dim() != 3 or gu.shape[1] != 2 * down.shape[2]:
-        return (
-            f"gate_up_proj {tuple(gu.shape)} / down_proj {tuple(down.shape)} are not "
-            "[E, 2I, H] / [E, H, I]"
-        )
-    names = tuple(inspect.signature(inspect.unwrap(type(module).forward)).parameters)
-    if names != ("self", "hidden_states", "top_k_index", "top_k_weights"):
-        return f"its forward{names} is not HF's (hidden_states, top_k_index, top_k_weights)"
-    act = getattr(module, "act_fn", None)
-    if not callable(act):
-        return "it has no act_fn"
-    probe = torch.linspace(-6.0, 6.0, 97)
-    with torch.no_grad():
-        got = act(probe)
-    if not torch.allclose(got, torch.nn.functional.silu(probe), rtol=1e-5, atol=1e-6):
-        return f"its act_fn ({type(act).__name__}) does not compute silu"
-    return None
-
-
-def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    return _moe.moe_experts(
-        hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights
-    )
-
-
-def _rope_adapter(d: RopeDecision, original: Callable) -> Callable:
-    """Our rope with the modeling function's own signature (some keep a dead position_ids)."""
-    names = tuple(inspect.signature(original).parameters)
-    if names not in _ROPE_SIGNATURES:
-        raise NotStandardForward(
-            f"{d.call_name}{tuple(names)} is not HF's apply_rotary_pos_emb signature "
-            "(q, k, cos, sin[, position_ids], unsqueeze_dim)"
-        )
-    fn = replacements.rope_function(d)
-    if "position_ids" not in names:
-        return fn
-
-    def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-        return fn(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
-
-    return apply_rotary_pos_emb
-
-
-def _copy_function(f: types.FunctionType, globals_: dict, closure=None) -> types.FunctionType:
-    g = types.FunctionType(
-        f.__code__,
-        globals_,
-        f.__name__,
-        f.__defaults__,
-        f.__closure__ if closure is None else closure,
-    )
-    g.__kwdefaults__ = dict(f.__kwdefaults__) if f.__kwdefaults__ else None
-    g.__dict__.update(f.__dict__)
-    g.__qualname__, g.__doc__, g.__module__ = f.__qualname__, f.__doc__, f.__module__
-    g.__annotations__ = f.__annotations__
-    return g
-
-
-def with_global(fn: Callable, name: str, value: Any) -> Callable:
-    """A copy of `fn` in which the global `name` is `value`; the modeling module is untouched.
-
-    Decorators that follow functools.wraps (`__wrapped__`, the inner function in a closure
-    cell) are rebuilt around the new inner function; anything else raises NotStandardForward.
-    The new globals are a snapshot of the module's dict taken now.
-    """
-    chain = [fn]
-    while hasattr(chain[-1], "__wrapped__"):
-        chain.append(chain[-1].__wrapped__)
-    reads = [
-        i
-        for i, f in enumerate(chain)
-        if isinstance(f, types.FunctionType) and name in f.__code__.co_names
-    ]
-    if not reads:
-        raise NotStandardForward(f"{fn.__qualname__} never reads a global named {name!r}")
-    i = reads[-1]
-    inner = chain[i]
-    new_globals = dict(inner.__globals__)
-    new_globals[name] = value
-    # Without __name__, torch.compile reads globals from this dict; with it, dynamo would import
-    # the modeling module by that name and guard on the module's own apply_rotary_pos_emb.
-    new_globals.pop("__name__", None)
-    new = _copy_function(inner, new_globals)
-    # rebuild each wrapper outwards: swap the closure cell that held the old inner function
-    for j in range(i - 1, -1, -1):
-        outer, old = chain[j], chain[j + 1]
-        cells = getattr(outer, "__closure__", None) or ()
-        if not isinstance(outer, types.FunctionType) or not any(_holds(c, old) for c in cells):
-            raise NotStandardForward(
-                f"cannot rebuild the decorator around {inner.__qualname__}: "
-                f"{getattr(outer, '__qualname__', outer)!r} keeps the wrapped function elsewhere"
-            )
-        closure = tuple(types.CellType(new) if _holds(c, old) else c for c in cells)
-        new_outer = _copy_function(outer, outer.__globals__, closure)
-        new_outer.__wrapped__ = new
-        new = new_outer
-    return new
-
-
-def _holds(cell, obj) -> bool:
-    try:
-        return cell.cell_contents is obj
-    except ValueError:  # an empty cell holds nothing
-        return False
-
-
-def _rope_forward(cls: type, d: RopeDecision) -> Callable:
-    """cls.forward re-created so that its global `d.call_name` is our rope."""
-    inner = inspect.unwrap(cls.forward)
-    original = inner.__globals__.get(d.call_name)
-    if original is None:
-        raise NotStandardForward(f"{cls.__name__}.forward's module has no global {d.call_name!r}")
-    return with_global(cls.forward, d.call_name, _rope_adapter(d, original))
 
 
 # --------------------------------------------------------------------------- patch / unpatch
@@ -387,7 +229,7 @@ class _Patcher:
             d = decisions.get(_class_name(m))
             if d is None:
                 continue
-            why = _activation_matches(m, d.hidden_act)
+            why = guards.activation_matches(m, d.hidden_act)
             if why is not None:
                 self.skip(f"mlp {self.names.get(id(m), '?')}", why, found=True)
                 continue
@@ -412,11 +254,11 @@ class _Patcher:
         for m in self.root.modules():
             if _class_name(m) != d.experts_class:
                 continue
-            why = _experts_unsupported(m)
+            why = guards.experts_unsupported(m)
             if why is not None:
                 self.skip(f"moe_experts {self.names.get(id(m), '?')}", why, found=True)
                 continue
-            self.install("moe_experts", m, _experts_forward, "swiglu/stacked")
+            self.install("moe_experts", m, replacements.experts_forward, "swiglu/stacked")
 
     def rope(self) -> None:
         d = self.profile.rope
@@ -435,7 +277,7 @@ class _Patcher:
             cls = _modeling_class(m, d.attention_class)
             if cls not in built:
                 try:
-                    built[cls] = _rope_forward(cls, d)
+                    built[cls] = rope_forward(cls, d)
                 except NotStandardForward as e:
                     built[cls] = None
                     self.skip(f"rope {cls.__name__}", str(e), found=True)
@@ -509,8 +351,9 @@ def patch(
         fused_linear_cross_entropy: compute the training loss without materialising logits;
             the output's `logits` is then None (labels given and grad enabled only).
 
-    Returns the profile applied. What was patched and what was skipped (and why) is in
-    `kernelwright.integrations.transformers.patch_record(model)`.
+    Returns the profile applied. What was patched and what was skipped (and why) is logged as
+    one line (logger "kernelwright", INFO) and kept in
+    `kernelwright.integrations.transformers.patch_record(model)` (print it for a summary).
 
     Raises RuntimeError when `model` (or a module inside it) is already patched, ValueError when
     the profile does not belong to this model or lacks a field a "patch" decision needs.
@@ -554,6 +397,13 @@ def patch(
         p.undo()  # all or nothing: a half-patched model is worse than either
         raise
     model.__dict__[_RECORD] = p.record
+    left = "; ".join(f"{what} ({why})" for what, why in p.record.skipped) or "nothing"
+    logger.info(
+        "kernelwright.patch %s: patched %s; left alone: %s",
+        type(model).__name__,
+        p.record.patched(),
+        left,
+    )
     if p.found:
         # the profile said "patch" but this instance could not take it: say so, once
         warnings.warn(

@@ -6,6 +6,7 @@ checked is exactly what gets patched. Each builder returns a plain function:
     norm_forward(d)(module, x)                 -> the norm module's output
     mlp_forward(d)(module, x)                  -> the MLP module's output
     rope_function(d)(q, k, cos, sin, unsqueeze_dim=1) -> (q_embed, k_embed), HF's signature
+    experts_forward(module, hidden_states, top_k_index, top_k_weights)  stacked SwiGLU experts
 
 They read the module's own parameters and attributes (named in the decision), so the patched
 model keeps its parameters, state dict and optimizer references unchanged.
@@ -19,6 +20,7 @@ import torch
 
 from kernelwright import registry
 from kernelwright.ops.layer_norm import layer_norm
+from kernelwright.ops.moe_experts import moe_experts
 from kernelwright.ops.relu_squared import relu_squared
 from kernelwright.ops.rms_norm import rms_norm
 from kernelwright.ops.rope import rope
@@ -185,3 +187,7 @@ def rope_function(d: RopeDecision) -> Callable:
         return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
 
     return apply_rotary_pos_emb
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    return moe_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)

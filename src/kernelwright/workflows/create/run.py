@@ -6,6 +6,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kernelwright.profiles import reviewed
 from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.workflows.create.codegen import UnsupportedNode, render
 
@@ -16,7 +17,9 @@ RUNS = Path("kernelwright-runs/create")
 class CreateResult:
     profile: KernelProfile
     workdir: Path
-    stage: str  # "review" (stopped for the person), "stopped" (tier 3 / no lowering), "verified"
+    # "review" (stopped for the person), "kept" (an edited profile.yaml was left alone: the new
+    # one went beside it, see `message`), "stopped" (tier 3 / no lowering), "verified"
+    stage: str
     passed: bool = False
     report: Path | None = None
     files: list[Path] = field(default_factory=list)
@@ -46,10 +49,14 @@ def create(
     bench: str = "quick",
     into_library: bool = False,
     save_policy: str | None = None,
+    force: bool = False,
 ) -> CreateResult:
     """save_policy: which intermediates the backward loads instead of recomputing ("recompute"
     or "min-bytes", see understand.plan_stored); None keeps a resumed profile's `stored` as
-    reviewed and means "recompute" for a new one."""
+    reviewed and means "recompute" for a new one.
+
+    An edited workspace profile.yaml is never overwritten unless `force`: the new profile goes
+    to profile.new.yaml and the run stops there (stage "kept"; `profiles.reviewed`)."""
     if from_profile is not None:
         profile = KernelProfile.load(from_profile)
         if name:
@@ -65,8 +72,12 @@ def create(
     workdir = Path(runs) / profile.name
     workdir.mkdir(parents=True, exist_ok=True)
     profile_path = workdir / "profile.yaml"
-    if Path(from_profile or "").resolve() != profile_path.resolve():
-        profile.save(profile_path)
+    if Path(from_profile or "").resolve() == profile_path.resolve():
+        reviewed.adopt(profile_path)  # resumed from it: this run carries its edits on
+    else:
+        saved = reviewed.save_profile(profile, profile_path, force=force)
+        if saved.kept is not None:
+            return CreateResult(profile, workdir, "kept", message=saved.message)
     if not yes and from_profile is None:
         return CreateResult(profile, workdir, "review", message=str(profile_path))
 
@@ -75,14 +86,14 @@ def create(
     except UnsupportedNode as e:
         profile.unsupported_node = profile.unsupported_node or e.node
         profile.unsupported_reason = profile.unsupported_reason or e.reason
-        profile.save(profile_path)
+        reviewed.write(profile, profile_path)
         report = _report(profile, workdir, None, f"stopped: {e}")
         return CreateResult(profile, workdir, "stopped", report=report, message=str(e))
 
     from kernelwright.workflows.create.verify import benchmark, verify
 
     result = verify(profile, workdir)
-    profile.save(profile_path)  # with the repairs the Verify stage logged
+    reviewed.write(profile, profile_path)  # with the repairs the Verify stage logged
     # a kernel that failed its tests is not worth timing
     timing = benchmark(profile, workdir, bench) if result.passed else None
     library = None

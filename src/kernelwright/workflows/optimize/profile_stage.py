@@ -11,6 +11,7 @@ import torch
 
 from kernelwright.bench.harness import BenchRow
 from kernelwright.bench.report import write_csv
+from kernelwright.profiles import reviewed
 from kernelwright.profiles.optimization import (
     Bottleneck,
     KernelResources,
@@ -212,8 +213,9 @@ def run_profile(setup: Setup, progress: Progress) -> OptimizationProfile:
         strategies=ordered(bottleneck.cls),
         notes=notes,
     )
-    profile.save(ws / "profile.yaml")
-    (ws / "profile.md").write_text(notebook.profile_md(profile))
+    # an edited profile.yaml stays; this run's goes beside it (profile.new.yaml) and the run stops
+    setup.saved = reviewed.save_profile(profile, ws / "profile.yaml", force=opts.force)
+    setup.saved.path.with_suffix(".md").write_text(notebook.profile_md(profile))
     return profile
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kernelwright.profiles.optimization import OptimizationProfile, VariantRecord
+from kernelwright.profiles.reviewed import Saved
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.workflows.optimize.finalize import FinalizeResult, finalize
 from kernelwright.workflows.optimize.loop import clear_variants, read_records, run_loop
@@ -28,16 +29,19 @@ from kernelwright.workflows.optimize.tables import ArchRows, get_table, install,
 
 @dataclass
 class OptimizeResult:
-    stage: str  # "review": stopped after Stage 1 for review; "done": all stages ran
+    # "review": stopped after Stage 1 for review; "kept": stopped after Stage 1 because the
+    # workspace's profile.yaml was edited (this run's went beside it); "done": all stages ran
+    stage: str
     workspace: Path
     profile: OptimizationProfile
     records: list[VariantRecord] = field(default_factory=list)
     stop_reason: str = ""
     final: FinalizeResult | None = None
+    saved: Saved | None = None  # where Stage 1 wrote the profile, when it ran
 
     @property
     def profile_path(self) -> Path:
-        return self.workspace / "profile.yaml"
+        return self.saved.path if self.saved is not None else self.workspace / "profile.yaml"
 
 
 def _quiet(_: str) -> None:
@@ -92,9 +96,11 @@ def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResu
         progress(f"[pre-flight] ok: {opts.op} on {setup.ctx.gpu}, tuning '{setup.arch}'")
         profile = run_profile(setup, progress)
         progress(f"[Stage 1] bottleneck: {profile.bottleneck.cls}; profile {setup.workspace}")
-        if not opts.yes:
+        kept = setup.saved is not None and setup.saved.kept is not None
+        if kept or not opts.yes:
             setup.bench.release()
-            return OptimizeResult("review", setup.workspace, profile)
+            stage = "kept" if kept else "review"
+            return OptimizeResult(stage, setup.workspace, profile, saved=setup.saved)
     elif read_records(setup.workspace):
         progress(f"[resume] continuing after v{len(read_records(setup.workspace))}")
     records, stop = run_loop(setup, profile, progress)

@@ -19,6 +19,7 @@ import torch
 from kernelwright import registry
 from kernelwright.bench.harness import RunContext, Timer, default_timer, make_context
 from kernelwright.bench.specs import BenchSpec, get_spec
+from kernelwright.profiles.reviewed import Saved
 from kernelwright.runtime import default_device, device_info, interpreter_mode
 from kernelwright.runtime.launch import Table
 from kernelwright.workflows.optimize.clock import FakeClock, is_backward_kernel
@@ -58,6 +59,7 @@ class OptimizeOptions:
     yes: bool = False  # run on after Stage 1 instead of stopping for review
     dry_run: bool = False  # placeholder timings (FakeClock); never touches the library
     resume: bool = False  # continue from the reviewed profile.yaml in the workspace
+    force: bool = False  # overwrite an edited profile.yaml (else the new one goes beside it)
     workspace: Path | None = None  # default kernelwright-runs/optimize/<op>
     write_library: bool = True  # Finalize rewrites the table file (never in a dry run)
     planted_regression: bool = False  # the caller de-tuned the arch entry (recorded only)
@@ -99,6 +101,7 @@ class Setup:
     clock: FakeClock | None
     workspace: Path
     started: float = field(default_factory=time.monotonic)
+    saved: Saved | None = None  # where Stage 1 wrote the profile (profiles.reviewed)
 
     def past_deadline(self) -> bool:
         d = self.opts.deadline_s

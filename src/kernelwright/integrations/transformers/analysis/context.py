@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis import source as S
+from kernelwright.integrations.transformers.analysis.load import Target
 from kernelwright.profiles.model import Evidence
-from kernelwright.workflows.autopatch import source as S
-from kernelwright.workflows.autopatch.load import Target
 
 
 @dataclass

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis import source as S
 from kernelwright.profiles.model import Evidence, NormDecision
-from kernelwright.workflows.autopatch import source as S
 
 _FP32 = {"torch.float32", "torch.float"}
 _LAYER_NORM_FUNCS = {

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis.source import check_evidence
 from kernelwright.integrations.transformers.replacements import (
     mlp_forward,
     norm_forward,
@@ -25,7 +26,6 @@ from kernelwright.integrations.transformers.replacements import (
 )
 from kernelwright.profiles.model import Decision, MLPDecision, NormDecision, RopeDecision
 from kernelwright.runtime import device_info
-from kernelwright.workflows.autopatch.source import check_evidence
 
 # fp32 bound on max |patched - original|, relative to max(1, max |original|): the kernels
 # accumulate in fp32 like the modules, so only reassociation differences remain (~1e-7)

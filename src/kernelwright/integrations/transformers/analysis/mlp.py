@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from kernelwright import registry
+from kernelwright.integrations.transformers.analysis import source as S
 from kernelwright.profiles.model import Evidence, MLPDecision
-from kernelwright.workflows.autopatch import source as S
 
 # config value of the activation -> the gated kernel (or relu_squared for the non-gated layout),
 # as the ops' registry entries declare them (HFPattern.config_values)

@@ -6,9 +6,9 @@ import ast
 
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis import source as S
+from kernelwright.integrations.transformers.analysis.context import Context
 from kernelwright.profiles.model import LMHeadDecision, LogitsDecision, OutputDecision
-from kernelwright.workflows.autopatch import source as S
-from kernelwright.workflows.autopatch.context import Context
 
 
 def analyze_output(ctx: Context) -> OutputDecision:

@@ -280,7 +280,7 @@ def _causal_lm_class(config) -> type:
 
 
 def _modeling_file(cls: type) -> str:
-    from kernelwright.workflows.autopatch.source import display_path, source_file
+    from kernelwright.integrations.transformers.analysis.source import display_path, source_file
 
     path = source_file(cls)
     return display_path(path) if path else cls.__module__

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelwright.integrations.transformers.analysis import source as S
+from kernelwright.integrations.transformers.analysis.context import Context, text_config
 from kernelwright.profiles.model import RopeDecision
-from kernelwright.workflows.autopatch import source as S
-from kernelwright.workflows.autopatch.context import Context, text_config
 
 
 def _rope_call(cls: type) -> tuple[str, object, ast.Call, S.Method] | None:

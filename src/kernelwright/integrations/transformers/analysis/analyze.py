@@ -1,4 +1,4 @@
-"""The Understand stage of autopatch: any Hugging Face causal LM in, a ModelProfile out.
+"""The analyser that autopatch and `patch(model)` run: a HF causal LM in, a ModelProfile out.
 
     profile = analyze("qwen3")                 # a model type, a directory / config.json,
     profile = analyze(model)                   # a modeling_*.py, a PretrainedConfig, a model
@@ -21,6 +21,19 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis import checks as C
+from kernelwright.integrations.transformers.analysis import source as S
+from kernelwright.integrations.transformers.analysis.context import Context, text_config
+from kernelwright.integrations.transformers.analysis.load import build_tiny, resolve
+from kernelwright.integrations.transformers.analysis.mlp import analyze_mlp_class
+from kernelwright.integrations.transformers.analysis.norms import analyze_norm_class
+from kernelwright.integrations.transformers.analysis.output import (
+    analyze_lm_head,
+    analyze_logits,
+    analyze_output,
+)
+from kernelwright.integrations.transformers.analysis.rope import analyze_rope, rotary_tables
+from kernelwright.integrations.transformers.analysis.uses import CallGraph, norm_use
 from kernelwright.profiles.model import (
     ComponentDecision,
     DecoderDecision,
@@ -30,19 +43,6 @@ from kernelwright.profiles.model import (
     NormDecision,
     RopeDecision,
 )
-from kernelwright.workflows.autopatch import checks as C
-from kernelwright.workflows.autopatch import source as S
-from kernelwright.workflows.autopatch.context import Context, text_config
-from kernelwright.workflows.autopatch.load import build_tiny, resolve
-from kernelwright.workflows.autopatch.mlp import analyze_mlp_class
-from kernelwright.workflows.autopatch.norms import analyze_norm_class
-from kernelwright.workflows.autopatch.output import (
-    analyze_lm_head,
-    analyze_logits,
-    analyze_output,
-)
-from kernelwright.workflows.autopatch.rope import analyze_rope, rotary_tables
-from kernelwright.workflows.autopatch.uses import CallGraph, norm_use
 
 # non-text parts by class or attribute name; the text path never holds these words
 _COMPONENT = re.compile(r"vision|visual|image|audio|speech|projector|siglip|whisper", re.I)
@@ -58,7 +58,9 @@ def analyze(source, *, check: bool = True) -> ModelProfile:
     """
     # The tiny instance and the check inputs are built on the CPU and moved explicitly; a
     # caller's default-device context (`with torch.device("cuda")`) must not leak into them.
-    with torch.device("cpu"):
+    # Building the tiny instance draws from torch's CPU generator: fork it, so that a patched
+    # training run draws the same dropout masks and shuffles as an unpatched one.
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         return _analyze(source, check=check)
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from kernelwright.integrations.transformers.analysis import source as S
 from kernelwright.profiles.model import NormUse
-from kernelwright.workflows.autopatch import source as S
 
 
 @dataclass
