@@ -1,0 +1,209 @@
+"""`kernelwright bench`: time each provider of an op, write CSVs, plots and a summary, and
+append the rows to the results database. Registered on the main app in cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from kernelwright import registry  # the op list in the help (data only: no kernel imported)
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def make_console() -> Console:
+    from kernelwright.cli import make_console as _make
+
+    return _make()
+
+
+def _split(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    return items or None
+
+
+def bench(
+    op: Annotated[
+        str,
+        typer.Argument(help=f"The op ({', '.join(registry.benchmarked())}), or 'all'."),
+    ],
+    mode: Annotated[str, typer.Option(help="forward, backward, full, or all (the three).")] = "all",
+    sweep: Annotated[
+        str | None, typer.Option(help="Run only this sweep (e.g. hidden, tokens).")
+    ] = None,
+    providers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated providers (default: all available on this device)."),
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    out: Annotated[
+        Path, typer.Option(help="Output folder: <op>.csv, PNG plots, summary.md.")
+    ] = Path("kernelwright-runs/bench"),
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="A couple of shapes per op (tiny ones on the CPU interpreter); on a GPU "
+            "without the slow providers (jagged_mean's Python loop) unless --providers names them."
+        ),
+    ] = False,
+    append: Annotated[
+        bool, typer.Option(help="Append to existing CSVs instead of replacing them.")
+    ] = False,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
+    hide_host: Annotated[
+        bool,
+        typer.Option(
+            help="Time GPU work alone: a GPU sleep before each rep lets the CPU queue all "
+            "kernels first, so Python/launch overhead drops out (as in a training step)."
+        ),
+    ] = False,
+    flush: Annotated[
+        str | None,
+        typer.Option(
+            help="L2 flush before each rep: 'read' (a plain read of a 256 MB buffer) or "
+            "'demote' (also clears L2 lines an earlier kernel loaded with evict_last, which a "
+            "plain read leaves; docs/benchmarks.md). Default: demote on sm_80 "
+            "and later GPUs, read on older ones.",
+            show_default=False,
+        ),
+    ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option(help="Exit with status 1 if a kernelwright provider has an error row."),
+    ] = False,
+    db: Annotated[
+        Path | None,
+        typer.Option(
+            help="The results database the rows are appended to (default: "
+            "$KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Time each provider of OP: CSV, plots, summary.md, and rows in the results database."""
+    import torch
+
+    from kernelwright.bench import (
+        MODES,
+        SPECS,
+        make_context,
+        plan,
+        print_summary,
+        summary_markdown,
+        write_csv,
+        write_plots,
+    )
+    from kernelwright.bench.specs import get_spec
+
+    console = make_console()
+    if op == "all":
+        specs = list(SPECS.values())
+    else:
+        try:
+            specs = [get_spec(op)]
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="OP") from None
+    modes = list(MODES) if mode == "all" else [mode]
+    if any(m not in MODES for m in modes):
+        raise typer.BadParameter(
+            f"{mode!r}; use one of {', '.join(MODES)} or all", param_hint="--mode"
+        )
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r}; use one of {', '.join(DTYPES)}", param_hint="--dtype")
+    torch_dtype = getattr(torch, DTYPES[dtype])
+    provider_names = _split(providers)
+
+    known = {n for spec in specs for n in spec.provider_names}
+    unknown = sorted(set(provider_names or ()) - known)
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown provider(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            param_hint="--providers",
+        )
+    plans = []
+    for spec in specs:
+        names = None
+        if provider_names is not None:
+            names = [n for n in provider_names if n in spec.provider_names]
+        try:
+            plans.append(plan(spec, modes=modes, sweep=sweep, providers=names, quick=quick))
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="--sweep") from None
+
+    if flush not in (None, "read", "demote"):
+        raise typer.BadParameter("flush must be 'read' or 'demote'", param_hint="--flush")
+    ctx = make_context(hide_host=hide_host, flush=flush)
+    console.print(
+        f"[bold]kernelwright bench[/] on {ctx.gpu} · torch {ctx.torch} · triton {ctx.triton} · "
+        f"commit {ctx.commit} · copy bandwidth {ctx.copy_gbps:,.0f} GB/s"
+    )
+    if ctx.hide_host:
+        console.print("Timing GPU work alone (--hide-host): host overhead is not in the times.")
+    if ctx.interpreter:
+        console.print(
+            "[yellow]No GPU: kernels run in Triton's CPU interpreter on tiny shapes. The times "
+            "check that the harness works; they are not speeds.[/]"
+        )
+
+    from kernelwright.bench.db import ResultsDB, new_run_id
+
+    results_db, run_id = ResultsDB(db), new_run_id()
+    all_rows = []
+    for p in plans:
+        rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
+        csv_path = write_csv(rows, out / f"{p.spec.op}.csv", append=append)
+        written = write_plots(rows, out) if plots else []
+        results_db.append(rows, source="bench", run_id=run_id)
+        console.print(f"{p.spec.op}: {len(rows)} rows -> {csv_path}, {len(written)} plot(s)")
+        all_rows.extend(rows)
+    console.print(f"Results database: {results_db.path} (run {run_id})")
+
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "summary.md"
+    md.write_text(summary_markdown(all_rows))
+    print_summary(all_rows, console)
+    console.print(f"Markdown summary: {md}")
+    failed = [r for r in all_rows if r.provider.startswith("kernelwright") and r.error]
+    failed = [r for r in failed if not r.error.startswith("skipped")]
+    if strict and failed:
+        console.print(f"[red]{len(failed)} kernelwright row(s) failed.[/]")
+        raise typer.Exit(1)
+
+
+def _run_with_progress(console: Console, p, **kwargs):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from kernelwright.bench.harness import run_plan
+
+    names = [pr.name for pr in p.providers]
+    per_shape = max(1, len(p.providers) * len(p.modes))
+    done = [0]
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"{p.spec.op} ({', '.join(names)})", total=p.size)
+
+        def on_row(row) -> None:
+            done[0] += 1
+            progress.advance(task)
+            if row.error and not row.error.startswith("skipped"):
+                console.print(
+                    f"  [yellow]{row.op}/{row.provider}/{row.mode} {row.shape}:[/] {row.error}"
+                )
+            if not console.is_terminal and done[0] % per_shape == 0:
+                # Off a terminal the bar is not drawn: one line per finished shape instead.
+                console.print(
+                    f"  {row.op} {row.x_name}={row.x_value} ({row.shape}) [{done[0]}/{p.size}]"
+                )
+
+        return run_plan(p, on_row=on_row, **kwargs)
