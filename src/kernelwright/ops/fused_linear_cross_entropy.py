@@ -328,8 +328,8 @@ def fused_linear_cross_entropy(
         bias: optional [V].
         class_weight: optional [V] class weights (`weight` of F.cross_entropy).
         accum_dtype: torch.float32 to accumulate grad_weight / grad_bias in fp32.
-        chunk_size: tokens per chunk (default: max(512, tokens / 16, what fits 128 MiB of
-            logits); 256 at 8192 x 128256 matches Liger's memory, at ~25% more time).
+        chunk_size: tokens per chunk (default: `choose_chunk_rows`, max(512, tokens / 16, what
+            fits 128 MiB of logits)); smaller chunks take less memory and more time.
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
