@@ -139,9 +139,10 @@ def check_loss_values(
         )
     elif not bool(ok.all()):
         i = int((~ok).reshape(-1).nonzero()[0, 0])
-        pos = [int(p) for p in torch.unravel_index(torch.tensor(i), target.shape)]
+        pos = [str(int(p)) for p in torch.unravel_index(torch.tensor(i), target.shape)]
+        where = f"target[{', '.join(pos)}]" if pos else "target"
         raise ValueError(
-            f"{op}: target[{', '.join(map(str, pos))}] = {int(target.reshape(-1)[i])} is not a "
+            f"{op}: {where} = {int(target.reshape(-1)[i])} is not a "
             f"class index: targets must lie in [0, V) with V = {V} classes, or equal "
             f"ignore_index ({ignore_index})"
         )

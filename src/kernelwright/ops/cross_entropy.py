@@ -340,6 +340,10 @@ def cross_entropy(
 
     The loss is fp32 whatever the logits dtype (a bf16 loss would be 4e-3 off); the gradient
     has the logits' dtype. Class weights get no gradient.
+
+    A target outside [0, V) that is not `ignore_index`, or `num_items_in_batch` <= 0, is an
+    error: a ValueError naming it on the CPU, a device-side assert with that message on a GPU
+    (no host sync; the run stops at its next sync, as with PyTorch's own loss there).
     """
     check_tensor("cross_entropy", "logits", logits)
     V = logits.shape[-1]

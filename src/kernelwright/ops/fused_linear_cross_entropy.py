@@ -333,7 +333,8 @@ def fused_linear_cross_entropy(
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
-    The loss is fp32; gradients come in the inputs' dtypes.
+    The loss is fp32; gradients come in the inputs' dtypes. Bad targets and
+    `num_items_in_batch` <= 0 are errors, as in `cross_entropy`.
     """
     op = "fused_linear_cross_entropy"
     check_tensor(op, "hidden", hidden)
