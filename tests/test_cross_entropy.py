@@ -56,7 +56,7 @@ REDUCTIONS = ["mean", "sum", "none"]
 F64 = torch.float64
 
 # (leading dims, V): leading ranks 1-3, V = 1 and 2, odd sizes, and both kernel paths: the
-# interpreter table takes one block of 4096 (ONE_BLOCK up to V = 4096, looped above).
+# interpreter table takes one block of 4096 (one block up to V = 4096, looped above).
 if ON_GPU:
     # Row counts kept small: every case also runs an fp64 reference and torch in fp64.
     SHAPES = [

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.ops._ce_kernels import _ce_fwd_kernel, _ce_scale_kernel
+from kernelwright.ops._ce_kernels import _ce_fwd_kernel, _ce_fwd_looped_kernel, _ce_scale_kernel
 from kernelwright.ops._held import held_row_fits
 from kernelwright.ops._loss import (  # noqa: F401  (REDUCTIONS, check_loss_args: importable here too)
     REDUCTIONS,
@@ -88,7 +88,9 @@ def cross_entropy_fwd_launch(
     compute_grad = grad is not None
     g = grad if compute_grad else x  # never written without COMPUTE_GRAD
     w = weight if weight is not None else loss  # dummies: never read without their flag
-    _ce_fwd_kernel[(M,)](
+    one_block = cfg.block_n >= V
+    kernel = _ce_fwd_kernel if one_block else _ce_fwd_looped_kernel
+    kernel[(M,)](
         x,
         target,
         w,
@@ -115,8 +117,7 @@ def cross_entropy_fwd_launch(
         COMPUTE_GRAD=compute_grad,
         HAS_SCALE=scale is not None,
         BLOCK_V=cfg.block_n,
-        ONE_BLOCK=cfg.block_n >= V,
-        **two_pass_flags(cfg, reuse=compute_grad),
+        **({} if one_block else two_pass_flags(cfg, reuse=compute_grad)),
         num_warps=cfg.num_warps,
     )
 
