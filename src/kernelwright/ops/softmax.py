@@ -34,7 +34,14 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._softmax_split import split_bwd_launch, split_fwd_launch
+from kernelwright.ops._softmax_split import (  # noqa: F401
+    _softmax_bwd_split_kernel,  # the kernels too: optimize's resource report lists this module's
+    _softmax_bwd_words_kernel,
+    _softmax_fwd_split_kernel,
+    _softmax_fwd_words_kernel,
+    split_bwd_launch,
+    split_fwd_launch,
+)
 from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
