@@ -5,8 +5,10 @@ accumulation, all rows ignored), in-place, bad targets, poisoned outputs, errors
 torch.compile."""
 
 import functools
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -657,7 +659,9 @@ def test_out_of_range_target_asserts_on_the_gpu():
         "cross_entropy(x, t).item()\n"
         "print('no error')\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "no error" not in proc.stdout
     assert "device-side assert" in proc.stderr or "a target is outside" in proc.stderr
 
