@@ -5,6 +5,10 @@ accumulation, all rows ignored), in-place, bad targets, poisoned outputs, errors
 torch.compile."""
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,7 +58,7 @@ REDUCTIONS = ["mean", "sum", "none"]
 F64 = torch.float64
 
 # (leading dims, V): leading ranks 1-3, V = 1 and 2, odd sizes, and both kernel paths: the
-# interpreter table takes one block of 4096 (ONE_BLOCK up to V = 4096, looped above).
+# interpreter table takes one block of 4096 (one block up to V = 4096, looped above).
 if ON_GPU:
     # Row counts kept small: every case also runs an fp64 reference and torch in fp64.
     SHAPES = [
@@ -559,12 +563,50 @@ def test_second_backward_raises():
         loss.backward()
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize(
+    "bad,ignore_index", [(300, -100), (-5, -100), (-1, -100), (-100, 7)], ids=str
+)
+def test_out_of_range_target_raises(bad, ignore_index, dtype):
+    # A target outside [0, V) that is not ignore_index is an error naming the value, its
+    # position, V and ignore_index (before: a silent NaN loss). Off the GPU the check is
+    # synchronous; on it a device-side assert (test_out_of_range_target_asserts_on_the_gpu).
+    V = 300
+    x = _logits((2, 5), V, torch.float32, 33).requires_grad_()
+    t = _targets((2, 5), V, 33, ignore_index=ignore_index, dtype=dtype)
+    t[1, 3] = bad
+    pattern = rf"target\[1, 3\] = {bad} .*V = {V} .*ignore_index \({ignore_index}\)"
+    for reduction in ("mean", "sum", "none"):
+        with pytest.raises(ValueError, match=pattern):
+            cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction)
+    with pytest.raises(ValueError, match=pattern):
+        CrossEntropyLoss(ignore_index=ignore_index)(x, t)
+    t[1, 3] = ignore_index  # the same targets with the bad one ignored: no error
+    cross_entropy(x, t, ignore_index=ignore_index).backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("n", [0, 0.0, -3, "tensor0", "tensor_neg"], ids=str)
+def test_num_items_in_batch_must_be_positive(n):
+    # num_items_in_batch is the mean's denominator: 0 gave an infinite loss (or NaN).
+    if isinstance(n, str):
+        n = torch.tensor(0 if n == "tensor0" else -2.0, device=DEVICE)
+    x = _logits((6,), 50, torch.float32, 34)
+    t = _targets((6,), 50, 34)
+    with pytest.raises(ValueError, match="num_items_in_batch must be > 0"):
+        cross_entropy(x, t, num_items_in_batch=n)
+    with pytest.raises(ValueError, match="num_items_in_batch must be one number"):
+        cross_entropy(x, t, num_items_in_batch=torch.ones(2, device=DEVICE))
+    assert torch.isfinite(cross_entropy(x, t, num_items_in_batch=torch.tensor(3)))
+
+
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "class_weights"])
 @pytest.mark.parametrize("path", PATHS)
-def test_out_of_range_target_gives_nan(path, weighted):
-    # Not ignore_index and outside [0, V): that row's loss and gradient row are NaN (PyTorch
-    # raises; a check would cost a host sync), every other row is unaffected.
+def test_out_of_range_target_poisons_its_row_in_the_kernel(path, weighted):
+    # The kernel's own guard, under the public check: a target outside [0, V) that is not
+    # ignore_index gives that row a NaN loss and NaN gradient row (never a read out of
+    # bounds); every other row is unaffected.
     V = OPT_VS[PATHS.index(path)]
     x = _logits((9,), V, torch.float32, 33)
     weight = _class_weight(V, 33) if weighted else None
@@ -573,28 +615,55 @@ def test_out_of_range_target_gives_nan(path, weighted):
     bad[[2, 5]] = True
     t[2], t[5] = V, -5
     good_t = torch.where(bad, -100, t)
-    dy = _upstream(torch.empty(9), 34)
-    for reduction in ("none", "sum", "mean"):
-        xl = x.detach().clone().requires_grad_()
-        with poisoned():
-            loss = cross_entropy(xl, t, weight, reduction=reduction, label_smoothing=0.1)
-            loss.backward(dy if reduction == "none" else dy[0])
-        assert torch.isnan(xl.grad[bad]).all()
-        assert torch.isfinite(xl.grad[~bad]).all()
-        if reduction == "mean":
-            assert torch.isnan(loss)
-            continue
-        xr = x.detach().to(F64).requires_grad_()
-        ref = cross_entropy_ref(
-            xr, good_t, weight, reduction=reduction, label_smoothing=0.1, dtype=F64
-        )
-        ref.backward((dy if reduction == "none" else dy[0]).to(F64))
-        if reduction == "none":
-            assert torch.isnan(loss[bad]).all()
-            _assert_close(loss[~bad], ref[~bad].detach(), torch.float32, "fwd")
-        else:
-            assert torch.isnan(loss)
-        _assert_close(xl.grad[~bad], xr.grad[~bad], torch.float32, "bwd")
+    loss, lse, grad = torch.empty(9), torch.empty(9), torch.empty_like(x)
+    w = weight.float() if weighted else None
+    with poisoned():
+        cross_entropy_fwd_launch(
+            x, t, loss, lse, weight=w, weight_sum=w.sum().reshape(1) if weighted else None,
+            grad=grad, label_smoothing=0.1,
+        )  # fmt: skip
+    assert torch.isnan(grad[bad]).all() and torch.isnan(loss[bad]).all()
+    assert torch.isfinite(grad[~bad]).all()
+    xr = x.detach().to(F64).requires_grad_()
+    ref = cross_entropy_ref(xr, good_t, weight, reduction="none", label_smoothing=0.1, dtype=F64)
+    ref.sum().backward()
+    _assert_close(loss[~bad], ref[~bad].detach(), torch.float32, "fwd")
+    _assert_close(grad[~bad], xr.grad[~bad], torch.float32, "bwd")
+
+
+@pytest.mark.compile
+def test_out_of_range_target_under_torch_compile():
+    # Under torch.compile the checks are device-side asserts in the graph (no data-dependent
+    # branch); on the CPU they raise at once with the message.
+    torch._dynamo.reset()
+    x = _logits((4,), 40, torch.float32, 35)
+    t = _targets((4,), 40, 35)
+    compiled = torch.compile(lambda x, t: cross_entropy(x, t), fullgraph=True)
+    assert torch.isfinite(compiled(x, t))
+    t[1] = 40
+    with pytest.raises(RuntimeError, match=r"a target is outside \[0, 40\)"):
+        compiled(x, t)
+
+
+@pytest.mark.gpu
+def test_out_of_range_target_asserts_on_the_gpu():
+    # On a GPU a device-side assert stops the run at its next sync, without a host sync of its
+    # own (it leaves the CUDA context unusable, so it runs in a process of its own).
+    code = (
+        "import torch\n"
+        "from kernelwright.ops.cross_entropy import cross_entropy\n"
+        "x = torch.randn(8, 64, device='cuda')\n"
+        "t = torch.randint(0, 64, (8,), device='cuda')\n"
+        "assert torch.isfinite(cross_entropy(x, t)).item()\n"
+        "t[3] = 64\n"
+        "cross_entropy(x, t).item()\n"
+        "print('no error')\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "no error" not in proc.stdout
+    assert "device-side assert" in proc.stderr or "a target is outside" in proc.stderr
 
 
 @pytest.mark.parametrize("path", PATHS)

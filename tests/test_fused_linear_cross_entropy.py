@@ -451,6 +451,23 @@ def test_gradient_accumulation_with_num_items(num_items_kind):
         assert rel_norm_error(micro[k].grad, ref[k].grad) < TOL[torch.float32].bwd
 
 
+@pytest.mark.parametrize("bad", [-1, "V"], ids=["negative", "V"])
+def test_out_of_range_target_raises(bad):
+    # As cross_entropy: a target outside [0, V) that is not ignore_index is an error naming
+    # it (before: a silent NaN loss); so is num_items_in_batch = 0 (before: an infinite loss).
+    V = VS[0]
+    inputs = _inputs(N, V, torch.float32, 36)
+    t = _targets((N,), V, 36)
+    t[2] = V if bad == "V" else bad
+    with pytest.raises(ValueError, match=rf"target\[2\] = {int(t[2])} .*V = {V} .*\(-100\)"):
+        fused_linear_cross_entropy(**inputs, target=t, chunk_size=CHUNK)
+    t[2] = -100
+    for n in (0, torch.tensor(0.0, device=DEVICE)):
+        with pytest.raises(ValueError, match="num_items_in_batch must be > 0"):
+            fused_linear_cross_entropy(**inputs, target=t, num_items_in_batch=n)
+    assert torch.isfinite(fused_linear_cross_entropy(**inputs, target=t, chunk_size=CHUNK))
+
+
 @pytest.mark.parametrize(
     "reduction,kw",
     [("sum", {}), ("none", {}), ("mean", {}), ("mean", dict(num_items_in_batch=5))],

@@ -15,6 +15,7 @@ from kernelwright.testing.gpu_compile import check_compiles
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+FWD_KERNELS = ("_ce_fwd_kernel", "_ce_fwd_looped_kernel")  # a row in one block; a looped row
 
 # Flag combinations of the forward kernel, each flag on in some and off in others:
 # (HAS_WEIGHT, HAS_SMOOTH, HAS_Z, STORE_Z, SOFTCAP, COMPUTE_GRAD, HAS_SCALE)
@@ -32,7 +33,7 @@ def _cases():
     """(config, V) for every default table row, through one block (V <= block) and looped."""
     cases = {}
     for max_n, cfg in TABLE["fwd"]["default"]:
-        for V in (min(cfg.block_n, max_n) - 1, cfg.block_n + 7):  # ONE_BLOCK (odd V); looped
+        for V in (min(cfg.block_n, max_n) - 1, cfg.block_n + 7):  # one block (odd V); looped
             cases[(cfg.block_n, cfg.num_warps, V)] = (cfg, V)
     return list(cases.values())
 
@@ -83,11 +84,12 @@ def test_cross_entropy_kernels_compile_for_hopper():
         if not r.ok
     ]
     assert not failures, "\n".join(failures)
-    # both paths of every distinct config, every dtype and flag combination, both target dtypes
-    fwd = [r.launch for r in results if r.launch.name == "_ce_fwd_kernel"]
+    # both kernels (one block, looped) of every distinct config, every dtype and flag
+    # combination, both target dtypes
+    fwd = [r.launch for r in results if r.launch.name in FWD_KERNELS]
     flags = {
         (
-            c["ONE_BLOCK"],
+            launch.name == "_ce_fwd_kernel",
             c["BLOCK_V"],
             dict(launch.signature)["x_ptr"],
             dict(launch.signature)["t_ptr"],

@@ -5,8 +5,9 @@ The interpreter runs code that the GPU compiler rejects; this catches it before 
 
 import pytest
 import torch
-from conftest import ON_GPU
+from conftest import H100, ON_GPU
 
+from kernelwright.ops import _split
 from kernelwright.ops.softmax import softmax_bwd_launch, softmax_fwd_launch
 from kernelwright.runtime.tables.softmax import TABLE
 from kernelwright.testing.gpu_compile import check_compiles
@@ -14,7 +15,11 @@ from kernelwright.testing.gpu_compile import check_compiles
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 
 
-def test_softmax_kernels_compile_for_hopper():
+def test_softmax_kernels_compile_for_hopper(monkeypatch):
+    # The split rows as on a GPU (their waiting form, the counter prefetch where the table's
+    # row asks for it): recorded only, nothing runs.
+    monkeypatch.setattr(_split, "device_info", lambda device=None: H100)
+
     def run():
         for kernel in ("fwd", "bwd"):
             rows = TABLE[kernel]["default"]
@@ -35,3 +40,11 @@ def test_softmax_kernels_compile_for_hopper():
     ]
     assert not failures, "\n".join(failures)
     assert len(results) >= 24
+    # The table's split rows: only the backward's programs prefetch their row's counter line
+    # (`split_prefetch`), the forward's do not.
+    split = [r.launch for r in results if "split" in r.launch.name]
+    assert {la.name for la in split} == {"_softmax_fwd_split_kernel", "_softmax_bwd_split_kernel"}
+    prefetched = {la.name for la in split if dict(la.constexprs).get("PREFETCH")}
+    assert prefetched == {"_softmax_bwd_split_kernel"}
+    assert [c.split_prefetch for _, c in TABLE["fwd"]["default"] if c.split_row] == [False]
+    assert [c.split_prefetch for _, c in TABLE["bwd"]["default"] if c.split_row] == [True]

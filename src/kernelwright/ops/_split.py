@@ -22,7 +22,6 @@ which is safe only when the launch is cooperative (every program has an SM befor
 The Triton interpreter runs program instances one after another, so nothing may wait there:
 the same kernel runs as two launches instead (`PHASE` 1: statistics, `PHASE` 2: merge and
 write; `phases`), which the CPU tests cover; the waiting form is tested on the GPU.
-H200 numbers: benchmarks/NOTES.md 31.
 
 The exchange in the output (`OUT_WORDS`, softmax): the slots and counters need no memory of
 their own. A row's words — the launch's ticket (used in the last row only) and the row's
@@ -30,11 +29,10 @@ arrivals, then, a line further, each chunk's slots — sit at the start of the r
 in chunk 0 (`out_words`, `out_slots`); one strided fill zeroes the counters before the launch.
 The split kernel writes every value of the row but those over the words; a second, small
 kernel of the op's then merges each row's slots again and writes those values (`launch`
-returns their count). A wait in the split kernel instead (chunk 0 writing them once its
-siblings had read the slots) cost up to 21% on an H200; the second kernel takes ~7 us at 4096
-rows (NOTES 59). An output that overlaps another tensor of the launch (in place), does not
-start 4-byte aligned, or whose chunk 0 is too short for the words takes the workspace instead
-(`exchange_values`).
+returns their count): cheaper than a wait in the split kernel (chunk 0 writing them once its
+siblings had read the slots). An output that overlaps another tensor of the launch (in place),
+does not start 4-byte aligned, or whose chunk 0 is too short for the words takes the workspace
+instead (`exchange_values`).
 """
 
 from __future__ import annotations
@@ -55,9 +53,8 @@ MAX_SPLITS = 32
 
 # The exchange in the output: a row's words are the launch's ticket (the last row's only) and
 # the row's arrivals counter (HEADER of them); its slots start SLOTS_AT words in, on the next
-# 128-byte line, away from the counter the row's programs poll. With both on one line the
-# forward at 8-16 chunks was 3-7% slower and the backward at 32 chunks 7% (H200; at 8 chunks
-# the backward 3.6% faster; NOTES 59).
+# 128-byte line, away from the counter the row's programs poll (the slots' stores would
+# otherwise contend with the polling on one line).
 HEADER = tl.constexpr(2)
 SLOTS_AT = tl.constexpr(32)
 
@@ -153,7 +150,7 @@ def exchange(
 ):  # fmt: skip
     """`row`'s fp32 slots (ROW_SLOTS of them) and its arrivals counter: in the row's output
     words (OUT_WORDS > 0) or in the workspace (`workspace`). With PREFETCH the counter's line
-    is brought into L2 now (`launch`'s `prefetch`)."""
+    is brought into L2 now (`LaunchConfig.split_prefetch`, `launch`)."""
     if OUT_WORDS > 0:
         if PREFETCH:
             prefetch_l2(out_words(out_ptr, row, stride) + 1)
@@ -191,9 +188,9 @@ def workspace(m: int, splits: int, slots: int, device: torch.device, counters: i
 def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots: int) -> int:
     """How many values at the start of each row of `out` ([M, N]) the exchange's words and slots
     take (16-bit rows one more: they may start one value in, `out_words`), rounded up to 16 (a
-    store masked at a multiple of 16 stays vectorized: at 135 values the stores went one value
-    at a time, 4x slower), or 0 where they cannot live in `out`: it overlaps a tensor of
-    `others`, it does not start 4-byte aligned, or they do not fit in chunk 0 (`block_n`)."""
+    store masked at a multiple of 16 stays vectorized; at other counts the stores go one value
+    at a time), or 0 where they cannot live in `out`: it overlaps a tensor of `others`, it does
+    not start 4-byte aligned, or they do not fit in chunk 0 (`block_n`)."""
     size = out.element_size()
     if size not in (2, 4) or out.data_ptr() % 4:
         return 0
@@ -215,7 +212,6 @@ def launch(
     programs: int,
     counters: int | None = None,
     out: torch.Tensor | None = None,
-    prefetch: bool = False,
     **constexprs,
 ) -> int:
     """Launch a split-row kernel over `tensors` (then its partials and counters, then `scalars`,
@@ -225,19 +221,19 @@ def launch(
     output its rows' exchange may live in (`out`, one of `tensors`, one row per kernel row):
     where it can (`exchange_values`), OUT_WORDS is the values the words take, the counters are
     zeroed and no workspace is allocated; elsewhere 0. Returns OUT_WORDS: the values at the
-    start of each row of `out` the caller's second kernel has to write. `prefetch` (a kernel
-    with a `PREFETCH` constexpr, its exchange in `out`, a GPU): each program prefetches its
-    row's counter line into L2 after its loads. The fill zeroed every row's counter before the
-    launch, and by the time a row's programs count in, the rows before it have pushed that
-    line out of L2: the first count waits on a DRAM read (H200: the backward 1.6-4.8% faster
-    with the prefetch, the forward 1-2.4% slower; NOTES 63)."""
+    start of each row of `out` the caller's second kernel has to write. `cfg.split_prefetch`
+    (a kernel with a `PREFETCH` constexpr, its exchange in `out`, a GPU): each program
+    prefetches its row's counter line into L2 after its loads. The fill zeroed every row's
+    counter before the launch, and by the time a row's programs count in, the rows before it
+    have pushed that line out of L2: without the prefetch the first count waits on a DRAM
+    read."""
     device = tensors[0].device
     words = 0
     if out is not None:
         others = [t for t in tensors if t is not out]
         words = exchange_values(out, others, cfg.block_n, splits, slots)
         constexprs["OUT_WORDS"] = words
-        if prefetch and words:  # (the interpreter has no inline PTX)
+        if cfg.split_prefetch and words:  # (the interpreter has no inline PTX)
             constexprs["PREFETCH"] = device_info(device).backend == "cuda"
     if words:
         # the ticket and counter (16-bit rows: and the one value they may start after); the

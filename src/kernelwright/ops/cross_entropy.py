@@ -18,230 +18,33 @@ same way as the loss.
 One program per row reads the row once for lse (an online max and rescaled sum) and, when a
 gradient is needed, once more to write dloss/dx already divided by the reduction's denominator.
 The backward is then a multiply by the incoming gradient, skipped inside the kernel when that
-gradient is 1 (no host sync). Ignored rows cost no read and get an exactly-zero gradient; a
-target outside [0, V) that is not `ignore_index` gives a NaN loss and NaN gradient row
-(PyTorch raises; a check here would need a device-to-host sync every step).
+gradient is 1 (no host sync). Ignored rows cost no read and get an exactly-zero gradient. A
+target outside [0, V) that is not `ignore_index` is an error (ops/_loss.py: a device-side
+assert on a GPU, no host sync); the kernel itself gives such a row a NaN loss and gradient.
 
-Layer order: kernels → launchers → custom ops → autograd Function → `cross_entropy` →
-`CrossEntropyLoss` → references.
+Layer order: kernels (ops/_ce_kernels.py) → launchers → custom ops → autograd Function →
+`cross_entropy` → `CrossEntropyLoss` → references. The host side shared with
+fused_linear_cross_entropy (argument checks, targets, reductions) is in ops/_loss.py.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
+from kernelwright.ops._ce_kernels import _ce_fwd_kernel, _ce_fwd_looped_kernel, _ce_scale_kernel
+from kernelwright.ops._held import held_row_fits
+from kernelwright.ops._loss import (  # noqa: F401  (REDUCTIONS, check_loss_args: importable here too)
+    REDUCTIONS,
+    check_loss_args,
+    check_loss_values,
+    prepare_targets,
+    reduce_rows,
+)
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
 from kernelwright.runtime.tables.cross_entropy import TABLE
-
-REDUCTIONS = ("mean", "sum", "none")
-
-# --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _softcap(x, cap):
-    # cap * tanh(x / cap), tanh(u) = 1 - 2 / (exp(2u) + 1) (no libdevice under the interpreter);
-    # exp overflow / underflow give exactly +-cap. Absolute error about cap * 1e-7 near 0.
-    return cap * (1.0 - 2.0 / (tl.exp(2.0 * x / cap) + 1.0))
-
-
-@triton.jit
-def _logits(x, mask, cap, SOFTCAP: tl.constexpr):
-    # A loaded block of logits in fp32, soft-capped if asked; padding lanes stay -inf.
-    z = x.to(tl.float32)
-    if SOFTCAP:
-        z = tl.where(mask, _softcap(z, cap), -float("inf"))
-    return z
-
-
-@triton.jit
-def _ce_fwd_kernel(
-    x_ptr,  # logits [M, V], row stride stride_x
-    t_ptr,  # targets [M], int32 or int64
-    w_ptr,  # class weights [V], fp32 (HAS_WEIGHT)
-    wsum_ptr,  # [1] fp32: sum of the class weights (HAS_WEIGHT)
-    loss_ptr,  # [M] fp32: per-row loss, z-loss included
-    z_ptr,  # [M] fp32: per-row z-loss (HAS_Z)
-    lse_ptr,  # [M] fp32: per-row log-sum-exp (0 for ignored rows)
-    g_ptr,  # gradient [M, V] (COMPUTE_GRAD); may be x_ptr itself (in place)
-    scale_ptr,  # fp32 gradient scale, read at row * stride_scale (HAS_SCALE)
-    V,
-    stride_x,
-    stride_g,
-    stride_scale,
-    ignore_index,
-    eps,  # label smoothing
-    eps_v,  # eps / V
-    zscale,  # lse_square_scale
-    cap,  # soft-capping
-    HAS_WEIGHT: tl.constexpr,
-    HAS_SMOOTH: tl.constexpr,
-    HAS_Z: tl.constexpr,  # lse_square_scale > 0
-    STORE_Z: tl.constexpr,  # write the per-row z-loss to z_ptr
-    SOFTCAP: tl.constexpr,
-    COMPUTE_GRAD: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    ONE_BLOCK: tl.constexpr,  # BLOCK_V >= V: the row stays in registers
-    EVICT_1ST: tl.constexpr,  # looped rows: eviction policy of pass 1's reads
-    EVICT_2ND: tl.constexpr,  # of pass 2's reads and stores
-    REVERSE: tl.constexpr,  # pass 2 walks the row from its end (see LaunchConfig)
-):
-    row = tl.program_id(0).to(tl.int64)  # int64: row * stride passes 2^31 at 131072 x 262144
-    x_row = x_ptr + row * stride_x
-    g_row = g_ptr + row * stride_g
-    t = tl.load(t_ptr + row).to(tl.int64)
-    if t == ignore_index:
-        tl.store(loss_ptr + row, 0.0)
-        tl.store(lse_ptr + row, 0.0)
-        if STORE_Z:
-            tl.store(z_ptr + row, 0.0)
-        if COMPUTE_GRAD:
-            zero = tl.zeros([BLOCK_V], dtype=g_ptr.dtype.element_ty)
-            for start in range(0, V, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                tl.store(g_row + cols, zero, mask=cols < V)
-    else:
-        in_range = (t >= 0) & (t < V)
-        t_safe = tl.where(in_range, t, 0)
-        z_t = tl.load(x_row + t_safe).to(tl.float32)
-        if SOFTCAP:
-            z_t = _softcap(z_t, cap)
-        z_t = tl.where(in_range, z_t, float("nan"))  # a bad target poisons the row, loudly
-        if HAS_WEIGHT:
-            w_t = tl.load(w_ptr + t_safe).to(tl.float32)
-            w_all = tl.load(wsum_ptr).to(tl.float32)
-        else:
-            w_t = 1.0
-            w_all = V * 1.0
-        # ---- pass 1: lse (and sum_j w_j z_j for label smoothing)
-        if ONE_BLOCK:
-            # From HOLD_FROM columns the row stays in registers in its own dtype and each pass
-            # converts it again (ops/_held.py): fp32 rows of 32K-64K fill or spill an SM.
-            hold: tl.constexpr = BLOCK_V >= HOLD_FROM
-            cols = tl.arange(0, BLOCK_V)
-            mask = cols < V
-            x = tl.load(x_row + cols, mask=mask, other=-float("inf"))
-            m_row = tl.max(_logits(x, mask, cap, SOFTCAP), axis=0)
-            z = _logits(again(x, m_row, hold), mask, cap, SOFTCAP)
-            d_row = tl.sum(tl.exp(z - m_row), axis=0)
-            if HAS_SMOOTH:
-                wz = tl.where(mask, z, 0.0)
-                if HAS_WEIGHT:
-                    wz = wz * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                s_row = tl.sum(wz, axis=0)
-        else:
-            # Every lane keeps its own running max m and sum d of exp(z - m), rescaled when m
-            # grows, so one read gives both; the lanes merge at the end.
-            m = tl.full([BLOCK_V], -float("inf"), dtype=tl.float32)
-            d = tl.zeros([BLOCK_V], dtype=tl.float32)
-            s = tl.zeros([BLOCK_V], dtype=tl.float32)
-            for start in range(0, V, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                mask = cols < V
-                z = tl.load(x_row + cols, mask=mask, other=-float("inf"), eviction_policy=EVICT_1ST)
-                z = z.to(tl.float32)
-                if SOFTCAP:
-                    z = tl.where(mask, _softcap(z, cap), -float("inf"))
-                m_new = tl.maximum(m, z)
-                # A lane that has seen only -inf shifts by 0 (-inf - -inf would be NaN).
-                shift = tl.where(m_new == -float("inf"), 0.0, m_new)
-                d = d * tl.exp(m - shift) + tl.exp(z - shift)
-                m = m_new
-                if HAS_SMOOTH:
-                    wz = tl.where(mask, z, 0.0)
-                    if HAS_WEIGHT:
-                        wz = wz * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                    s += wz
-            m_row = tl.max(m, axis=0)
-            d_row = tl.sum(d * tl.exp(m - m_row), axis=0)
-            if HAS_SMOOTH:
-                s_row = tl.sum(s, axis=0)
-        # lse = m + log(d), but kept apart where it meets z: at |logits| ~ 1e4 a rounded lse
-        # is ~1e-3 off, so (m - z_t) + log(d) and exp((z - m) - log(d)) keep torch's accuracy.
-        log_d = tl.log(d_row)
-        lse = m_row + log_d
-        loss = (1.0 - eps) * w_t * ((m_row - z_t) + log_d)
-        if HAS_SMOOTH:
-            loss += eps_v * (w_all * lse - s_row)
-        z_loss = zscale * lse * lse if HAS_Z else 0.0
-        loss += z_loss
-        if STORE_Z:
-            tl.store(z_ptr + row, z_loss)
-        tl.store(loss_ptr + row, loss)
-        tl.store(lse_ptr + row, lse)
-        # ---- pass 2: the gradient, already scaled
-        if COMPUTE_GRAD:
-            scale = tl.load(scale_ptr + row * stride_scale).to(tl.float32) if HAS_SCALE else 1.0
-            scale = tl.where(in_range, scale, float("nan"))
-            a = (1.0 - eps) * w_t
-            if HAS_SMOOTH:
-                a += eps_v * w_all
-            if HAS_Z:
-                a += 2.0 * zscale * lse
-            b = (1.0 - eps) * w_t  # taken off at the target column
-            if ONE_BLOCK:
-                z = _logits(again(x, d_row, hold), mask, cap, SOFTCAP)
-                g = a * tl.exp((z - m_row) - log_d)
-                if HAS_SMOOTH:
-                    if HAS_WEIGHT:
-                        g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                    else:
-                        g -= eps_v
-                g = tl.where(cols == t, g - b, g)
-                if SOFTCAP:
-                    zc = tl.where(mask, z, 0.0) / cap  # padding lanes hold -inf
-                    g *= 1.0 - zc * zc
-                tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
-            else:
-                n_chunks = tl.cdiv(V, BLOCK_V)
-                for c in range(0, n_chunks):
-                    cols = (n_chunks - 1 - c if REVERSE else c) * BLOCK_V + tl.arange(0, BLOCK_V)
-                    mask = cols < V
-                    z = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_2ND)
-                    z = z.to(tl.float32)
-                    if SOFTCAP:
-                        z = _softcap(z, cap)
-                    g = a * tl.exp((z - m_row) - log_d)
-                    if HAS_SMOOTH:
-                        if HAS_WEIGHT:
-                            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                            g -= eps_v * w
-                        else:
-                            g -= eps_v
-                    g = tl.where(cols == t, g - b, g)
-                    if SOFTCAP:
-                        zc = z / cap
-                        g *= 1.0 - zc * zc
-                    g = (g * scale).to(g_ptr.dtype.element_ty)
-                    tl.store(g_row + cols, g, mask=mask, eviction_policy=EVICT_2ND)
-
-
-@triton.jit
-def _ce_scale_kernel(
-    g_ptr,  # [M, V] gradient, scaled in place
-    s_ptr,  # incoming gradient, read at row * stride_s (stride 0: one scalar)
-    V,
-    stride_g,
-    stride_s,
-    BLOCK_V: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    s = tl.load(s_ptr + row * stride_s).to(tl.float32)
-    if s != 1.0:  # the usual loss.backward(): nothing to read or write
-        g_row = g_ptr + row * stride_g
-        for start in range(0, V, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            mask = cols < V
-            g = tl.load(g_row + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(g_row + cols, (g * s).to(g_ptr.dtype.element_ty), mask=mask)
-
 
 # --------------------------------------------------------------------------- launchers
 
@@ -285,7 +88,9 @@ def cross_entropy_fwd_launch(
     compute_grad = grad is not None
     g = grad if compute_grad else x  # never written without COMPUTE_GRAD
     w = weight if weight is not None else loss  # dummies: never read without their flag
-    _ce_fwd_kernel[(M,)](
+    one_block = cfg.block_n >= V
+    kernel = _ce_fwd_kernel if one_block else _ce_fwd_looped_kernel
+    kernel[(M,)](
         x,
         target,
         w,
@@ -312,8 +117,7 @@ def cross_entropy_fwd_launch(
         COMPUTE_GRAD=compute_grad,
         HAS_SCALE=scale is not None,
         BLOCK_V=cfg.block_n,
-        ONE_BLOCK=cfg.block_n >= V,
-        **two_pass_flags(cfg, reuse=compute_grad),
+        **({} if one_block else two_pass_flags(cfg, reuse=compute_grad)),
         num_warps=cfg.num_warps,
     )
 
@@ -396,105 +200,6 @@ def scale_grad_(grad: torch.Tensor, s: torch.Tensor) -> None:
         _cross_entropy_scale_op(grad, s)
     else:
         cross_entropy_scale_launch(grad, s)
-
-
-# --------------------------------------------------------------------------- shared host side
-
-
-def check_loss_args(
-    op: str,
-    V: int,
-    target: torch.Tensor,
-    n_rows: int,
-    class_weight: torch.Tensor | None,
-    reduction: str,
-    label_smoothing: float,
-    lse_square_scale: float,
-    softcap: float | None,
-    num_items_in_batch,
-) -> None:
-    """Validation shared with fused_linear_cross_entropy."""
-    if not isinstance(target, torch.Tensor):
-        raise TypeError(f"{op}: argument 'target' must be a torch.Tensor")
-    if target.dtype not in (torch.int64, torch.int32):
-        raise TypeError(
-            f"{op}: argument 'target' must hold class indices as int64 or int32, "
-            f"got {str(target.dtype).replace('torch.', '')}"
-        )
-    if target.numel() != n_rows:
-        raise ValueError(
-            f"{op}: argument 'target' must have one class index per row of logits "
-            f"({n_rows}), got shape {tuple(target.shape)}"
-        )
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{op}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if lse_square_scale < 0.0:
-        raise ValueError(f"{op}: lse_square_scale must be >= 0, got {lse_square_scale}")
-    if softcap is not None and not softcap > 0.0:
-        raise ValueError(f"{op}: softcap must be > 0 (or None), got {softcap}")
-    if num_items_in_batch is not None and reduction != "mean":
-        raise ValueError(
-            f"{op}: num_items_in_batch replaces the denominator of reduction='mean'; "
-            f"got reduction={reduction!r}"
-        )
-    if class_weight is not None:
-        check_tensor(op, "weight", class_weight)
-        if tuple(class_weight.shape) != (V,):
-            raise ValueError(
-                f"{op}: class weights must have shape ({V},) (one per class), "
-                f"got {tuple(class_weight.shape)}"
-            )
-
-
-def prepare_targets(
-    target: torch.Tensor,
-    class_weight: torch.Tensor | None,
-    reduction: str,
-    num_items_in_batch,
-    ignore_index: int,
-    V: int,
-    device: torch.device,
-):
-    """(target [M] contiguous, fp32 weights, their sum, 1 / denominator or None) on `device`.
-
-    The denominator of "mean" is computed on the device (no host sync): the count of
-    non-ignored rows, their summed class weight, or `num_items_in_batch`.
-    """
-    t = target.reshape(-1)
-    if not t.is_contiguous():
-        t = t.contiguous()
-    w = wsum = None
-    if class_weight is not None:
-        w = class_weight.to(device=device, dtype=torch.float32).contiguous()
-        wsum = w.sum().reshape(1)
-    inv = None
-    if reduction == "mean":
-        if num_items_in_batch is not None:
-            if isinstance(num_items_in_batch, torch.Tensor):
-                denom = num_items_in_batch.to(device=device, dtype=torch.float32).reshape(1)
-            else:
-                denom = torch.full((1,), float(num_items_in_batch), device=device)
-        else:
-            valid = t != ignore_index
-            if w is None:
-                denom = valid.sum(dtype=torch.float32).reshape(1)
-            else:
-                # Out-of-range targets read class 0 here; their rows are NaN anyway.
-                safe = torch.where(valid & (t >= 0) & (t < V), t, 0)
-                denom = (w.gather(0, safe) * valid).sum().reshape(1)
-        inv = 1.0 / denom
-    return t, w, wsum, inv
-
-
-def reduce_rows(
-    rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape
-) -> torch.Tensor:
-    if reduction == "none":
-        return rows.view(shape)
-    total = rows.sum()
-    return total * inv.reshape(()) if reduction == "mean" else total
 
 
 # --------------------------------------------------------------------------- autograd
@@ -636,6 +341,10 @@ def cross_entropy(
 
     The loss is fp32 whatever the logits dtype (a bf16 loss would be 4e-3 off); the gradient
     has the logits' dtype. Class weights get no gradient.
+
+    A target outside [0, V) that is not `ignore_index`, or `num_items_in_batch` <= 0, is an
+    error: a ValueError naming it on the CPU, a device-side assert with that message on a GPU
+    (no host sync; the run stops at its next sync, as with PyTorch's own loss there).
     """
     check_tensor("cross_entropy", "logits", logits)
     V = logits.shape[-1]
@@ -660,6 +369,7 @@ def cross_entropy(
             f"cross_entropy: target must have the logits' leading shape "
             f"{tuple(logits.shape[:-1])}, got {tuple(target.shape)}"
         )
+    check_loss_values("cross_entropy", target, V, ignore_index, num_items_in_batch)
     return _CrossEntropyFunction.apply(
         logits,
         target,

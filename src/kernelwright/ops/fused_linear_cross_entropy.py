@@ -15,15 +15,13 @@ gradient (skipped inside the kernel when it is 1: no sync). With reduction="none
 gradient differs per token and the weight gradient sums over tokens, so the forward computes the
 losses only and the backward recomputes each chunk's logits (four matmuls instead of three).
 
-Chunk size: the grad_weight update reads and writes the whole [V, H] gradient once per chunk,
-while its math grows with the chunk's tokens C: below ~400 tokens it is memory-bound whatever V
-is. So a chunk has at least 512 tokens and 1/16 of the tokens (about 16 updates at most), and more
-while the [C, V] logits buffer stays within 128 MiB (2048 tokens at V = 32768). At 8192 tokens
-and V = 128256 that is 512 tokens, a 125 MiB buffer (about 1% of what eager PyTorch allocates;
-the ratio holds as tokens grow). Never more than a quarter of the free memory; `chunk_size`
-overrides. Measured on an H200 at 8192 x 4096 x 128256 (bf16): 256 tokens (Liger's chunk and
-memory) ~54 ms, 512 ~41-45 ms, 1024 ~42-44 ms; at V = 262144, 256 tokens took 186 ms where
-eager PyTorch takes 100 (512: 89 ms).
+Chunk size (`choose_chunk_rows`, its knobs in runtime/tables/cross_entropy.py): the grad_weight
+update reads and writes the whole [V, H] gradient once per chunk, while its math grows with the
+chunk's tokens C: below ~400 tokens it is memory-bound whatever V is. So a chunk has at least
+512 tokens and 1/16 of the tokens (about 16 updates at most), and more while the [C, V] logits
+buffer stays within 128 MiB (2048 tokens at V = 32768). At 8192 tokens and V = 128256 that is
+512 tokens, a 125 MiB buffer (about 1% of what eager PyTorch allocates; the ratio holds as
+tokens grow). Never more than a quarter of the free memory; `chunk_size` overrides.
 `accum_dtype=torch.float32` accumulates grad_weight / grad_bias in fp32 (one extra fp32 [V, H]
 buffer, and cuBLAS's mixed-dtype update is slower) and rounds once at the end.
 
@@ -35,30 +33,27 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.ops.cross_entropy import (
-    check_loss_args,
-    cross_entropy_fwd_launch,
-    prepare_targets,
-    reduce_rows,
-    scale_grad_,
-)
+from kernelwright.ops._loss import check_loss_args, check_loss_values, prepare_targets, reduce_rows
+from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch, scale_grad_
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
-
-CHUNK_BYTES = 128 * 2**20  # default budget for the [C, V] logits buffer...
-MIN_CHUNK_TOKENS = 512  # ...but never fewer tokens per chunk than this
+from kernelwright.runtime.tables.cross_entropy import (
+    CHUNK_BYTES,
+    CHUNK_SHARE,
+    MIN_CHUNK_TOKENS,
+)
 
 
 def choose_chunk_rows(
     n_tokens: int, V: int, itemsize: int, device: torch.device, budget: int | None = None
 ) -> int:
     """Tokens per chunk: the largest of MIN_CHUNK_TOKENS (below that the grad_weight update
-    is memory-bound whatever V is), 1/16 of the tokens (so there are about 16 grad_weight
-    updates at most; the buffer is then ~1% of what eager PyTorch allocates, whose logits grow
-    with the tokens too) and what fits `budget` bytes (default CHUNK_BYTES); never over a
-    quarter of the free memory, a multiple of 64 (whole matmul tiles), at least 64, at most the
-    token count."""
-    rows = max(MIN_CHUNK_TOKENS, n_tokens // 16, (budget or CHUNK_BYTES) // (V * itemsize))
+    is memory-bound whatever V is), 1/CHUNK_SHARE of the tokens (so there are about
+    CHUNK_SHARE grad_weight updates at most; the buffer is then ~1% of what eager PyTorch
+    allocates, whose logits grow with the tokens too) and what fits `budget` bytes (default
+    CHUNK_BYTES); never over a quarter of the free memory, a multiple of 64 (whole matmul
+    tiles), at least 64, at most the token count."""
+    rows = max(MIN_CHUNK_TOKENS, n_tokens // CHUNK_SHARE, (budget or CHUNK_BYTES) // (V * itemsize))
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         rows = min(rows, free // 4 // (V * itemsize))
@@ -151,25 +146,10 @@ def _chunks_op(
     softcap: float | None,
 ) -> None:
     _run_chunks(
-        h2,
-        weight,
-        bias,
-        t,
-        loss_rows,
-        lse,
-        z_rows,
-        grad_h,
-        grad_w,
-        grad_b,
-        w,
-        wsum,
-        scale,
-        chunk,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        lse_square_scale=lse_square_scale,
-        softcap=softcap,
-    )
+        h2, weight, bias, t, loss_rows, lse, z_rows, grad_h, grad_w, grad_b, w, wsum, scale,
+        chunk, ignore_index=ignore_index, label_smoothing=label_smoothing,
+        lse_square_scale=lse_square_scale, softcap=softcap,
+    )  # fmt: skip
 
 
 @_chunks_op.register_fake
@@ -264,23 +244,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             softcap=softcap,
         )
         _chunks(
-            compiling,
-            h2,
-            weight,
-            bias,
-            t,
-            loss_rows,
-            lse,
-            z_rows,
-            grad_h,
-            grad_w,
-            grad_b,
-            w,
-            wsum,
-            inv if grads_now else None,
-            chunk,
-            **ce_kwargs,
-        )
+            compiling, h2, weight, bias, t, loss_rows, lse, z_rows, grad_h, grad_w, grad_b, w,
+            wsum, inv if grads_now else None, chunk, **ce_kwargs,
+        )  # fmt: skip
         ctx.grads_now = grads_now
         ctx.hidden_shape = hidden.shape
         ctx.used = False
@@ -324,23 +290,9 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             )
             scratch = empty((h2.shape[0],), dtype=torch.float32, device=h2.device)
             _chunks(
-                compiling,
-                h2,
-                weight,
-                bias,
-                t,
-                scratch,
-                torch.empty_like(scratch),
-                None,
-                grad_h,
-                grad_w,
-                grad_b,
-                w,
-                wsum,
-                s,
-                ctx.chunk,
-                **ctx.ce_kwargs,
-            )
+                compiling, h2, weight, bias, t, scratch, torch.empty_like(scratch), None,
+                grad_h, grad_w, grad_b, w, wsum, s, ctx.chunk, **ctx.ce_kwargs,
+            )  # fmt: skip
             grad_w, grad_b = _in_param_dtypes(grad_w, grad_b, weight, bias)
         if grad_h is not None:
             grad_h = grad_h.view(ctx.hidden_shape)
@@ -376,12 +328,13 @@ def fused_linear_cross_entropy(
         bias: optional [V].
         class_weight: optional [V] class weights (`weight` of F.cross_entropy).
         accum_dtype: torch.float32 to accumulate grad_weight / grad_bias in fp32.
-        chunk_size: tokens per chunk (default: max(512, tokens / 16, what fits 128 MiB of
-            logits); 256 at 8192 x 128256 matches Liger's memory, at ~25% more time).
+        chunk_size: tokens per chunk (default: `choose_chunk_rows`, max(512, tokens / 16, what
+            fits 128 MiB of logits)); smaller chunks take less memory and more time.
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Under torch.autocast the matmul runs in the autocast dtype, as `nn.Linear` would.
-    The loss is fp32; gradients come in the inputs' dtypes.
+    The loss is fp32; gradients come in the inputs' dtypes. Bad targets and
+    `num_items_in_batch` <= 0 are errors, as in `cross_entropy`.
     """
     op = "fused_linear_cross_entropy"
     check_tensor(op, "hidden", hidden)
@@ -419,6 +372,7 @@ def fused_linear_cross_entropy(
             f"{op}: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, "
             f"got {tuple(target.shape)}"
         )
+    check_loss_values(op, target, V, ignore_index, num_items_in_batch)
     if accum_dtype not in (None, torch.float32) and accum_dtype != weight.dtype:
         raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
     if chunk_size is not None and chunk_size < 1:

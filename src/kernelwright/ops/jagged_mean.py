@@ -24,12 +24,9 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig
-from kernelwright.runtime.tables.jagged_mean import TABLE
+from kernelwright.runtime.tables.jagged_mean import STAGED_BYTES, TABLE
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
-# The forward's staged row chunks take at most this much shared memory (`_stages`): well under
-# any CUDA GPU's per-block limit (99 KB on sm_86/89, 227 KB on sm_90).
-STAGED_BYTES = 48 * 1024
 
 # --------------------------------------------------------------------------- kernels
 

@@ -14,14 +14,12 @@ and more are held in their own dtype (ops/_held.py: half the registers of fp32).
 The backward's 16-bit rows of 4097-16384 columns instead take the looped kernel below (two
 reads, the second from L2), compiled per row length: faster there than holding dy and y. Rows
 past the one-row widths, up to 32 chunks (524288 columns forward, 262144 backward), are split
-over programs that each hold one chunk and wait for each other's statistics (ops/_split.py):
-one read and one write of the row; the statistics are exchanged at the start of the row's own
-output, whose values there a second small kernel writes (no workspace; the backward's programs
-prefetch their row's counter line, `PREFETCH_BWD`). Past that an online pass — running max and
-rescaled running sum in one read — and a second read of the row to write y; rows that long do
-not all stay in L2 between the passes: at worst this form moves 3/2 of the minimal bytes. The
-table's L2 flags (eviction hints, the write pass from the row's end) serve part of the second
-read from L2.
+over programs that each hold one chunk and wait for each other's statistics
+(ops/_softmax_split.py, ops/_split.py): one read and one write of the row. Past that an online
+pass — running max and rescaled running sum in one read — and a second read of the row to
+write y; rows that long do not all stay in L2 between the passes: at worst this form moves 3/2
+of the minimal bytes. The table's L2 flags (eviction hints, the write pass from the row's end)
+serve part of the second read from L2.
 `-inf` entries give 0 (softmax) / -inf (log_softmax); a row of all `-inf` gives NaN, as PyTorch
 does.
 
@@ -36,15 +34,15 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again, held_row_fits
-from kernelwright.ops._split import (
-    arrive_and_wait,
-    exchange,
-    out_slots,
-    out_words,
-    split_count,
-    ticket,
+from kernelwright.ops._softmax_split import (  # noqa: F401
+    _softmax_bwd_split_kernel,  # the kernels too: optimize's resource report lists this module's
+    _softmax_bwd_words_kernel,
+    _softmax_fwd_split_kernel,
+    _softmax_fwd_words_kernel,
+    split_bwd_launch,
+    split_fwd_launch,
 )
-from kernelwright.ops._split import launch as launch_split
+from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
@@ -76,8 +74,7 @@ def _softmax_fwd_kernel(
         col_mask = cols < N
         # Padding columns are -inf: they add exp(-inf) = 0 to the sum and never win the max.
         # From HOLD_FROM columns the row stays in its own dtype, converted at each pass (_held):
-        # held as fp32, a bf16 row of 32768 filled half an SM's registers (74% of copy) and
-        # 65536 spilled; held as bf16: 92% and 77% (H200, NOTES 28).
+        # held as fp32, a bf16 row of 32768 fills half an SM's registers and 65536 spills.
         hold: tl.constexpr = BLOCK_N >= HOLD_FROM
         x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
         m = tl.max(x.to(tl.float32), axis=0)  # -inf for a row of all -inf -> NaN, as in torch
@@ -150,97 +147,6 @@ def _softmax_fwd_looped_kernel(
 
 
 @triton.jit
-def _softmax_fwd_split_kernel(
-    x_ptr,
-    y_ptr,
-    part_ptr,  # [M, SPLITS, 2] fp32: each chunk's max and sum of exp(x - max) (workspace)
-    sync_ptr,  # [1 + M] int32, zeroed: the ticket, then each row's counter (workspace)
-    M,
-    N,
-    stride_x,
-    stride_y,
-    IS_LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # one chunk: BLOCK_N < N <= SPLITS * BLOCK_N
-    SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,  # SPLITS rounded up to a power of two
-    PHASE: tl.constexpr,  # 0: statistics, wait, write (GPU); 1: statistics; 2: write (_split)
-    OUT_WORDS: tl.constexpr,  # values of each y row holding the exchange (0: workspace; _split)
-    PREFETCH: tl.constexpr = False,  # the row's counter line prefetched into L2 (_split)
-):
-    # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
-    # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started.
-    # With the exchange in y (OUT_WORDS) the values over its words are left to
-    # _softmax_fwd_words_kernel.
-    if PHASE == 0:
-        t = ticket(out_words(y_ptr, M - 1, stride_y) if OUT_WORDS > 0 else sync_ptr)
-    else:
-        t = tl.program_id(0)
-    row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    hold: tl.constexpr = BLOCK_N >= HOLD_FROM
-    x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
-    part, arrivals = exchange(
-        y_ptr, part_ptr, sync_ptr, row, stride_y, SPLITS * 2, OUT_WORDS, PREFETCH
-    )
-    if PHASE != 2:
-        m = tl.max(x.to(tl.float32), axis=0)
-        # A chunk of only -inf sums exp(x - 0) = 0 instead of exp(-inf - -inf) = NaN (and
-        # `again` waits on the finite shift: |0 * -inf| would be NaN).
-        shift = tl.where(m == -float("inf"), 0.0, m)
-        d = tl.sum(tl.exp(again(x, shift, hold).to(tl.float32) - shift), axis=0)
-        tl.store(part + j * 2, m)
-        tl.store(part + j * 2 + 1, d)
-    if PHASE == 0:
-        arrive_and_wait(arrivals, SPLITS)
-    if PHASE != 1:
-        m_row, d_row = _merge_fwd(part, SPLITS, SPLITS_P2)
-        x = again(x, d_row, hold).to(tl.float32)
-        y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
-        # with the exchange in y, its words' values are not written here (a mask at a multiple
-        # of 16: the stores stay vectorized)
-        mask = col_mask & (cols >= OUT_WORDS) if OUT_WORDS > 0 else col_mask
-        tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _merge_fwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """A row's max, and every chunk's sum rescaled to it (exp(-inf - m_row) = 0 for an all -inf
-    chunk; a row of only -inf gives NaN, as in torch), from its chunks' slots."""
-    k = tl.arange(0, SPLITS_P2)
-    ms = tl.load(part + k * 2, mask=k < SPLITS, other=-float("inf"), volatile=True)
-    ds = tl.load(part + k * 2 + 1, mask=k < SPLITS, other=0.0, volatile=True)
-    m_row = tl.max(ms, axis=0)
-    return m_row, tl.sum(ds * tl.exp(ms - m_row), axis=0)
-
-
-@triton.jit
-def _softmax_fwd_words_kernel(
-    x_ptr,
-    y_ptr,
-    stride_x,
-    stride_y,
-    IS_LOG: tl.constexpr,
-    SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    OUT_WORDS: tl.constexpr,  # values at the start of each y row over the split kernel's words
-    WORDS_P2: tl.constexpr,
-):
-    # After _softmax_fwd_split_kernel with its exchange in y: each row's values over the words,
-    # from the slots merged as there (the same code: the same result, WORDS_WARPS) and the
-    # row's first values.
-    row = tl.program_id(0).to(tl.int64)
-    m_row, d_row = _merge_fwd(out_slots(y_ptr, row, stride_y), SPLITS, SPLITS_P2)
-    cols = tl.arange(0, WORDS_P2)
-    mask = cols < OUT_WORDS
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x - m_row - tl.log(d_row) if IS_LOG else tl.exp(x - m_row) * (1.0 / d_row)
-    tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _softmax_bwd_kernel(
     dy_ptr,
     y_ptr,
@@ -257,10 +163,8 @@ def _softmax_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     if ROWS == 1:
         # One row: a 1-D block, as in the forward. 16-bit rows from HOLD_FROM columns stay in
-        # their dtype, converted again after the sum (_held): at 32768 columns 188.8 against
-        # 190.0 us on an H200 and 264.4 against 266.7 on an H100, against holding them as fp32
-        # (benchmarks/softmax_bwd_probe.py --sweep held, 16 warps, NOTES 58). fp32 rows gain
-        # nothing from it and would pay the extra adds.
+        # their dtype, converted again after the sum (_held); fp32 rows gain nothing from it and
+        # would pay the extra adds.
         row = tl.program_id(0).to(tl.int64)
         col_mask = cols < N
         hold: tl.constexpr = BLOCK_N >= HOLD_FROM and y_ptr.dtype.element_ty.primitive_bitwidth < 32
@@ -309,9 +213,8 @@ def _softmax_bwd_looped_kernel(
     # Rows walked in BLOCK_N chunks: pass 1 reduces sum(dy * y) (softmax) or sum(dy)
     # (log_softmax), pass 2 re-reads dy and y — from L2 with the table's flags — and writes dx,
     # so the DRAM reads and writes fall in separate passes. N is a constexpr, as in layer_norm's
-    # looped forward: with a runtime N this form was slower than the one-row kernel everywhere
-    # (NOTES 23); compiled per row length it runs at torch.compile's speed and 2-4% ahead of
-    # the one-row kernel at 8192-16384 columns (benchmarks/softmax_bwd_probe.py, NOTES 56).
+    # looped forward: with a runtime N this form is slower than the one-row kernel; compiled per
+    # row length (the loops unroll) it is ahead of it at 8192-16384 columns.
     row = tl.program_id(0).to(tl.int64)
     dy_row = dy_ptr + row * stride_dy
     y_row = y_ptr + row * stride_y
@@ -339,96 +242,7 @@ def _softmax_bwd_looped_kernel(
         tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND)
 
 
-@triton.jit
-def _softmax_bwd_split_kernel(
-    dy_ptr,
-    y_ptr,
-    dx_ptr,
-    part_ptr,  # [M, SPLITS] fp32: each chunk's sum(dy * y) (softmax) or sum(dy) (log_softmax)
-    sync_ptr,  # [1 + M] int32, zeroed, as in the forward
-    M,
-    N,
-    stride_dy,
-    stride_y,
-    stride_dx,
-    IS_LOG: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    PHASE: tl.constexpr,
-    OUT_WORDS: tl.constexpr,  # values of each dx row holding the exchange, as in the forward
-    PREFETCH: tl.constexpr = False,  # the row's counter line prefetched into L2 (_split)
-):
-    # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
-    if PHASE == 0:
-        t = ticket(out_words(dx_ptr, M - 1, stride_dx) if OUT_WORDS > 0 else sync_ptr)
-    else:
-        t = tl.program_id(0)
-    row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
-    part, arrivals = exchange(
-        dx_ptr, part_ptr, sync_ptr, row, stride_dx, SPLITS, OUT_WORDS, PREFETCH
-    )
-    if PHASE != 2:
-        tl.store(part + j, tl.sum(dy, axis=0) if IS_LOG else tl.sum(dy * y, axis=0))
-    if PHASE == 0:
-        arrive_and_wait(arrivals, SPLITS)
-    if PHASE != 1:
-        s = _merge_bwd(part, SPLITS, SPLITS_P2)
-        dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
-        mask = col_mask & (cols >= OUT_WORDS) if OUT_WORDS > 0 else col_mask  # as the forward
-        tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _merge_bwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
-    """A row's sum(dy * y) (softmax) or sum(dy) (log_softmax) from its chunks' slots."""
-    k = tl.arange(0, SPLITS_P2)
-    return tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
-
-
-@triton.jit
-def _softmax_bwd_words_kernel(
-    dy_ptr,
-    y_ptr,
-    dx_ptr,
-    stride_dy,
-    stride_y,
-    stride_dx,
-    IS_LOG: tl.constexpr,
-    SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    OUT_WORDS: tl.constexpr,
-    WORDS_P2: tl.constexpr,
-):
-    # dx's values over the backward split kernel's words, as _softmax_fwd_words_kernel.
-    row = tl.program_id(0).to(tl.int64)
-    s = _merge_bwd(out_slots(dx_ptr, row, stride_dx), SPLITS, SPLITS_P2)
-    cols = tl.arange(0, WORDS_P2)
-    mask = cols < OUT_WORDS
-    dy = tl.load(dy_ptr + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
-    dx = dy - tl.exp(y) * s if IS_LOG else y * (dy - s)
-    tl.store(dx_ptr + row * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-
-
 # --------------------------------------------------------------------------- launchers
-
-# The words kernels' warps: 4096 rows took 6.7 us at 4 warps (and at 1), 7.5 at 8, 11-12 at 16
-# (H200, benchmarks/softmax_exchange_probe.py, NOTES 59). Their merge reduces a 1-D tensor of
-# at most 32 slots within one warp, as the split kernels' does at any warp count: the same
-# result (the GPU tests hold the two forms to bit for bit).
-WORDS_WARPS = 4
-
-# Whether each split program prefetches its row's counter line into L2 (_split.launch): on an
-# H200 the backward was 1.6-4.8% faster with it at 65536-262144 columns, the forward 1.1-2.4%
-# slower from 128256 (benchmarks/softmax_exchange_probe.py, NOTES 63).
-PREFETCH_FWD = False
-PREFETCH_BWD = True
 
 
 def _config(kernel: str, x: torch.Tensor, config: LaunchConfig | None) -> LaunchConfig:
@@ -479,10 +293,9 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
     explicit `config` is taken as given (a split row that cannot be split runs looped at its
     `block_n`).
 
-    The table's looped rows under the one-row widths were swept with 16-bit values (NOTES 56);
-    with fp32 ones the same configs were slower than the one-row kernel (H200, 4096 x 8192:
-    98.8 against 93.3 us), which holds dy and y as fp32 below HOLD_FROM columns whatever the
-    input dtype."""
+    The table's looped rows under the one-row widths suit 16-bit values; with fp32 ones the
+    one-row kernel is faster (it holds dy and y as fp32 below HOLD_FROM columns whatever the
+    input dtype)."""
     cfg = _config("bwd", y, config)
     if config is None and cfg.block_n < y.shape[-1]:
         if cfg.split_row and not _split_count(y, cfg):
@@ -510,16 +323,7 @@ def softmax_fwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        words = launch_split(
-            _softmax_fwd_split_kernel, args[:2], args[2:], cfg, splits, 2,
-            programs=M * splits, out=y, prefetch=PREFETCH_FWD, IS_LOG=is_log,
-        )  # fmt: skip
-        if words:
-            _softmax_fwd_words_kernel[(M,)](
-                x, y, x.stride(0), y.stride(0), IS_LOG=is_log, SPLITS=splits,
-                SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-                WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
-            )  # fmt: skip
+        split_fwd_launch(x, y, is_log, cfg, splits)
     else:
         _softmax_fwd_looped_kernel[(M,)](
             *args,
@@ -549,16 +353,7 @@ def softmax_bwd_launch(
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
     elif splits:
-        words = launch_split(
-            _softmax_bwd_split_kernel, args[:3], args[3:], cfg, splits, 1,
-            programs=M * splits, out=dx, prefetch=PREFETCH_BWD, IS_LOG=is_log,
-        )  # fmt: skip
-        if words:
-            _softmax_bwd_words_kernel[(M,)](
-                dy, y, dx, dy.stride(0), y.stride(0), dx.stride(0), IS_LOG=is_log,
-                SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-                WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
-            )  # fmt: skip
+        split_bwd_launch(dy, y, dx, is_log, cfg, splits)
     else:
         _softmax_bwd_looped_kernel[(M,)](
             *args,

@@ -43,6 +43,7 @@ class ConfigRow(Part):
     evict_hints: bool = False  # two-pass kernels' L2 flags (see LaunchConfig)
     reverse_pass: bool = False
     split_row: bool = False  # a row over programs that wait for each other (see LaunchConfig)
+    split_prefetch: bool = False  # split rows: the row's counter prefetched (see LaunchConfig)
 
 
 class Timing(Part):

@@ -33,6 +33,10 @@ class LaunchConfig:
     # cdiv(n, block_n) programs that each hold one chunk and wait for each other's statistics
     # (ops/_split.py: one read of the row) instead of one program reading it twice.
     split_row: bool = False
+    # Split rows with the exchange in their output only: each program prefetches its row's
+    # counter line into L2 after its loads (ops/_split.py), so its first count does not wait on
+    # DRAM. A choice per kernel: it pays where the count would otherwise miss L2.
+    split_prefetch: bool = False
 
     def with_(self, **changes) -> LaunchConfig:
         return replace(self, **changes)

@@ -11,13 +11,12 @@ from kernelwright.runtime.launch import LaunchConfig as C
 
 _LAST = 2**31 - 1
 
-# "default" rows: swept with benchmarks/tune.py on an H200 (bf16, q/k as HF's transposed views,
-# B = 1, 2026-11-22; benchmarks/results/tune_rope_h200.csv). Keys are the models' (heads +
-# kv_heads) * head_dim: 2560 Llama-3.2-1B, 4096 Qwen2.5-7B, 5120 Llama-3-8B, 6144 Gemma-2-9B,
-# 17408 Llama-3.1-405B. One token per program wins everywhere. Since the kernel issues every
-# load of a token before its stores when one tile holds all heads of q and one all of k, the
-# tiles that do (block_n >= next_pow2(heads) * next_pow2(head_dim)) win by 1-4% over the
-# per-tile loop (86-95% of copy bandwidth at 8192 tokens, level with Liger).
+# "default" rows: swept on an H200 (bf16, q/k as HF's transposed views, B = 1). Keys are the
+# models' (heads + kv_heads) * head_dim: 2560 Llama-3.2-1B, 4096 Qwen2.5-7B, 5120 Llama-3-8B,
+# 6144 Gemma-2-9B, 17408 Llama-3.1-405B. One token per program wins everywhere. The kernel
+# issues every load of a token before its stores when one tile holds all heads of q and one all
+# of k, so the tiles that do (block_n >= next_pow2(heads) * next_pow2(head_dim)) beat the
+# per-tile loop.
 _ROWS = [
     (1024, C(block_n=1024, rows=4, num_warps=4)),
     (2560, C(block_n=8192, rows=1, num_warps=4)),

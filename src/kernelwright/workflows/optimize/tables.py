@@ -103,6 +103,7 @@ def to_config_rows(rows: list[Row]) -> list[ConfigRow]:
             evict_hints=c.evict_hints,
             reverse_pass=c.reverse_pass,
             split_row=c.split_row,
+            split_prefetch=c.split_prefetch,
         )
         for m, c in rows
     ]
