@@ -563,6 +563,7 @@ def test_second_backward_raises():
         loss.backward()
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU a device-side assert (its own process: below)")
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 @pytest.mark.parametrize(
     "bad,ignore_index", [(300, -100), (-5, -100), (-1, -100), (-100, 7)], ids=str
@@ -588,9 +589,10 @@ def test_out_of_range_target_raises(bad, ignore_index, dtype):
 
 @pytest.mark.parametrize("n", [0, 0.0, -3, "tensor0", "tensor_neg"], ids=str)
 def test_num_items_in_batch_must_be_positive(n):
-    # num_items_in_batch is the mean's denominator: 0 gave an infinite loss (or NaN).
+    # num_items_in_batch is the mean's denominator: 0 gave an infinite loss (or NaN). A CPU
+    # tensor is checked at once on any device (a GPU tensor is a device-side assert).
     if isinstance(n, str):
-        n = torch.tensor(0 if n == "tensor0" else -2.0, device=DEVICE)
+        n = torch.tensor(0 if n == "tensor0" else -2.0)
     x = _logits((6,), 50, torch.float32, 34)
     t = _targets((6,), 50, 34)
     with pytest.raises(ValueError, match="num_items_in_batch must be > 0"):
@@ -615,7 +617,8 @@ def test_out_of_range_target_poisons_its_row_in_the_kernel(path, weighted):
     bad[[2, 5]] = True
     t[2], t[5] = V, -5
     good_t = torch.where(bad, -100, t)
-    loss, lse, grad = torch.empty(9), torch.empty(9), torch.empty_like(x)
+    loss, lse = torch.empty(9, device=DEVICE), torch.empty(9, device=DEVICE)
+    grad = torch.empty_like(x)
     w = weight.float() if weighted else None
     with poisoned():
         cross_entropy_fwd_launch(
@@ -632,6 +635,7 @@ def test_out_of_range_target_poisons_its_row_in_the_kernel(path, weighted):
 
 
 @pytest.mark.compile
+@pytest.mark.skipif(ON_GPU, reason="on a GPU a device-side assert (its own process: below)")
 def test_out_of_range_target_under_torch_compile():
     # Under torch.compile the checks are device-side asserts in the graph (no data-dependent
     # branch); on the CPU they raise at once with the message.
