@@ -187,10 +187,11 @@ def test_patched_and_unpatched_runs_draw_the_same_dropout_masks(monkeypatch):
     import copy
 
     import torch
+    from conftest import DEVICE
 
     from kernelwright.integrations.transformers import patch
 
-    model = _tiny_llama(attention_dropout=0.5)
+    model = _tiny_llama(attention_dropout=0.5).to(DEVICE)
     masks: list[torch.Tensor] = []
     dropout = torch.nn.functional.dropout
 
@@ -200,7 +201,7 @@ def test_patched_and_unpatched_runs_draw_the_same_dropout_masks(monkeypatch):
         return out
 
     monkeypatch.setattr(torch.nn.functional, "dropout", recording)
-    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, 200, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
 
     def run(m, patched: bool) -> list[torch.Tensor]:
         masks.clear()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from kernelwright import registry
 from kernelwright.bench.specs import SPECS, get_spec
@@ -150,7 +151,7 @@ def test_hf_patterns_feed_autopatch():
     assert ACTIVATIONS["silu"] == "swiglu" and ACTIVATIONS["gelu"] == "geglu_erf"
     assert set(ACTIVATIONS.values()) == set(typing.get_args(MLPActivation))
     assert set(_GATED) == {"swiglu", "geglu_tanh", "geglu_erf"}
-    gate, up = torch.randn(2, 8), torch.randn(2, 8)
+    gate, up = torch.randn(2, 8, device=DEVICE), torch.randn(2, 8, device=DEVICE)
     separate, fused = _GATED["geglu_erf"]
     from kernelwright.ops.geglu import geglu_ref
 
