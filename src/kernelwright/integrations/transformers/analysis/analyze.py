@@ -58,9 +58,11 @@ def analyze(source, *, check: bool = True) -> ModelProfile:
     """
     # The tiny instance and the check inputs are built on the CPU and moved explicitly; a
     # caller's default-device context (`with torch.device("cuda")`) must not leak into them.
-    # Building the tiny instance draws from torch's CPU generator: fork it, so that a patched
-    # training run draws the same dropout masks and shuffles as an unpatched one.
-    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+    # Building the tiny instance and the checks draw from torch's generators (the CPU's, and a
+    # GPU's where a check runs there): fork them, so that a patched training run draws the same
+    # dropout masks and shuffles as an unpatched one.
+    gpus = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=gpus), torch.device("cpu"):
         return _analyze(source, check=check)
 
 
