@@ -10,16 +10,15 @@ imports `app`). Without an installed package: `PYTHONPATH=src python -m kernelwr
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
 from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
+from kernelwright.console import make_console
 from kernelwright.testing.model_configs import ARCHITECTURES
 
 app = typer.Typer(
@@ -63,15 +62,6 @@ Force = Annotated[
         "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
     ),
 ]
-
-
-def make_console() -> Console:
-    # Off a terminal (the GPU machine's captured output, CI logs) rich falls back to 80
-    # columns, which wraps the summary tables; use a wider page unless COLUMNS says otherwise.
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=180)
-    return console
 
 
 # `kernelwright bench`: cli_bench.py

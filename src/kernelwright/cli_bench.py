@@ -10,14 +10,9 @@ import typer
 from rich.console import Console
 
 from kernelwright import registry  # the op list in the help (data only: no kernel imported)
+from kernelwright.console import make_console
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def make_console() -> Console:
-    from kernelwright.cli import make_console as _make
-
-    return _make()
 
 
 def _split(text: str | None) -> list[str] | None:

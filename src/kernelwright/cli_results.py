@@ -18,7 +18,7 @@ results_app = typer.Typer(
 
 
 def _console():
-    from kernelwright.cli import make_console
+    from kernelwright.console import make_console
 
     return make_console()
 

@@ -88,7 +88,7 @@ class BenchSpec:
     # model). For ops whose backward hands one tensor to two inputs (fused_add_rms_norm: ds is
     # the gradient of x and of residual): with both inputs leaves, AccumulateGrad would copy
     # it for one of them (an extra read and write of [M, N], for every provider) — a copy no
-    # decoder layer makes (benchmarks/leaf_grad_probe.py). Elsewhere it makes no difference.
+    # decoder layer makes. Elsewhere it makes no difference.
     grad_through_views: bool = False
 
     @property
