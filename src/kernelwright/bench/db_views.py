@@ -183,6 +183,11 @@ def _shape_order(pt: Point) -> tuple:
     return (r["bytes"], r["shape"])
 
 
+def span(cells: Sequence[str]) -> str:
+    """One README cell for several shapes: "smallest … largest"."""
+    return " … ".join(cells)
+
+
 def readme_block(
     rows: Sequence[dict],
     key: str,
@@ -212,36 +217,46 @@ def readme_block(
     for (dtype, op, _, mode), classes in by_key.items():
         groups.setdefault((dtype, op, mode), []).append(classes)
     dtypes = sorted({k[0] for k in groups})
+    any_host = any("host-incl." in c for shapes in groups.values() for c in shapes)
     lines = [_readme_header(mine, dtypes, modes), ""]
-    heads = ["op · shape · mode", f"{OURS} ms", "torch.compile ms", "Liger ms"]
-    heads += ["faster peer / kw", "host-incl. kw ms (ratio)"]
+    heads = ["op · mode" if not all_shapes else "op · shape · mode"]
+    heads += [] if all_shapes else ["shapes (smallest … largest)"]
+    heads += [f"{OURS} ms", "torch.compile ms", "Liger ms", "faster peer / kw"]
+    heads += ["host-incl. peer / kw"] if any_host else []
     body = []
     for (dtype, op, mode), shapes in groups.items():
         shapes.sort(key=lambda c: _shape_order(c.get("gpu-only") or c["host-incl."]))
         if not all_shapes and len(shapes) > 2:
             shapes = [shapes[0], shapes[-1]]
-        for classes in shapes:
-            main = classes.get("gpu-only") or classes["host-incl."]
-            host = classes.get("host-incl.")
-            label = f"{op} · {main.shape} · {_MODE_LABEL.get(mode, mode)}"
-            label += f" · {dtype}" if len(dtypes) > 1 else ""
-            peer = main.faster_peer()
-            cells = [label, _fmt(main.ms(OURS), ".3f")]
-            cells += [_fmt(main.ms(p), ".3f") for p in PEERS]
-            cells.append(_fmt(main.vs_ours(peer), ".2f") + "×" if peer else "—")
-            if host is not None:
-                hpeer = host.faster_peer()
-                ratio = f" ({_fmt(host.vs_ours(hpeer), '.2f')}×)" if hpeer else ""
-                cells.append(_fmt(host.ms(OURS), ".3f") + ratio)
-            else:
-                cells.append("—")
+        tail = _MODE_LABEL.get(mode, mode) + (f" · {dtype}" if len(dtypes) > 1 else "")
+        # one row per shape (all_shapes), else one row per op and mode: "smallest … largest"
+        for cols in [[c] for c in shapes] if all_shapes else [shapes]:
+            mains = [c.get("gpu-only") or c["host-incl."] for c in cols]
+            hosts = [c.get("host-incl.") for c in cols]
+
+            cells = [f"{op} · {mains[0].shape} · {tail}" if all_shapes else f"{op} · {tail}"]
+            if not all_shapes:
+                cells.append(span([m.shape for m in mains]))
+            cells.append(span([_fmt(m.ms(OURS), ".3f") for m in mains]))
+            cells += [span([_fmt(m.ms(p), ".3f") for m in mains]) for p in PEERS]
+            ratios = []
+            for m in mains:
+                peer = m.faster_peer()
+                ratios.append(_fmt(m.vs_ours(peer), ".2f") + "×" if peer else "—")
+            cells.append(span(ratios))
+            if any_host:
+                hr = []
+                for h in hosts:
+                    hpeer = h.faster_peer() if h is not None else ""
+                    hr.append(_fmt(h.vs_ours(hpeer), ".2f") + "×" if hpeer else "—")
+                cells.append(span(hr))
             body.append(cells)
     lines.append(markdown_table(heads, body))
     lines += [
         "",
         "Median ms; ratio = the faster of torch.compile and Liger over kernelwright (≥ 1.00×: "
-        "kernelwright is faster). host-incl.: timed as a user's eager loop sees it, the host's "
-        "launch cost included.",
+        "kernelwright is faster)"
+        + ("; host-incl.: timed as a user's eager loop sees it." if any_host else "."),
     ]
     return "\n".join(lines)
 
