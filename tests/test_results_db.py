@@ -510,3 +510,22 @@ def test_create_records_its_benchmark(tmp_path, monkeypatch):
     got = ResultsDB.existing(path).query()
     assert len(got) == len(rows) > 0 and {d["source"] for d in got} == {"create"}
     assert {d["op"] for d in got} == {"double"} and {d["provider"] for d in got} >= {"kernelwright"}
+
+
+def test_the_readme_tables_are_the_bench_of_record(tmp_path):
+    # The README's performance blocks are generated from benchmarks/results/ (never edited by
+    # hand): importing the committed CSVs and regenerating must change nothing.
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    db = tmp_path / "bor.db"
+    folders = [root / "benchmarks" / "results" / gpu for gpu in ("h100", "h200")]
+    assert _cli("results", "import", *folders, "--db", db).exit_code == 0
+    readme = tmp_path / "README.md"
+    readme.write_text((root / "README.md").read_text())
+    res = _cli("results", "readme", readme, "--db", db)
+    assert res.exit_code == 0, res.output
+    assert readme.read_text() == (root / "README.md").read_text(), (
+        "README.md's results blocks differ from benchmarks/results/: run "
+        "`kernelwright results readme` (docs/benchmarks.md)"
+    )
