@@ -57,7 +57,8 @@ format: $(STAMP)
 # FLUSH the timer's L2 flush (read or demote; default demote on sm_80+: docs/benchmarks.md).
 OPS ?= all
 FLUSH ?=
-GPU_ENV = PYTHONPATH=src:$$PYTHONPATH PYTHONUNBUFFERED=1
+# absolute: tests run generated packages and the CLI in subprocesses from other folders
+GPU_ENV = PYTHONPATH=$(CURDIR)/src:$$PYTHONPATH PYTHONUNBUFFERED=1
 
 gpu-check: gpu-test gpu-bench
 
