@@ -17,19 +17,26 @@ from collections.abc import Callable
 
 from kernelwright.registry.catalog import DEFAULT_SHAPES, ENTRIES
 from kernelwright.registry.entry import (
+    INDUCTOR,
+    Capability,
     DemoCase,
     HFPattern,
+    Impl,
     OpEntry,
     UnknownOpError,
     resolve,
     unknown_op,
+    unsupported,
 )
 from kernelwright.registry.generated import discover
 
 __all__ = [
     "DEFAULT_SHAPES",
+    "INDUCTOR",
+    "Capability",
     "DemoCase",
     "HFPattern",
+    "Impl",
     "OpEntry",
     "UnknownOpError",
     "benchmarked",
@@ -41,6 +48,7 @@ __all__ = [
     "resolve",
     "tuned",
     "unknown_op",
+    "unsupported",
 ]
 
 

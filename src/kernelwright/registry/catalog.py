@@ -8,10 +8,27 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.registry.entry import DemoCase, HFPattern, OpEntry
+from kernelwright.registry.entry import INDUCTOR, Capability, DemoCase, HFPattern, Impl, OpEntry
 
 OPS = "kernelwright.ops"
 TABLES = "kernelwright.runtime.tables"
+LIGER = "liger_kernel.ops"
+
+# Liger's row kernels hold a whole row in one block of next_power_of_2(n) (its
+# calculate_settings refuses more than 65536 columns).
+LIGER_MAX_ROW = 65536
+
+
+def _impls(op: str, liger: str | None = None, liger_max_row: int | None = None, **cap):
+    """kernelwright's kernel (capability `cap`), Liger's (`liger`: "module:Function", CUDA
+    only) where it has the op, and Inductor's default, in the order that breaks ties."""
+    own = Impl("kernelwright", "kernelwright", f"{OPS}.{op}:{op}", Capability(**cap))
+    peer = ()
+    if liger is not None:
+        peer_cap = Capability(devices=("cuda",), max_row=liger_max_row)
+        peer = (Impl("liger", "liger", f"{LIGER}.{liger}", peer_cap),)
+    return (own, *peer, INDUCTOR)
+
 
 # The demo's shapes when a case names none: x-like [..., N], on the GPU real widths, on the CPU
 # (interpreter) a 3-D odd shape and a wider row.
@@ -37,6 +54,7 @@ NORMS = (
         "norms",
         f"{OPS}.rms_norm",
         summary="RMSNorm (Llama / Gemma casting, weight offset), forward and backward",
+        impls=_impls("rms_norm", "rms_norm:LigerRMSNormFunction", LIGER_MAX_ROW),
         module_class="RMSNorm",
         eager="rms_norm_eager",
         table=f"{TABLES}.rms_norm",
@@ -52,6 +70,9 @@ NORMS = (
         "norms",
         f"{OPS}.fused_add_rms_norm",
         summary="residual add + RMSNorm in one pass, returning both",
+        impls=_impls(
+            "fused_add_rms_norm", "fused_add_rms_norm:LigerFusedAddRMSNormFunction", LIGER_MAX_ROW
+        ),
         module_class="FusedAddRMSNorm",
         eager="fused_add_rms_norm_eager",
         table=f"{TABLES}.fused_add_rms_norm",
@@ -63,6 +84,7 @@ NORMS = (
         "norms",
         f"{OPS}.layer_norm",
         summary="LayerNorm with weight and bias",
+        impls=_impls("layer_norm", "layer_norm:LigerLayerNormFunction", LIGER_MAX_ROW),
         module_class="LayerNorm",
         eager="layer_norm_eager",
         table=f"{TABLES}.layer_norm",
@@ -75,6 +97,7 @@ NORMS = (
         "norms",
         f"{OPS}.l2_norm",
         summary="x / sqrt(sum(x^2) + eps) over the last dim (QK-norm of linear attention)",
+        impls=_impls("l2_norm", max_row=16384),  # ops/l2_norm.MAX_N: one row in registers
         module_class="L2Norm",
         eager="l2_norm_eager",
         bench="l2_norm",
@@ -89,6 +112,7 @@ ACTIVATIONS = (
         "activations",
         f"{OPS}.swiglu",
         summary="silu(gate) * up, separate or fused [gate | up] projections",
+        impls=_impls("swiglu", "swiglu:LigerSiLUMulFunction", LIGER_MAX_ROW),
         module_class="SwiGLU",
         eager="swiglu_eager",
         table=f"{TABLES}.swiglu",
@@ -109,6 +133,8 @@ ACTIVATIONS = (
         "activations",
         f"{OPS}.geglu",
         summary="gelu(gate) * up, tanh or erf GELU",
+        # Liger's GELUMul is the tanh form only
+        impls=_impls("geglu", "geglu:LigerGELUMulFunction", LIGER_MAX_ROW),
         module_class="GeGLU",
         eager="geglu_eager",
         table=f"{TABLES}.geglu",
@@ -141,6 +167,7 @@ ACTIVATIONS = (
         "activations",
         f"{OPS}.relu_squared",
         summary="relu(x)^2, the non-gated MLP activation of Primer / Nemotron",
+        impls=_impls("relu_squared", "relu_squared:LigerReLUSquaredFunction", LIGER_MAX_ROW),
         module_class="ReLUSquared",
         eager="relu_squared_eager",
         table=f"{TABLES}.relu_squared",
@@ -156,6 +183,7 @@ SOFTMAX = (
         "softmax",
         f"{OPS}.softmax",
         summary="softmax and log_softmax over the last dim",
+        impls=_impls("softmax", "softmax:LigerSoftmaxFunction", LIGER_MAX_ROW),
         module_class="Softmax",
         eager="softmax_eager",
         table=f"{TABLES}.softmax",
@@ -173,6 +201,7 @@ LOSSES = (
         "losses",
         f"{OPS}.cross_entropy",
         summary="cross-entropy over logits (label smoothing, softcap, z-loss)",
+        impls=_impls("cross_entropy", "cross_entropy:LigerCrossEntropyFunction"),
         module_class="CrossEntropyLoss",
         eager="cross_entropy_eager",
         table=f"{TABLES}.cross_entropy",
@@ -193,6 +222,12 @@ LOSSES = (
         "losses",
         f"{OPS}.fused_linear_cross_entropy",
         summary="lm-head matmul + cross-entropy in chunks, the logits never stored",
+        impls=_impls(
+            "fused_linear_cross_entropy",
+            "fused_linear_cross_entropy:LigerFusedLinearCrossEntropyFunction",
+            min_rank=2,
+        ),
+        bucket=(("tokens",), "hidden"),  # the site's hidden states [tokens, H]
         module_class="FusedLinearCrossEntropyLoss",
         eager="fused_linear_cross_entropy_eager",
         bench="fused_linear_cross_entropy",
@@ -221,6 +256,8 @@ ROPE = (
         "rope",
         f"{OPS}.rope",
         summary="rotary position embedding of q and k (half-split or interleaved)",
+        impls=_impls("rope", "rope:LigerRopeFunction", min_rank=4, max_rank=4),
+        bucket=(("tokens", "heads"), "head_dim"),  # the site's q [B, S, H, D]
         module_class="RoPE",
         eager="rope_eager",
         table=f"{TABLES}.rope",
@@ -242,6 +279,9 @@ JAGGED = (
         "jagged",
         f"{OPS}.jagged_mean",
         summary="mean of each segment of a jagged [total, D] tensor",
+        impls=_impls("jagged_mean", min_rank=2, max_rank=2),
+        # the site's values [total, D]; a bench row's rows: segments x max_len, its bound
+        bucket=(("segments", "max_len"), "d"),
         module_class="JaggedMean",
         table=f"{TABLES}.jagged_mean",
         bench="jagged_mean",
@@ -255,6 +295,7 @@ MOE = (
         "moe",
         f"{OPS}.moe_experts",
         summary="the expert layer of a mixture of experts (stacked SwiGLU experts)",
+        impls=_impls("moe_experts", min_rank=2),
         replaces=(HFPattern("moe", r"Experts$|SparseMoeBlock$", "stacked"),),
     ),
 )

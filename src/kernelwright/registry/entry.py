@@ -1,4 +1,5 @@
-"""What an op declares (`OpEntry`, `DemoCase`, `HFPattern`) and the one resolver.
+"""What an op declares (`OpEntry`, `DemoCase`, `HFPattern`, `Impl` + `Capability`) and the
+one resolver.
 
 Entries are data: module and function names are strings, imported only when something asks
 for the callable (`entry.fn()`, `resolve(...)`), so reading the registry — the CLI's help, a
@@ -89,6 +90,100 @@ class HFPattern:
     fused: str | None = None
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cuda", "cpu-interpreter")  # "cpu-interpreter": Triton's interpreter on the CPU
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What an implementation can run, as data; `unsupported` checks a call site against it.
+
+    dtypes: the input dtypes by torch name ("bfloat16"). min_rank / max_rank: the main input's
+    rank (None: no bound). last_dim_contiguous: the kernel reads rows with stride 1.
+    max_row: the longest last dim it takes (None: any). devices: "cuda", "cpu-interpreter"
+    (() = any device). archs: the GPU archs it runs on ("sm_90"; () = any).
+    """
+
+    dtypes: tuple[str, ...] = DTYPES
+    min_rank: int = 1
+    max_rank: int | None = None
+    last_dim_contiguous: bool = True
+    max_row: int | None = None
+    devices: tuple[str, ...] = DEVICES
+    archs: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for listings: "bfloat16/float16/float32, rank >= 2, n <= 16384, ..."."""
+        parts = ["/".join(self.dtypes)]
+        rank = f"rank >= {self.min_rank}" if self.min_rank > 1 else ""
+        if self.max_rank is not None:
+            rank = f"rank {self.min_rank}..{self.max_rank}"
+        parts += [rank] if rank else []
+        parts += ["last dim contiguous"] if self.last_dim_contiguous else []
+        parts += [f"n <= {self.max_row}"] if self.max_row is not None else []
+        parts.append("/".join(self.devices) if self.devices else "any device")
+        parts += ["/".join(self.archs)] if self.archs else []
+        return ", ".join(parts)
+
+
+ANY = Capability(dtypes=(), last_dim_contiguous=False, devices=())  # Inductor takes anything
+
+
+def unsupported(
+    cap: Capability,
+    *,
+    dtype: str,
+    shape: Shape,
+    device: str,
+    arch: str | None = None,
+    last_dim_contiguous: bool = True,
+) -> str | None:
+    """None when `cap` covers the call site, else why not (one phrase). Pure: no torch call."""
+    if cap.dtypes and dtype not in cap.dtypes:
+        return f"dtype {dtype} not in {'/'.join(cap.dtypes)}"
+    rank = len(shape)
+    if rank < cap.min_rank:
+        return f"rank {rank} < {cap.min_rank}"
+    if cap.max_rank is not None and rank > cap.max_rank:
+        return f"rank {rank} > {cap.max_rank}"
+    if cap.last_dim_contiguous and not last_dim_contiguous:
+        return "the last dim is not contiguous"
+    if cap.max_row is not None and shape and shape[-1] > cap.max_row:
+        return f"last dim {shape[-1]} > {cap.max_row}"
+    if cap.devices and device not in cap.devices:
+        return f"device {device} not in {'/'.join(cap.devices)}"
+    if cap.archs and device == "cuda" and arch not in cap.archs:
+        return f"GPU arch {arch or 'unknown'} not in {'/'.join(cap.archs)}"
+    return None
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of an op.
+
+    name: "kernelwright" | "created" | "liger" | "inductor" (what a choice names).
+    provider: the benchmark provider whose rows in the results database time it (Inductor's
+        are `torch_compile`'s: the eager form compiled).
+    function: "package.module:attr.path" of the callable; "" for Inductor (the original graph
+        is left alone).
+    """
+
+    name: str
+    provider: str
+    function: str
+    capability: Capability = Capability()
+
+    def load(self) -> Any:
+        """The callable, imported now; None for Inductor."""
+        return resolve(self.function) if self.function else None
+
+    def unsupported(self, **site: Any) -> str | None:
+        return unsupported(self.capability, **site)
+
+
+INDUCTOR = Impl("inductor", "torch_compile", "", ANY)
+
+
 @dataclass(frozen=True)
 class OpEntry:
     """Everything the tools need to know about one op, in one place.
@@ -97,6 +192,11 @@ class OpEntry:
     `reference` to `<op>_ref`. `table` is the launch-config table module the optimize workflow
     rewrites, `bench` the name of its benchmark spec (the spec lives in `kernelwright.bench`),
     `tests` its test file relative to the repository root.
+
+    `impls`: the implementations a call site chooses among, in the order that breaks ties
+    (kernelwright's kernel first, Inductor last); default: the op's kernel and Inductor.
+    `bucket`: how a bench row's named dims map onto a call site's (rows, n) — the dims whose
+    product is the rows and the row length's dim; default: every dim but the last, the last.
     """
 
     name: str
@@ -114,6 +214,8 @@ class OpEntry:
     test_shapes: tuple[Shape, ...] = ()
     replaces: tuple[HFPattern, ...] = ()
     generated: bool = False  # written by `kernelwright create --into-library`
+    impls: tuple[Impl, ...] = ()
+    bucket: tuple[tuple[str, ...], str] | None = None
 
     def __post_init__(self) -> None:
         defaults = {
@@ -124,6 +226,16 @@ class OpEntry:
         for key, value in defaults.items():
             if not getattr(self, key):
                 object.__setattr__(self, key, value)
+        if not self.impls:
+            name = "created" if self.generated else "kernelwright"
+            own = Impl(name, "kernelwright", f"{self.module}:{self.function}")
+            object.__setattr__(self, "impls", (own, INDUCTOR))
+
+    def impl(self, name: str) -> Impl:
+        for i in self.impls:
+            if i.name == name:
+                return i
+        raise unknown_op(name, [i.name for i in self.impls], f"implementation of {self.name}")
 
     def load(self) -> ModuleType:
         """The op's module, imported."""
