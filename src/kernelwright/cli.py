@@ -76,6 +76,12 @@ from kernelwright.cli_results import results_app  # noqa: E402
 app.add_typer(results_app, name="results")
 
 
+# `kernelwright registry ...`: implementations and their selection (cli_registry.py)
+from kernelwright.cli_registry import registry_app  # noqa: E402
+
+app.add_typer(registry_app, name="registry")
+
+
 @app.command()
 def demo() -> None:
     """Verify every library kernel against its reference, then print a benchmark table."""

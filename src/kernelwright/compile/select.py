@@ -45,7 +45,8 @@ DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32":
 
 class Bucket(NamedTuple):
     """A shape bucket: rows (the product of the leading dims) and n (the last dim), each
-    rounded to the nearest power of two in log2 space (6000 -> 4096, 6200 -> 8192)."""
+    rounded to the nearest power of two in log2 space (5700 -> 4096, 5900 -> 8192: the
+    boundary is 4096 x sqrt(2))."""
 
     rows: int
     n: int

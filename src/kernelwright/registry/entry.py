@@ -114,7 +114,7 @@ class Capability:
 
     def describe(self) -> str:
         """One line for listings: "bfloat16/float16/float32, rank >= 2, n <= 16384, ..."."""
-        parts = ["/".join(self.dtypes)]
+        parts = ["/".join(self.dtypes) or "any dtype"]
         rank = f"rank >= {self.min_rank}" if self.min_rank > 1 else ""
         if self.max_rank is not None:
             rank = f"rank {self.min_rank}..{self.max_rank}"
@@ -126,7 +126,8 @@ class Capability:
         return ", ".join(parts)
 
 
-ANY = Capability(dtypes=(), last_dim_contiguous=False, devices=())  # Inductor takes anything
+# Inductor takes whatever the graph holds
+ANY = Capability(dtypes=(), min_rank=0, last_dim_contiguous=False, devices=())
 
 
 def unsupported(
