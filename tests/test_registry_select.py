@@ -268,3 +268,26 @@ def test_cli_choose_prints_the_choice_and_why(db, tmp_path):
     bad.write_bytes(b"garbage" * 200)
     got = _cli(*args, "--arch", "sm_90", "--db", bad)
     assert got.exit_code == 1 and "corrupt.db" in got.output
+
+
+def test_cli_bench_appends_the_implementations_timings(tmp_path):
+    from conftest import ON_GPU
+
+    db = tmp_path / "r.db"
+    got = _cli("bench", "l2_norm", "--db", db, "--out", tmp_path / "out")
+    assert got.exit_code == 0, got.output
+    rows = ResultsDB.existing(db).query()
+    assert rows and {r["op"] for r in rows} == {"l2_norm"}
+    assert {r["mode"] for r in rows} == {"full"}
+    # eager `torch` times no implementation: never run
+    assert "kernelwright" in {r["provider"] for r in rows} and "torch" not in {
+        r["provider"] for r in rows
+    }
+    if not ON_GPU:
+        assert {r["provider"] for r in rows} == {"kernelwright"}
+        assert "not speeds" in got.output
+        # interpreter rows never decide a choice
+        c = choose("l2_norm", dtype="bf16", shape=(16, 4, 64), device="cpu", db=db)
+        assert not c.measured
+    got = _cli("bench", "moe_experts", "--db", db)
+    assert got.exit_code == 1 and "no benchmark spec" in got.output
