@@ -155,9 +155,11 @@ def _capability(m: Match) -> str | None:
             return "gate and up have different dtypes (eager promotes)"
         if tuple(gate.shape) != tuple(up.shape):
             return "gate and up have different shapes (eager broadcasts)"
-    if m.op == "rms_norm" and "weight" in vals:
-        if tuple(vals["weight"].shape) != (vals["x"].shape[-1],):
-            return "weight is not [N] for the last dimension N of x"
+    weight = vals.get("weight") if m.op == "rms_norm" else None
+    if weight is not None and tuple(weight.shape) != (vals["x"].shape[-1],):
+        return "weight is not [N] for the last dimension N of x"
+    if weight is not None and weight.dtype not in (vals["x"].dtype, torch.float32):
+        return "weight's dtype is neither x's nor float32 (the kernel rounds otherwise)"
     return None
 
 
@@ -214,7 +216,9 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
             op=m.op,
             nodes=tuple(n.name for n in m.nodes),
             shapes={k: tuple(_hint(d) for d in v.shape) for k, v in vals.items() if v is not None},
-            dtypes={k: str(v.dtype).replace("torch.", "") for k, v in vals.items() if v is not None},
+            dtypes={
+                k: str(v.dtype).replace("torch.", "") for k, v in vals.items() if v is not None
+            },
             impl=impl,
             reason=reason,
             replaced=replaced,
@@ -250,10 +254,7 @@ def _inner_compiler(backend: str | Callable, kwargs: dict) -> Callable:
     if backend == "inductor":
         # What torch.compile(backend="inductor", mode=..., options=...) builds.
         return torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), None)
-    if isinstance(backend, str):
-        fn = torch._dynamo.lookup_backend(backend)
-    else:
-        fn = backend
+    fn = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
     return (lambda gm, ex: fn(gm, ex, **kwargs)) if kwargs else fn
 
 

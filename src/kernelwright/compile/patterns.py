@@ -127,6 +127,18 @@ def _cast_dtype(node: Node) -> torch.dtype | None:
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
+def _squared(node: Any) -> Any:
+    """v when `node` is `v ** 2`, `v.pow(2)`, `torch.square(v)` or `v * v`; else None."""
+    k = kind(node)
+    if k == "pow" and len(node.args) == 2 and _is_number(arg(node, 1, "exponent"), 2):
+        return node.args[0]
+    if k == "square" and len(node.args) == 1:
+        return node.args[0]
+    if k == "mul" and len(node.args) == 2 and node.args[0] is node.args[1]:
+        return node.args[0]
+    return None
+
+
 def _last_dim(dim: Any, ndim: int) -> bool:
     if isinstance(dim, (list, tuple)) and len(dim) == 1:
         dim = dim[0]
@@ -177,14 +189,8 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
     if arg(mean, 2, "keepdim", False) is not True or arg(mean, 3, "dtype") is not None:
         return None
     sq = mean.args[0]
-    k = kind(sq)
-    if k == "pow" and _is_number(arg(sq, 1, "exponent"), 2):
-        x32 = sq.args[0]
-    elif k == "square" and len(sq.args) == 1:
-        x32 = sq.args[0]
-    elif k == "mul" and len(sq.args) == 2 and sq.args[0] is sq.args[1]:
-        x32 = sq.args[0]
-    else:
+    x32 = _squared(sq)
+    if x32 is None:
         return None
     xv = value(x32)
     if xv is None or not _last_dim(arg(mean, 1, "dim"), xv.dim()):
@@ -267,15 +273,7 @@ def match_gated(mul: Node) -> Match | None:
 
 def match_relu_squared(node: Node) -> Match | None:
     """`F.relu(x) ** 2`, `torch.square(F.relu(x))`, `r * r` with `r = relu(x)`."""
-    k = kind(node)
-    if k == "pow" and len(node.args) == 2 and _is_number(node.args[1], 2):
-        relu = node.args[0]
-    elif k == "square" and len(node.args) == 1:
-        relu = node.args[0]
-    elif k == "mul" and len(node.args) == 2 and node.args[0] is node.args[1]:
-        relu = node.args[0]
-    else:
-        return None
+    relu = _squared(node)
     if kind(relu) != "relu" or len(relu.users) != 1 or arg(relu, 1, "inplace", False):
         return None
     x = relu.args[0] if relu.args else relu.kwargs.get("input")
