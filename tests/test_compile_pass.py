@@ -266,3 +266,21 @@ def test_hf_llama_norm_and_mlp(launches):
         ("swiglu", True, "kernelwright"),
     ]
     assert launches == {"rms_norm.fwd": 1, "rms_norm.bwd": 1, "silu.fwd": 1, "silu.bwd": 1}
+
+
+def test_shared_intermediate_left_alone_and_module_paths(launches):
+    def fn(x):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * r + r  # the rsqrt is read outside the pattern too
+
+    (x,) = _leaves((3, 16))
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report, backend="aot_eager", fullgraph=True)
+    _check_against_eager(fn, compiled, [x])
+    assert [(s.op, s.replaced) for s in report] == [("rms_norm", False)]
+    assert "also used outside the pattern" in report[0].reason
+    assert launches == {}
+    # kernelwright.compile is the function and the package at once
+    import kernelwright.compile.passes as p
+
+    assert p is passes and callable(kernelwright.compile)

@@ -94,7 +94,9 @@ def _only_user(node: Node) -> Node | None:
 
 def _other(node: Node, one: Any) -> Any:
     """The operand of binary `node` that is not `one` (None when neither or both are)."""
-    a, b = node.args[0], node.args[1]
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    a, b = node.args
     if a is one and b is not one:
         return b
     if b is one and a is not one:
@@ -195,8 +197,9 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
     xv = value(x32)
     if xv is None or not _last_dim(arg(mean, 1, "dim"), xv.dim()):
         return None
-    normed = _only_user(rsqrt)
-    if kind(normed) != "mul" or len(normed.args) != 2 or _other(normed, rsqrt) is not x32:
+    # x32 * rsqrt; a site whose rsqrt is read elsewhere too is reported, not replaced
+    normed = next((u for u in rsqrt.users if kind(u) == "mul" and _other(u, rsqrt) is x32), None)
+    if normed is None or len(normed.args) != 2:
         return None
     nodes = [sq, mean, add, rsqrt, normed]
     x = _float32_cast(x32)
