@@ -10,7 +10,7 @@ ensure_backend()
 
 # kernelwright.compile(model): a callable module (torch.compile with the graph pass); left out
 # of __all__ so that `from kernelwright import *` does not shadow the builtin compile
-from kernelwright import compile as compile  # noqa: A004, E402
+from kernelwright import compile as compile  # noqa: E402
 from kernelwright.compile import compile_backend  # noqa: E402
 from kernelwright.ops.cross_entropy import (  # noqa: E402
     CrossEntropyLoss,

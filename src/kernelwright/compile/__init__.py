@@ -46,7 +46,7 @@ def compile_backend(
     return make_backend(backend, report=report, db=db)
 
 
-def compile(  # noqa: A001 (kernelwright.compile, as torch.compile)
+def compile(
     model_or_fn=None,
     *,
     report: list | None = None,
