@@ -8,6 +8,10 @@ from kernelwright.runtime.device import ensure_backend
 
 ensure_backend()
 
+# kernelwright.compile(model): a callable module (torch.compile with the graph pass); left out
+# of __all__ so that `from kernelwright import *` does not shadow the builtin compile
+from kernelwright import compile as compile  # noqa: E402
+from kernelwright.compile import compile_backend  # noqa: E402
 from kernelwright.ops.cross_entropy import (  # noqa: E402
     CrossEntropyLoss,
     cross_entropy,
@@ -91,6 +95,7 @@ __all__ = [
     "SwiGLU",
     "SwiGLUFused",
     "__version__",
+    "compile_backend",
     "cross_entropy",
     "cross_entropy_ref",
     "fused_linear_cross_entropy",

@@ -1,1 +1,79 @@
-"""kernelwright.compile: the graph pass and the per-call-site selection of implementations."""
+"""torch.compile with kernelwright's kernels swapped into the captured graph.
+
+    import kernelwright
+    report = kernelwright.compile.CompileReport()
+    model = kernelwright.compile(model, report=report)      # torch.compile's arguments pass on
+    loss = model(batch).sum(); loss.backward()               # compiles: the report fills
+    print(report.summary())
+
+    # the same pass, with torch.compile called yourself:
+    model = torch.compile(model, backend=kernelwright.compile_backend())
+
+Patterns written the way models write them (HF-style RMSNorm, `silu(gate) * up`,
+`gelu(gate) * up`, `relu(x) ** 2`, softmax / log_softmax over the last dimension) are replaced
+by kernelwright's public functions where the site passes the kernel's checks and the selection
+picks kernelwright; everything else stays with Inductor. `KERNELWRIGHT_LOG=registry` logs one
+line per site (logger "kernelwright.compile").
+
+This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself
+is callable — `kernelwright.compile(model)` — so that its name can be both the function users
+call and the package its parts live in (`kernelwright.compile.passes`, `.patterns`, `.select`).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+
+from kernelwright.compile.passes import CompileReport, Site, make_backend, rewrite
+
+__all__ = ["CompileReport", "Site", "compile", "compile_backend", "rewrite"]
+
+
+def compile_backend(
+    backend: str | Callable = "inductor", *, report: list | None = None, db=None
+) -> Callable:
+    """A Dynamo backend for `torch.compile(m, backend=kernelwright.compile_backend())`.
+
+    Args:
+        backend: what compiles each graph after the rewrite: "inductor" (torch.compile's
+            default; `mode=` / `options=` given to torch.compile reach it), another backend's
+            name ("aot_eager", ...) or a backend callable.
+        report: a `CompileReport` (or any list) that receives one `Site` per matched site.
+        db: the results database the selection reads (None: its default).
+    """
+    return make_backend(backend, report=report, db=db)
+
+
+def compile(
+    model_or_fn=None,
+    *,
+    report: list | None = None,
+    backend: str | Callable = "inductor",
+    db=None,
+    **torch_compile_kwargs,
+):
+    """`torch.compile(model_or_fn, **torch_compile_kwargs)` with kernelwright's graph pass.
+
+    Args:
+        model_or_fn: an nn.Module or a function (None: returns a decorator, as torch.compile).
+        report: a `CompileReport` (or any list) filled with the matched sites as graphs compile.
+        backend: the compiler after the rewrite (see `compile_backend`).
+        db: the results database the selection reads (None: its default).
+        **torch_compile_kwargs: fullgraph, dynamic, mode, options, ... as torch.compile takes.
+    """
+    import torch
+
+    be = make_backend(backend, report=report, db=db)
+    if model_or_fn is None:
+        return lambda m: torch.compile(m, backend=be, **torch_compile_kwargs)
+    return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return compile(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

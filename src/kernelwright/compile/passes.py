@@ -1,0 +1,282 @@
+"""The graph pass: in each graph Dynamo captures, replace the patterns of `patterns.py` by
+calls to kernelwright's public functions, then hand the graph to Inductor (or another backend).
+
+The rewrite runs on the Dynamo graph — torch-level calls, before AOT autograd — so the inserted
+functions are traced by AOT autograd like any other call: their autograd Functions supply the
+backward and their kernels appear as the custom ops `kernelwright::*` (one opaque node each),
+which Inductor leaves alone while it fuses everything around them.
+
+Each site that matches is checked (dtype, device, static last dimension, the op's own argument
+rules), then the selection (`compile/select.py`) says which implementation to use; a site is
+replaced only when it says "kernelwright". Every site goes into the report with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.fx import GraphModule, Node
+
+from kernelwright.compile.patterns import MATCHERS, Match, value
+from kernelwright.runtime.device import interpreter_mode
+
+log = logging.getLogger("kernelwright.compile")
+
+# --------------------------------------------------------------------------- selection adapter
+# Until compile/select.py exists the pass uses kernelwright's kernel everywhere. This block is
+# the only place that knows; once select.py is merged, `choose` can be imported from it directly.
+
+
+@dataclass(frozen=True)
+class _DefaultChoice:
+    op: str
+    impl: str
+    reason: str
+    measured: bool
+
+
+def choose(op: str, *, dtype: torch.dtype, shape: tuple, device: torch.device, db=None):
+    """The selection's choice for one site (`kernelwright.compile.select.choose`)."""
+    try:
+        from kernelwright.compile.select import choose as select
+    except ModuleNotFoundError as e:
+        if e.name != "kernelwright.compile.select":
+            raise
+        return _DefaultChoice(op, "kernelwright", "default (no selection module)", False)
+    return select(op, dtype=dtype, shape=shape, device=device, db=db)
+
+
+# --------------------------------------------------------------------------- report
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Site:
+    """One matched site of one captured graph."""
+
+    graph: int  # which captured graph (0, 1, ... in capture order)
+    pattern: str
+    op: str
+    nodes: tuple[str, ...]  # the replaced (or left) nodes, output last
+    shapes: dict[str, tuple]  # input name -> shape
+    dtypes: dict[str, str]
+    impl: str  # the implementation chosen ("kernelwright", "inductor", ...); "" when not asked
+    reason: str
+    replaced: bool
+
+    def line(self) -> str:
+        shapes = ", ".join(
+            f"{k}={list(s)}:{self.dtypes[k]}" for k, s in self.shapes.items() if k in self.dtypes
+        )
+        verdict = f"replaced by {self.impl}" if self.replaced else "left to the backend"
+        return (
+            f"graph {self.graph}: {self.pattern} at {self.nodes[-1]} ({shapes}): {verdict} "
+            f"— {self.reason}"
+        )
+
+
+class CompileReport(list):
+    """The sites of every graph compiled so far (a list of `Site`), and how many graphs.
+
+    Filled as graphs compile, i.e. on the first call of the compiled model (and again on a
+    recompile). More than one graph means Dynamo broke the program into several; each is
+    rewritten on its own.
+    """
+
+    graphs: int = 0
+
+    def replaced(self) -> list[Site]:
+        return [s for s in self if s.replaced]
+
+    def summary(self) -> str:
+        head = (
+            f"kernelwright.compile: {self.graphs} graph(s), {len(self)} site(s), "
+            f"{len(self.replaced())} replaced"
+        )
+        return "\n".join([head] + ["  " + s.line() for s in self])
+
+
+def _logging_requested() -> bool:
+    words = os.environ.get("KERNELWRIGHT_LOG", "").replace(",", " ").split()
+    return "registry" in words or "all" in words
+
+
+def _ensure_log_handler() -> None:
+    """With KERNELWRIGHT_LOG=registry, sites are logged at INFO even where nothing configured
+    logging; a handler the application set up is used as it is."""
+    if not _logging_requested():
+        return
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        log.addHandler(handler)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _hint(d: Any) -> int | None:
+    """A dimension's size: its value, or the size it had when traced when it is symbolic."""
+    if isinstance(d, int):
+        return d
+    try:
+        return int(d.node.hint)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _capability(m: Match) -> str | None:
+    """Why the kernel cannot take this site (None when it can)."""
+    vals = {name: value(n) for name, n in m.tensors.items()}
+    devices = set()
+    for name, v in vals.items():
+        if not isinstance(v, torch.Tensor):
+            return f"{name} has no traced tensor value"
+        if v.dtype not in _DTYPES:
+            dt = str(v.dtype).replace("torch.", "")
+            return f"{name} is {dt}: the kernel takes float32, float16 or bfloat16"
+        if v.dim() == 0:
+            return f"{name} is a scalar"
+        if not isinstance(v.shape[-1], int):
+            return f"{name} has a dynamic last dimension"
+        if v.shape[-1] == 0:
+            return f"{name} has an empty last dimension"
+        devices.add(v.device)
+    (device,) = devices if len(devices) == 1 else (None,)
+    if device is None:
+        return "inputs on different devices"
+    if device.type != "cuda" and not (device.type == "cpu" and interpreter_mode()):
+        return f"on {device.type}: the kernels run on CUDA (or on CPU under TRITON_INTERPRET=1)"
+    if m.op in ("swiglu", "geglu"):
+        gate, up = vals["gate"], vals["up"]
+        if gate.dtype != up.dtype:
+            return "gate and up have different dtypes (eager promotes)"
+        if tuple(gate.shape) != tuple(up.shape):
+            return "gate and up have different shapes (eager broadcasts)"
+    weight = vals.get("weight") if m.op == "rms_norm" else None
+    if weight is not None and tuple(weight.shape) != (vals["x"].shape[-1],):
+        return "weight is not [N] for the last dimension N of x"
+    if weight is not None and weight.dtype not in (vals["x"].dtype, torch.float32):
+        return "weight's dtype is neither x's nor float32 (the kernel rounds otherwise)"
+    return None
+
+
+def _shared(m: Match) -> Node | None:
+    """An intermediate node of the match also read outside it (replacing would compute it
+    twice), or None."""
+    inside = set(m.nodes)
+    for n in m.nodes[:-1]:
+        if n in m.shared_ok:
+            continue
+        if any(u not in inside for u in n.users):
+            return n
+    return None
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=None) -> list[Site]:
+    """Replace the patterns in `gm` (a Dynamo graph) in place; returns the sites (also appended
+    to `report`). `db` is handed to the selection (None: its default results database)."""
+    g = gm.graph
+    sites: list[Site] = []
+    done: set[Node] = set()  # nodes consumed by a replacement (erased, or kept for others)
+    for node in list(g.nodes):
+        if node in done or node.op != "call_function" and node.op != "call_method":
+            continue
+        m = next((m for f in MATCHERS if (m := f(node)) is not None), None)
+        if m is None or any(n in done for n in m.nodes):
+            continue
+        impl, reason = "", m.problem or _capability(m)
+        if reason is None and (shared := _shared(m)) is not None:
+            reason = f"{shared.name} is also used outside the pattern"
+        if reason is None:
+            x = value(next(iter(m.tensors.values())))
+            choice = choose(
+                m.op,
+                dtype=x.dtype,
+                shape=tuple(_hint(d) for d in x.shape),
+                device=x.device,
+                db=db,
+            )
+            impl, reason = choice.impl, choice.reason
+        replaced = impl == "kernelwright"
+        if impl and not replaced and impl != "inductor":
+            reason = f"{reason}; the pass inserts kernelwright's kernels only, so far"
+        if replaced:
+            _replace(g, m)
+            done.update(m.nodes)
+        vals = {k: value(n) for k, n in m.tensors.items()}
+        site = Site(
+            graph=graph,
+            pattern=m.pattern,
+            op=m.op,
+            nodes=tuple(n.name for n in m.nodes),
+            shapes={k: tuple(_hint(d) for d in v.shape) for k, v in vals.items() if v is not None},
+            dtypes={
+                k: str(v.dtype).replace("torch.", "") for k, v in vals.items() if v is not None
+            },
+            impl=impl,
+            reason=reason,
+            replaced=replaced,
+        )
+        sites.append(site)
+        log.info(site.line())
+    if any(s.replaced for s in sites):
+        g.lint()
+        gm.recompile()
+    if report is not None:
+        report.extend(sites)
+    return sites
+
+
+def _replace(g: torch.fx.Graph, m: Match) -> None:
+    out = m.output
+    with g.inserting_before(out):
+        new = g.call_function(m.fn, m.args, m.kwargs)
+    for key in ("example_value", "val", "stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in out.meta:
+            new.meta[key] = out.meta[key]
+    out.replace_all_uses_with(new)
+    for n in reversed(m.nodes):  # users first; a shared cast stays for its other users
+        if not n.users:
+            g.erase_node(n)
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _inner_compiler(backend: str | Callable, kwargs: dict) -> Callable:
+    """The compiler the rewritten graph goes to, with torch.compile's mode/options."""
+    if backend == "inductor":
+        # What torch.compile(backend="inductor", mode=..., options=...) builds.
+        return torch._TorchCompileInductorWrapper(kwargs.get("mode"), kwargs.get("options"), None)
+    fn = torch._dynamo.lookup_backend(backend) if isinstance(backend, str) else backend
+    return (lambda gm, ex: fn(gm, ex, **kwargs)) if kwargs else fn
+
+
+def make_backend(
+    backend: str | Callable = "inductor", *, report: list | None = None, db=None
+) -> Callable:
+    """A Dynamo backend: the pass on each captured graph, then `backend` on the result."""
+    _ensure_log_handler()
+    counter = [0]
+
+    def kernelwright_backend(gm: GraphModule, example_inputs, **kwargs):
+        index = counter[0]
+        counter[0] += 1
+        if isinstance(report, CompileReport):
+            report.graphs = counter[0]
+        rewrite(gm, report, graph=index, db=db)
+        return _inner_compiler(backend, kwargs)(gm, example_inputs)
+
+    return kernelwright_backend
