@@ -23,33 +23,10 @@ import torch
 from torch.fx import GraphModule, Node
 
 from kernelwright.compile.patterns import MATCHERS, Match, value
+from kernelwright.compile.select import choose  # per site: which implementation, and why
 from kernelwright.runtime.device import interpreter_mode
 
 log = logging.getLogger("kernelwright.compile")
-
-# --------------------------------------------------------------------------- selection adapter
-# Until compile/select.py exists the pass uses kernelwright's kernel everywhere. This block is
-# the only place that knows; once select.py is merged, `choose` can be imported from it directly.
-
-
-@dataclass(frozen=True)
-class _DefaultChoice:
-    op: str
-    impl: str
-    reason: str
-    measured: bool
-
-
-def choose(op: str, *, dtype: torch.dtype, shape: tuple, device: torch.device, db=None):
-    """The selection's choice for one site (`kernelwright.compile.select.choose`)."""
-    try:
-        from kernelwright.compile.select import choose as select
-    except ModuleNotFoundError as e:
-        if e.name != "kernelwright.compile.select":
-            raise
-        return _DefaultChoice(op, "kernelwright", "default (no selection module)", False)
-    return select(op, dtype=dtype, shape=shape, device=device, db=db)
-
 
 # --------------------------------------------------------------------------- report
 
