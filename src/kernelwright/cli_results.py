@@ -69,7 +69,7 @@ def results(
     source: Annotated[str | None, typer.Option(help="bench, optimize or create.")] = None,
     run: Annotated[str | None, typer.Option(help="'latest' or a run id (or its prefix).")] = None,
     since: Annotated[
-        str | None, typer.Option(help="A date/time (2026-11-20) or an age (7d, 12h).")
+        str | None, typer.Option(help="A date/time (YYYY-MM-DD[THH:MM]) or an age (7d, 12h).")
     ] = None,
     best: Annotated[
         bool, typer.Option("--best", help="Per (op, shape, mode): the best provider, ratios.")

@@ -335,7 +335,8 @@ def _now() -> str:
 
 
 def parse_since(text: str) -> str:
-    """An ISO timestamp (UTC) from "2026-11-20", "2026-11-20T08:00" or an age "7d"/"12h"/"30m"."""
+    """An ISO timestamp (UTC) from a date "YYYY-MM-DD", a time "YYYY-MM-DDTHH:MM" or an age
+    "7d"/"12h"/"30m"."""
     age = re.fullmatch(r"(\d+)\s*([dhm])", text.strip())
     if age:
         unit = {"d": "days", "h": "hours", "m": "minutes"}[age.group(2)]
@@ -345,7 +346,7 @@ def parse_since(text: str) -> str:
             when = datetime.fromisoformat(text.strip())
         except ValueError:
             raise ResultsDBError(
-                f"--since {text!r}: give a date or time (2026-11-20, 2026-11-20T08:00) or an "
+                f"--since {text!r}: give a date or time (YYYY-MM-DD, YYYY-MM-DDTHH:MM) or an "
                 "age (7d, 12h, 30m)"
             ) from None
         if when.tzinfo is None:
