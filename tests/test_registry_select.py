@@ -246,7 +246,8 @@ def test_a_created_op_defaults_to_its_created_kernel():
 
 
 def _cli(*args):
-    return CliRunner().invoke(app, ["registry", *[str(a) for a in args]])
+    # a wide page: rich wraps tables and messages at the terminal's width (80 in CI)
+    return CliRunner().invoke(app, ["registry", *[str(a) for a in args]], env={"COLUMNS": "400"})
 
 
 def test_cli_list_shows_implementations_and_capabilities():
