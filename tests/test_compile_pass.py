@@ -15,6 +15,9 @@ import torch.nn.functional as F
 import kernelwright
 from kernelwright.compile import CompileReport, passes
 from kernelwright.ops import _gated
+from kernelwright.ops import cross_entropy as cross_entropy_mod
+from kernelwright.ops import fused_add_rms_norm as fused_add_mod
+from kernelwright.ops import layer_norm as layer_norm_mod
 from kernelwright.ops import rms_norm as rms_norm_mod
 from kernelwright.ops import softmax as softmax_mod
 
@@ -37,11 +40,17 @@ def launches(monkeypatch):
 
     def counting(module, name, key):
         orig = getattr(module, name)
+        depth = [0]  # a launcher that calls itself (layer_norm's backward) counts once
 
         def wrapper(*args, **kwargs):
-            k = key(args) if callable(key) else key
-            counts[k] = counts.get(k, 0) + 1
-            return orig(*args, **kwargs)
+            if depth[0] == 0:
+                k = key(args) if callable(key) else key
+                counts[k] = counts.get(k, 0) + 1
+            depth[0] += 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                depth[0] -= 1
 
         monkeypatch.setattr(module, name, wrapper)
 
@@ -51,6 +60,12 @@ def launches(monkeypatch):
     counting(_gated, "gated_bwd_launch", lambda a: f"{a[0]}.bwd")
     counting(softmax_mod, "softmax_fwd_launch", lambda a: ("log_" if a[2] else "") + "softmax.fwd")
     counting(softmax_mod, "softmax_bwd_launch", lambda a: ("log_" if a[3] else "") + "softmax.bwd")
+    counting(layer_norm_mod, "layer_norm_fwd_launch", "layer_norm.fwd")
+    counting(layer_norm_mod, "layer_norm_bwd_launch", "layer_norm.bwd")
+    counting(fused_add_mod, "fused_add_rms_norm_fwd_launch", "fused_add_rms_norm.fwd")
+    counting(fused_add_mod, "fused_add_rms_norm_bwd_launch", "fused_add_rms_norm.bwd")
+    counting(cross_entropy_mod, "cross_entropy_fwd_launch", "cross_entropy.fwd")
+    counting(cross_entropy_mod, "cross_entropy_scale_launch", "cross_entropy.bwd")
     return counts
 
 
@@ -59,8 +74,9 @@ def _leaves(*shapes, dtype=torch.float32):
 
 
 def _check_against_eager(fn, compiled, inputs, params=()):
-    """Outputs and the gradients of inputs and params of compiled == eager."""
-    leaves = [*inputs, *params]
+    """Outputs and the gradients of inputs and params (those requiring one) of compiled ==
+    eager; fp32 to ATOL/RTOL, other dtypes to assert_close's own tolerance for them."""
+    leaves = [t for t in (*inputs, *params) if t.requires_grad]
     out = compiled(*inputs)
     torch.manual_seed(1)
     dy = torch.randn_like(out)
@@ -69,7 +85,8 @@ def _check_against_eager(fn, compiled, inputs, params=()):
     want = torch.autograd.grad(want_out, leaves, dy)
     torch.testing.assert_close(out, want_out, atol=ATOL, rtol=RTOL)
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=ATOL, rtol=RTOL)
+        tol = {"atol": ATOL, "rtol": RTOL} if w.dtype == torch.float32 else {}
+        torch.testing.assert_close(g, w, **tol)
 
 
 def _summary(report):
@@ -109,6 +126,91 @@ def test_rms_norm_without_casts_and_without_weight(launches):
     assert [s.pattern for s in report] == ["rms_norm", "rms_norm (no weight)"]
     assert all(s.replaced for s in report)
     assert launches == {"rms_norm.fwd": 2, "rms_norm.bwd": 2}
+
+
+def test_fused_add_rms_norm_residual_stream(launches):
+    """A pre-norm decoder as Hugging Face writes it: every norm that reads a residual sum
+    becomes fused_add_rms_norm, whose second result is that sum for the next residual add."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_norm, self.post_norm = LlamaRMSNorm(24), LlamaRMSNorm(24)
+            self.attn, self.mlp = torch.nn.Linear(24, 24), torch.nn.Linear(24, 24)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+            self.norm, self.other = LlamaRMSNorm(24), LlamaRMSNorm(24)
+            self.shift = torch.nn.Parameter(torch.randn(24))
+
+        def forward(self, h):
+            for layer in self.layers:
+                residual = h
+                h = layer.input_norm(h)
+                h = layer.attn(h)
+                h = residual + h
+                residual = h
+                h = layer.post_norm(h)
+                h = layer.mlp(h)
+                h = residual + h
+            return self.norm(h) + self.other(h + self.shift)  # h + shift broadcasts: unfused
+
+    torch.manual_seed(0)
+    model = Decoder()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.copy_(torch.rand_like(p) + 0.5)
+    report = CompileReport()
+    compiled = kernelwright.compile(model, report=report, fullgraph=True)
+    (x,) = _leaves((2, 3, 24))
+    _check_against_eager(model, compiled, [x], list(model.parameters()))
+    assert [(s.pattern, s.replaced) for s in report] == [("rms_norm", True)] + [
+        ("rms_norm(x + residual)", True)
+    ] * 4 + [("rms_norm", True)]
+    assert report[1].shapes == {"x": (2, 3, 24), "residual": (2, 3, 24), "weight": (24,)}
+    assert launches == {"rms_norm.fwd": 2, "rms_norm.bwd": 2, "fused_add_rms_norm.fwd": 4,
+                        "fused_add_rms_norm.bwd": 4}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+
+def test_layer_norm_spellings(launches):
+    class Norms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.affine = torch.nn.LayerNorm(24, eps=1e-6)
+            self.plain = torch.nn.LayerNorm(24, elementwise_affine=False)
+
+        def forward(self, x, w):
+            return (
+                self.affine(x)
+                + self.plain(x * 2) * F.layer_norm(x, (24,), w, None, 1e-5)  # bias None
+                + F.layer_norm(x, x.shape[-2:])  # over the last two dimensions: left alone
+            )
+
+    torch.manual_seed(0)
+    norms = Norms()
+    with torch.no_grad():
+        norms.affine.weight.copy_(torch.rand(24) + 0.5)
+        norms.affine.bias.copy_(torch.randn(24))
+    x, w = _leaves((2, 3, 24), (24,))
+    report = CompileReport()
+    compiled = kernelwright.compile(norms, report=report, fullgraph=True)
+    _check_against_eager(norms, compiled, [x, w], list(norms.parameters()))
+    assert [(s.pattern, s.replaced) for s in report] == [
+        ("layer_norm", True),
+        ("layer_norm (no affine)", True),
+        ("layer_norm", True),
+        ("layer_norm (no affine)", False),
+    ]
+    assert "spans more than the last dimension" in report[3].reason
+    assert report[0].shapes == {"x": (2, 3, 24), "weight": (24,), "bias": (24,)}
+    assert launches == {"layer_norm.fwd": 3, "layer_norm.bwd": 3}
 
 
 # --------------------------------------------------------------------------- activations
@@ -166,6 +268,71 @@ def test_softmax_spellings_through_torch_compile(launches):
     assert all(s.replaced for s in report)
     assert launches == {"softmax.fwd": 2, "softmax.bwd": 2, "log_softmax.fwd": 1,
                         "log_softmax.bwd": 1}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- cross-entropy
+
+
+def test_cross_entropy_spellings(launches):
+    """Hugging Face's causal-LM loss (upcast, flatten, shifted labels) on bf16 and fp32 logits,
+    nn.CrossEntropyLoss, and F.cross_entropy with its options."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    V = 40
+
+    def fn(logits, logits16, labels, w):
+        flat = (logits * 2).reshape(-1, V)
+        return (
+            ForCausalLMLoss(logits, labels, vocab_size=V)
+            + ForCausalLMLoss(logits16, labels, vocab_size=V)
+            + torch.nn.CrossEntropyLoss(label_smoothing=0.2)(logits[0], labels[0])
+            + F.cross_entropy(flat, labels.clamp(min=0).view(-1), ignore_index=3, reduction="sum",
+                              label_smoothing=0.1)
+            + F.cross_entropy(logits[1], labels[1], weight=w, reduction="none").sum()
+        )  # fmt: skip
+
+    torch.manual_seed(0)
+    logits, logits16 = _leaves((2, 7, V), (2, 7, V))
+    logits16 = logits16.detach().bfloat16().requires_grad_()
+    labels = torch.randint(0, V, (2, 7))
+    labels[0, 2] = labels[1, 4] = -100
+    labels[1, 1] = 3
+    w = torch.rand(V) + 0.5  # class weights get no gradient
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report, fullgraph=True)
+    _check_against_eager(fn, compiled, [logits, logits16, labels, w])
+    assert _summary(report) == [("cross_entropy", True, "kernelwright")] * 5
+    # the upcast and the flatten are part of the site: the kernel reads the bf16 logits
+    assert report[1].dtypes["logits"] == "bfloat16" and report[1].shapes["logits"] == (2, 7, V)
+    assert launches == {"cross_entropy.fwd": 5, "cross_entropy.bwd": 5}
+
+
+def test_cross_entropy_sites_left_alone(launches):
+    def fn(x, probs, x3, t3, xb, t, x64, w64):
+        return (
+            F.cross_entropy(x, probs)  # class probabilities
+            + F.cross_entropy(x3, t3)  # [N, C, d]: classes along dimension 1
+            + F.cross_entropy(xb, t).float()  # bf16 without an upcast
+            + F.cross_entropy(x64, t, weight=w64).float()  # float64 logits and weights
+        )
+
+    torch.manual_seed(0)
+    x, x3 = _leaves((4, 6), (4, 6, 3))
+    probs = torch.softmax(torch.randn(4, 6), -1)
+    xb = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True)
+    x64 = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    w64 = torch.rand(6, dtype=torch.float64)
+    t, t3 = torch.randint(0, 6, (4,)), torch.randint(0, 6, (4, 3))
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report, backend="aot_eager", fullgraph=True)
+    _check_against_eager(fn, compiled, [x, probs, x3, t3, xb, t, x64, w64])
+    assert [s.replaced for s in report] == [False] * 4
+    reasons = [s.reason for s in report]
+    assert "class probabilities" in reasons[0]
+    assert "classes along dimension 1" in reasons[1]
+    assert "without an upcast" in reasons[2]
+    assert "float64" in reasons[3]
+    assert launches == {}
 
 
 # --------------------------------------------------------------------------- left alone

@@ -14,6 +14,7 @@ replaced only when it says "kernelwright". Every site goes into the report with 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +118,14 @@ def _capability(m: Match) -> str | None:
     for name, v in vals.items():
         if not isinstance(v, torch.Tensor):
             return f"{name} has no traced tensor value"
+        if name == "target":  # cross_entropy's class indices
+            dt = str(v.dtype).replace("torch.", "")
+            if v.is_floating_point():
+                return f"target is {dt}: class probabilities; the kernel takes class indices"
+            if v.dtype not in (torch.int64, torch.int32):
+                return f"target is {dt}: the kernel takes int64 or int32 class indices"
+            devices.add(v.device)
+            continue
         if v.dtype not in _DTYPES:
             dt = str(v.dtype).replace("torch.", "")
             return f"{name} is {dt}: the kernel takes float32, float16 or bfloat16"
@@ -138,11 +147,17 @@ def _capability(m: Match) -> str | None:
             return "gate and up have different dtypes (eager promotes)"
         if tuple(gate.shape) != tuple(up.shape):
             return "gate and up have different shapes (eager broadcasts)"
-    weight = vals.get("weight") if m.op == "rms_norm" else None
-    if weight is not None and tuple(weight.shape) != (vals["x"].shape[-1],):
-        return "weight is not [N] for the last dimension N of x"
-    if weight is not None and weight.dtype not in (vals["x"].dtype, torch.float32):
-        return "weight's dtype is neither x's nor float32 (the kernel rounds otherwise)"
+    if m.op == "fused_add_rms_norm":
+        x, residual = vals["x"], vals["residual"]
+        if x.dtype != residual.dtype or tuple(x.shape) != tuple(residual.shape):
+            return "x and residual differ in shape or dtype (eager broadcasts or promotes)"
+    if m.op in ("rms_norm", "fused_add_rms_norm", "layer_norm"):
+        for name in ("weight", "bias"):
+            p = vals.get(name)
+            if p is not None and tuple(p.shape) != (vals["x"].shape[-1],):
+                return f"{name} is not [N] for the last dimension N of x"
+            if p is not None and p.dtype not in (vals["x"].dtype, torch.float32):
+                return f"{name}'s dtype is neither x's nor float32 (the kernel rounds otherwise)"
     return None
 
 
@@ -151,7 +166,7 @@ def _shared(m: Match) -> Node | None:
     twice), or None."""
     inside = set(m.nodes)
     for n in m.nodes[:-1]:
-        if n in m.shared_ok:
+        if n in m.shared_ok or n in m.outputs:
             continue
         if any(u not in inside for u in n.users):
             return n
@@ -176,6 +191,9 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
         impl, reason = "", m.problem or _capability(m)
         if reason is None and (shared := _shared(m)) is not None:
             reason = f"{shared.name} is also used outside the pattern"
+        where = None
+        if reason is None:
+            where, reason = _placement(g, m)
         if reason is None:
             x = value(next(iter(m.tensors.values())))
             choice = choose(
@@ -190,7 +208,7 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
         if impl and not replaced and impl != "inductor":
             reason = f"{reason}; the pass inserts kernelwright's kernels only, so far"
         if replaced:
-            _replace(g, m)
+            _replace(g, m, where)
             done.update(m.nodes)
         vals = {k: value(n) for k, n in m.tensors.items()}
         site = Site(
@@ -216,14 +234,44 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
     return sites
 
 
-def _replace(g: torch.fx.Graph, m: Match) -> None:
-    out = m.output
-    with g.inserting_before(out):
+_META = ("example_value", "val", "stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+def _placement(g: torch.fx.Graph, m: Match) -> tuple[Node, None] | tuple[None, str]:
+    """(the node to insert the call before, None), or (None, why it has no place).
+
+    One output: before it. Several (fused add + norm returns the sum too): before the first
+    node that will read any of them, which must come after every input of the call."""
+    if not m.outputs:
+        return m.output, None
+    order = {n: i for i, n in enumerate(g.nodes)}
+    inside = set(m.nodes) - set(m.shared_ok)
+    readers = [u for o in m.outputs for u in o.users if u not in inside] + [m.output]
+    first = min(readers, key=order.__getitem__)
+    flat: list[Node] = []
+    torch.fx.node.map_arg((m.args, m.kwargs), flat.append)
+    late = [a for a in flat if order[a] >= order[first]]
+    if late:
+        return None, f"{first.name} reads the result before {late[0].name} is computed"
+    return first, None
+
+
+def _replace(g: torch.fx.Graph, m: Match, where: Node) -> None:
+    """Insert the call before `where`; its result (or its items) replaces the output(s)."""
+    with g.inserting_before(where):
         new = g.call_function(m.fn, m.args, m.kwargs)
-    for key in ("example_value", "val", "stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in out.meta:
-            new.meta[key] = out.meta[key]
-    out.replace_all_uses_with(new)
+        items = [g.call_function(operator.getitem, (new, i)) for i in range(len(m.outputs))]
+    outs = list(m.outputs) or [m.output]
+    results = items or [new]
+    for result, out in zip(results, outs, strict=True):
+        result.meta.update({k: out.meta[k] for k in _META if k in out.meta})
+    if items:  # the call itself: the tuple of values, where the graph of the site came from
+        for key in ("example_value", "val"):
+            if all(key in o.meta for o in outs):
+                new.meta[key] = tuple(o.meta[key] for o in outs)
+        new.meta.update({k: m.output.meta[k] for k in _META[2:] if k in m.output.meta})
+    for out, result in zip(outs, results, strict=True):
+        out.replace_all_uses_with(result)
     for n in reversed(m.nodes):  # users first; a shared cast stays for its other users
         if not n.users:
             g.erase_node(n)

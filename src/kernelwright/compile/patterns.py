@@ -42,6 +42,10 @@ _FUNCTIONS: dict[Any, str] = {
     F.softmax: "softmax",
     torch.log_softmax: "log_softmax",
     F.log_softmax: "log_softmax",
+    F.layer_norm: "layer_norm",
+    torch.layer_norm: "layer_norm",
+    F.cross_entropy: "cross_entropy",
+    torch.reshape: "reshape",
 }
 # Tensor methods (call_method targets) the patterns read; in-place ones ("mul_") never match.
 _METHODS = {
@@ -56,6 +60,8 @@ _METHODS = {
     "log_softmax",
     "to",
     "float",
+    "view",
+    "reshape",
 }
 
 
@@ -160,6 +166,9 @@ class Match:
     tensors: dict[str, Node] = field(default_factory=dict)  # the inputs the checks look at
     problem: str | None = None  # matched, but the kernel cannot compute it as written
     shared_ok: tuple[Node, ...] = ()  # matched nodes others may read too (an input's cast)
+    # When `fn` returns a tuple: the nodes its items replace, in order (the first is `output`);
+    # each may be read outside the match. Empty: `fn` returns one value, replacing `output`.
+    outputs: tuple[Node, ...] = ()
 
     @property
     def output(self) -> Node:
@@ -228,6 +237,21 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
             out = nxt
             nodes.append(out)
     tensors = {"x": x} if weight is None else {"x": x, "weight": weight}
+    summands = _residual_add(x)
+    if summands is not None:  # x is itself a sum: add and norm in one kernel, both returned
+        a, b = summands
+        tensors = {"x": a, "residual": b} | ({} if weight is None else {"weight": weight})
+        return Match(
+            pattern="rms_norm(x + residual)",
+            op="fused_add_rms_norm",
+            fn=_fn("fused_add_rms_norm"),
+            args=(a, b, weight, float(eps)),
+            kwargs={"casting_mode": casting},
+            nodes=[x, *nodes],
+            tensors=tensors,
+            shared_ok=shared,
+            outputs=(out, x),
+        )
     return Match(
         pattern="rms_norm" if weight is not None else "rms_norm (no weight)",
         op="rms_norm",
@@ -237,6 +261,62 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
         nodes=nodes,
         tensors=tensors,
         shared_ok=shared,
+    )
+
+
+def _residual_add(s: Node) -> tuple[Node, Node] | None:
+    """(a, b) when `s` is `a + b` of two tensors of s's shape and dtype (no broadcasting, no
+    promotion): the residual add of a pre-norm block, `hidden = residual + hidden`."""
+    if kind(s) != "add" or len(s.args) != 2 or s.kwargs:
+        return None
+    a, b = s.args
+    vs, va, vb = value(s), value(a), value(b)
+    if not all(isinstance(v, torch.Tensor) for v in (vs, va, vb)):
+        return None
+    same = all(v.shape == vs.shape and v.dtype == vs.dtype for v in (va, vb))
+    return (a, b) if same else None
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+
+def match_layer_norm(node: Node) -> Match | None:
+    """`F.layer_norm(x, (N,), weight, bias, eps)` (and `torch.layer_norm`, and `nn.LayerNorm`,
+    which Dynamo records as that call) with weight and bias each a tensor or None. Normalising
+    over more than the last dimension is reported, not replaced."""
+    if kind(node) != "layer_norm" or node.op != "call_function":
+        return None
+    x = arg(node, 0, "input")
+    shape = arg(node, 1, "normalized_shape")
+    weight, bias = arg(node, 2, "weight"), arg(node, 3, "bias")
+    eps = arg(node, 4, "eps", 1e-5)
+    xv = value(x)
+    if not isinstance(xv, torch.Tensor):
+        return None
+    problem = None
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+        isinstance(d, int) for d in shape
+    ):
+        problem = f"normalized_shape {shape!r} is not a constant"
+    elif len(shape) != 1:
+        problem = f"normalized_shape {tuple(shape)} spans more than the last dimension"
+    elif not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        problem = "eps is not a constant"
+    tensors = {"x": x}
+    for name, t in (("weight", weight), ("bias", bias)):
+        if isinstance(t, Node):
+            tensors[name] = t
+        elif t is not None:
+            problem = problem or f"{name} is not a tensor"
+    affine = "weight" in tensors or "bias" in tensors
+    return Match(
+        pattern="layer_norm" if affine else "layer_norm (no affine)",
+        op="layer_norm",
+        fn=_fn("layer_norm"),
+        args=(x, weight, bias, float(eps) if problem is None else eps),
+        nodes=[node],
+        tensors=tensors,
+        problem=problem,
     )
 
 
@@ -308,8 +388,107 @@ def match_softmax(node: Node) -> Match | None:
     return Match(f"{k}(x, dim=-1)", "softmax", _fn(k), (x,), {}, [node], {"x": x}, problem)
 
 
+# --------------------------------------------------------------------------- cross-entropy
+
+_CE_REDUCTIONS = ("mean", "sum", "none")
+
+
+def match_cross_entropy(node: Node) -> Match | None:
+    """`F.cross_entropy(logits, target, weight=, ignore_index=, reduction=, label_smoothing=)`
+    with logits [M, V] and class indices [M] (`nn.CrossEntropyLoss` is recorded as this call).
+
+    The logits may be written as Hugging Face's loss writes them: upcast, then flattened,
+    `logits.float().view(-1, V)`. The kernel reads the logits as they are (bf16: no fp32 copy)
+    and computes in fp32, as the upcast asks; both steps become part of the site. Low-precision
+    logits without the upcast are reported (eager computes that loss in their dtype), as are
+    class dimensions other than the last (logits [N, C, d...]) and class-probability targets
+    (found by the checks).
+    """
+    if kind(node) != "cross_entropy":
+        return None
+    logits, target = arg(node, 0, "input"), arg(node, 1, "target")
+    weight = arg(node, 2, "weight")
+    ignore_index = arg(node, 4, "ignore_index", -100)
+    reduction = arg(node, 6, "reduction", "mean")
+    smoothing = arg(node, 7, "label_smoothing", 0.0)
+    lv = value(logits)
+    if not isinstance(lv, torch.Tensor) or not isinstance(target, Node):
+        return None
+    # upcast and flatten, in either order, as far back as they go
+    x, absorbed = logits, []
+    while len(absorbed) < 3:
+        src = _float32_cast(x)
+        if src is None and _flattens(x):
+            src = x.args[0]
+        if src is None:
+            break
+        absorbed.insert(0, x)
+        x = src
+    problem = None
+    if arg(node, 3, "size_average") is not None or arg(node, 5, "reduce") is not None:
+        problem = "size_average / reduce (deprecated) given"
+    elif lv.dim() == 1:
+        problem = "unbatched logits (1-D)"
+    elif lv.dim() != 2:
+        problem = f"logits are {lv.dim()}-D: classes along dimension 1, not the last"
+    elif lv.dtype in (torch.float16, torch.bfloat16):
+        dt = str(lv.dtype).replace("torch.", "")
+        problem = f"{dt} logits without an upcast: eager computes that loss in {dt}"
+    elif isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        problem = "ignore_index is not a constant integer"
+    elif reduction not in _CE_REDUCTIONS:
+        problem = f"reduction={reduction!r}"
+    elif not _is_fraction(smoothing):
+        problem = f"label_smoothing={smoothing!r} is not a constant in [0, 1]"
+    tensors = {"logits": x, "target": target}
+    if isinstance(weight, Node):
+        tensors["weight"] = weight
+    elif weight is not None:
+        problem = problem or "weight is not a tensor"
+    kwargs = {"ignore_index": ignore_index, "reduction": reduction}
+    kwargs["label_smoothing"] = float(smoothing) if problem is None else smoothing
+    return Match(
+        pattern="cross_entropy(logits, target)",
+        op="cross_entropy",
+        fn=cross_entropy_rows,
+        args=(x, target, weight),
+        kwargs=kwargs,
+        nodes=[*absorbed, node],
+        tensors=tensors,
+        problem=problem,
+        shared_ok=tuple(absorbed),
+    )
+
+
+def _flattens(node: Any) -> bool:
+    """Whether `node` is `t.view(-1, V)` / `t.reshape(...)` to [M, V] keeping t's last dimension
+    V: the flatten of t's leading dimensions (the only 2-D view that keeps the last one)."""
+    if kind(node) not in ("view", "reshape") or not node.args:
+        return False
+    src, out = value(node.args[0]), value(node)
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    return out.dim() == 2 and src.dim() >= 1 and out.shape[-1] == src.shape[-1]
+
+
+def _is_fraction(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0.0 <= x <= 1.0
+
+
+def cross_entropy_rows(logits, target, weight=None, **kwargs):
+    """`kernelwright.cross_entropy` of `logits` flattened to [M, V], against target [M]: what
+    a matched `F.cross_entropy(logits.float().view(-1, V), target)` computes."""
+    from kernelwright.ops.cross_entropy import cross_entropy
+
+    if logits.dim() != 2:
+        logits = logits.reshape(-1, logits.shape[-1])
+    return cross_entropy(logits, target, weight, **kwargs)
+
+
 def _fn(name: str) -> Callable[..., torch.Tensor]:
+    import kernelwright.ops.fused_add_rms_norm as fused_add_rms_norm
     import kernelwright.ops.geglu as geglu
+    import kernelwright.ops.layer_norm as layer_norm
     import kernelwright.ops.relu_squared as relu_squared
     import kernelwright.ops.rms_norm as rms_norm
     import kernelwright.ops.softmax as softmax
@@ -317,6 +496,8 @@ def _fn(name: str) -> Callable[..., torch.Tensor]:
 
     return {
         "rms_norm": rms_norm.rms_norm,
+        "fused_add_rms_norm": fused_add_rms_norm.fused_add_rms_norm,
+        "layer_norm": layer_norm.layer_norm,
         "swiglu": swiglu.swiglu,
         "geglu": geglu.geglu,
         "relu_squared": relu_squared.relu_squared,
@@ -331,4 +512,6 @@ MATCHERS: tuple[Callable[[Node], Match | None], ...] = (
     match_gated,
     match_relu_squared,
     match_softmax,
+    match_layer_norm,
+    match_cross_entropy,
 )
