@@ -9,11 +9,12 @@
     # the same pass, with torch.compile called yourself:
     model = torch.compile(model, backend=kernelwright.compile_backend())
 
-Patterns written the way models write them (HF-style RMSNorm, `silu(gate) * up`,
-`gelu(gate) * up`, `relu(x) ** 2`, softmax / log_softmax over the last dimension) are replaced
-by kernelwright's public functions where the site passes the kernel's checks and the selection
-picks kernelwright; everything else stays with Inductor. `KERNELWRIGHT_LOG=registry` logs one
-line per site (logger "kernelwright.compile").
+Patterns written the way models write them (HF-style RMSNorm, and the residual add before it
+as fused add + RMSNorm; LayerNorm; `silu(gate) * up`, `gelu(gate) * up`, `relu(x) ** 2`;
+softmax / log_softmax over the last dimension; `F.cross_entropy` on logits, HF's upcast and
+flatten included) are replaced by kernelwright's public functions where the site passes the
+kernel's checks and the selection picks kernelwright; everything else stays with Inductor.
+`KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile").
 
 This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself
 is callable — `kernelwright.compile(model)` — so that its name can be both the function users

@@ -9,6 +9,8 @@ which Inductor leaves alone while it fuses everything around them.
 Each site that matches is checked (dtype, device, static last dimension, the op's own argument
 rules), then the selection (`compile/select.py`) says which implementation to use; a site is
 replaced only when it says "kernelwright". Every site goes into the report with the reason.
+A call with several results (fused add + RMSNorm: the norm and the sum) goes before the first
+node reading any of them, each result replacing its node through `operator.getitem`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ pattern is written once, as a walk from an anchor node to its inputs, and matche
 A matcher returns a `Match` (the kernelwright function to call, its arguments, the nodes it
 replaces) or None; a match the kernel cannot compute as written (softmax over a dimension
 other than the last) carries the reason in `problem` and is reported, not replaced.
+
+The patterns, in `MATCHERS` order: RMSNorm (HF-style; fused add + RMSNorm where its input is a
+residual sum, the sum being the call's second result), `silu(gate) * up` / `gelu(gate) * up`,
+`relu(x) ** 2`, softmax / log_softmax, LayerNorm, cross-entropy on logits.
 """
 
 from __future__ import annotations
