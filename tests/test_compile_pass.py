@@ -176,6 +176,23 @@ def test_fused_add_rms_norm_residual_stream(launches):
                         "fused_add_rms_norm.bwd": 4}  # fmt: skip
 
 
+def test_fused_add_without_a_place_falls_back_to_rms_norm(launches):
+    def fn(a, b, w0):
+        s = a + b
+        t = s * 3  # reads the sum before the weight exists: no place for the fused call
+        w = w0 * 2
+        return t + w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    torch.manual_seed(0)
+    a, b, w0 = _leaves((3, 16), (3, 16), (16,))
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report, backend="aot_eager", fullgraph=True)
+    _check_against_eager(fn, compiled, [a, b, w0])
+    assert [(s.pattern, s.replaced) for s in report] == [("rms_norm", True)]
+    assert "reads the result before" in report[0].reason and "not fused" in report[0].reason
+    assert launches == {"rms_norm.fwd": 1, "rms_norm.bwd": 1}
+
+
 # --------------------------------------------------------------------------- LayerNorm
 
 

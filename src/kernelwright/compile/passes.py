@@ -188,15 +188,17 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
         if node in done or node.op != "call_function" and node.op != "call_method":
             continue
         m = next((m for f in MATCHERS if (m := f(node)) is not None), None)
+        if m is not None and m.fallback is not None and any(n in done for n in m.nodes):
+            m = m.fallback
         if m is None or any(n in done for n in m.nodes):
             continue
-        impl, reason = "", m.problem or _capability(m)
-        if reason is None and (shared := _shared(m)) is not None:
-            reason = f"{shared.name} is also used outside the pattern"
-        where = None
-        if reason is None:
-            where, reason = _placement(g, m)
-        if reason is None:
+        where, reason = _fit(g, m)
+        if reason is not None and m.fallback is not None:  # e.g. the norm without the add
+            m, why_not = m.fallback, reason
+            where, reason = _fit(g, m)
+            reason = reason or f"{why_not}: not fused"
+        impl = ""
+        if where is not None:
             x = value(next(iter(m.tensors.values())))
             choice = choose(
                 m.op,
@@ -205,7 +207,7 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
                 device=x.device,
                 db=db,
             )
-            impl, reason = choice.impl, choice.reason
+            impl, reason = choice.impl, (f"{reason}; " if reason else "") + choice.reason
         replaced = impl == "kernelwright"
         if impl and not replaced and impl != "inductor":
             reason = f"{reason}; the pass inserts kernelwright's kernels only, so far"
@@ -236,6 +238,17 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
     return sites
 
 
+def _fit(g: torch.fx.Graph, m: Match) -> tuple[Node, None] | tuple[None, str]:
+    """(where to insert the call, None) when the kernel can take the site as it stands in the
+    graph; else (None, why not)."""
+    reason = m.problem or _capability(m)
+    if reason is None and (shared := _shared(m)) is not None:
+        reason = f"{shared.name} is also used outside the pattern"
+    if reason is not None:
+        return None, reason
+    return _placement(g, m)
+
+
 _META = ("example_value", "val", "stack_trace", "nn_module_stack", "source_fn_stack")
 
 
@@ -247,8 +260,10 @@ def _placement(g: torch.fx.Graph, m: Match) -> tuple[Node, None] | tuple[None, s
     if not m.outputs:
         return m.output, None
     order = {n: i for i, n in enumerate(g.nodes)}
-    inside = set(m.nodes) - set(m.shared_ok)
-    readers = [u for o in m.outputs for u in o.users if u not in inside] + [m.output]
+    inside = set(m.nodes)
+    kept = {n for n in m.shared_ok if any(u not in inside for u in n.users)}  # not erased
+    readers = [u for o in m.outputs for u in o.users if u not in inside or u in kept]
+    readers.append(m.output)
     first = min(readers, key=order.__getitem__)
     flat: list[Node] = []
     torch.fx.node.map_arg((m.args, m.kwargs), flat.append)

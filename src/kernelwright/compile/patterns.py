@@ -173,6 +173,7 @@ class Match:
     # When `fn` returns a tuple: the nodes its items replace, in order (the first is `output`);
     # each may be read outside the match. Empty: `fn` returns one value, replacing `output`.
     outputs: tuple[Node, ...] = ()
+    fallback: Match | None = None  # the site to try instead when this one cannot be taken
 
     @property
     def output(self) -> Node:
@@ -241,22 +242,7 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
             out = nxt
             nodes.append(out)
     tensors = {"x": x} if weight is None else {"x": x, "weight": weight}
-    summands = _residual_add(x)
-    if summands is not None:  # x is itself a sum: add and norm in one kernel, both returned
-        a, b = summands
-        tensors = {"x": a, "residual": b} | ({} if weight is None else {"weight": weight})
-        return Match(
-            pattern="rms_norm(x + residual)",
-            op="fused_add_rms_norm",
-            fn=_fn("fused_add_rms_norm"),
-            args=(a, b, weight, float(eps)),
-            kwargs={"casting_mode": casting},
-            nodes=[x, *nodes],
-            tensors=tensors,
-            shared_ok=shared,
-            outputs=(out, x),
-        )
-    return Match(
+    norm = Match(
         pattern="rms_norm" if weight is not None else "rms_norm (no weight)",
         op="rms_norm",
         fn=_fn("rms_norm"),
@@ -265,6 +251,23 @@ def match_rms_norm(rsqrt: Node) -> Match | None:
         nodes=nodes,
         tensors=tensors,
         shared_ok=shared,
+    )
+    summands = _residual_add(x)
+    if summands is None:
+        return norm
+    # x is itself a sum: add and norm in one kernel, the sum its second result
+    a, b = summands
+    return Match(
+        pattern="rms_norm(x + residual)",
+        op="fused_add_rms_norm",
+        fn=_fn("fused_add_rms_norm"),
+        args=(a, b, weight, float(eps)),
+        kwargs={"casting_mode": casting},
+        nodes=[x, *nodes],
+        tensors={"x": a, "residual": b} | ({} if weight is None else {"weight": weight}),
+        shared_ok=shared,
+        outputs=(out, x),
+        fallback=norm,
     )
 
 
