@@ -398,6 +398,7 @@ def match_softmax(node: Node) -> Match | None:
 # --------------------------------------------------------------------------- cross-entropy
 
 _CE_REDUCTIONS = ("mean", "sum", "none")
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def match_cross_entropy(node: Node) -> Match | None:
@@ -425,6 +426,8 @@ def match_cross_entropy(node: Node) -> Match | None:
     x, absorbed = logits, []
     while len(absorbed) < 3:
         src = _float32_cast(x)
+        if src is not None and getattr(value(src), "dtype", None) not in _KERNEL_DTYPES:
+            src = None  # a float64 source is rounded by the cast: the cast stays
         if src is None and _flattens(x):
             src = x.args[0]
         if src is None:
