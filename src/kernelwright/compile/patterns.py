@@ -496,24 +496,13 @@ def cross_entropy_rows(logits, target, weight=None, **kwargs):
 
 
 def _fn(name: str) -> Callable[..., torch.Tensor]:
-    import kernelwright.ops.fused_add_rms_norm as fused_add_rms_norm
-    import kernelwright.ops.geglu as geglu
-    import kernelwright.ops.layer_norm as layer_norm
-    import kernelwright.ops.relu_squared as relu_squared
-    import kernelwright.ops.rms_norm as rms_norm
-    import kernelwright.ops.softmax as softmax
-    import kernelwright.ops.swiglu as swiglu
+    """The kernelwright function a replaced site calls, from the op registry (log_softmax is a
+    second function of softmax's module)."""
+    from kernelwright import registry
 
-    return {
-        "rms_norm": rms_norm.rms_norm,
-        "fused_add_rms_norm": fused_add_rms_norm.fused_add_rms_norm,
-        "layer_norm": layer_norm.layer_norm,
-        "swiglu": swiglu.swiglu,
-        "geglu": geglu.geglu,
-        "relu_squared": relu_squared.relu_squared,
-        "softmax": softmax.softmax,
-        "log_softmax": softmax.log_softmax,
-    }[name]
+    if name == "log_softmax":
+        return registry.get("softmax").attr("log_softmax")
+    return registry.get(name).fn()
 
 
 # Tried in this order at every node; RMSNorm first, since its `x32 * rsqrt` is also a `mul`.
