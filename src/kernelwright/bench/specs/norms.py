@@ -62,6 +62,19 @@ def _rms_norm_providers() -> tuple[Provider, ...]:
     )
 
 
+# The norms' sweeps: every distinct hidden size of the model registry at the default token
+# count, and token counts at Llama-3-8B's hidden size; quick runs take Llama-3-8B's and the
+# widest (405B) hidden size; the interpreter two tiny widths.
+NORM_SWEEPS = (
+    Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
+    Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
+)
+NORM_QUICK_SWEEPS = (
+    Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
+)
+NORM_INTERPRETER_SWEEPS = (Sweep("hidden", (256, 512), {"tokens": 64}),)
+
+
 RMS_NORM = register(
     BenchSpec(
         op="rms_norm",
@@ -70,15 +83,9 @@ RMS_NORM = register(
         make_inputs=_rms_norm_inputs,
         grad_inputs=("x", "weight"),
         bytes=_rms_norm_bytes,
-        sweeps=(
-            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
-            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
-        ),
-        quick_sweeps=(
-            # Llama-3-8B's and the widest (405B) hidden size, as in GPU.md's table
-            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
-        ),
-        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+        sweeps=NORM_SWEEPS,
+        quick_sweeps=NORM_QUICK_SWEEPS,
+        interpreter_sweeps=NORM_INTERPRETER_SWEEPS,
         notes={
             "kernelwright_inplace": "in_place_backward=True: dx over dy (Liger's default)",
             "liger": "LigerRMSNormFunction, in_place=True (its default)",
@@ -130,15 +137,9 @@ FUSED_ADD_RMS_NORM = register(
         bytes=_fused_add_bytes,
         backward_through=(0, 1),
         grad_through_views=True,
-        sweeps=(
-            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
-            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
-        ),
-        quick_sweeps=(
-            # hidden 4096 and 16384, the sizes the issue benchmarks against Liger
-            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
-        ),
-        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+        sweeps=NORM_SWEEPS,
+        quick_sweeps=NORM_QUICK_SWEEPS,
+        interpreter_sweeps=NORM_INTERPRETER_SWEEPS,
     )
 )
 
@@ -188,14 +189,9 @@ LAYER_NORM = register(
         make_inputs=_layer_norm_inputs,
         grad_inputs=("x", "weight", "bias"),
         bytes=_layer_norm_bytes,
-        sweeps=(
-            Sweep("hidden", distinct("hidden"), {"tokens": DEFAULT_TOKENS}),
-            Sweep("tokens", token_counts(1024, 32768), {"hidden": REFERENCE.hidden}),
-        ),
-        quick_sweeps=(
-            Sweep("hidden", (REFERENCE.hidden, distinct("hidden")[-1]), {"tokens": DEFAULT_TOKENS}),
-        ),
-        interpreter_sweeps=(Sweep("hidden", (256, 512), {"tokens": 64}),),
+        sweeps=NORM_SWEEPS,
+        quick_sweeps=NORM_QUICK_SWEEPS,
+        interpreter_sweeps=NORM_INTERPRETER_SWEEPS,
         notes={"liger": "LigerLayerNormFunction (X, W, B, eps)"},
     )
 )
