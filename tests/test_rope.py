@@ -414,9 +414,11 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
 
     real_grid = R._grid
     monkeypatch.setattr(R, "_grid", lambda b, s, cfg: (real_grid(b, s, cfg)[0] - 1,))
+    R._PLANS.clear()  # launch plans are memoized: rebuild them with the short grid
     report = check_op(rope, rope_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
     monkeypatch.undo()
+    R._PLANS.clear()
 
     swapped = lambda **kw: rope(**kw, interleaved=True)
     report = check_op(swapped, rope_ref, inputs, tolerances=TOL, backward=False)

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._held import HOLD_FROM, again
+from kernelwright.runtime.fastlaunch import fast
 
 
 @triton.jit
@@ -107,6 +108,7 @@ def _grad_terms(
     return scale, a, b
 
 
+@fast
 @triton.jit
 def _ce_fwd_kernel(
     x_ptr,  # logits [M, V], row stride stride_x
@@ -182,6 +184,7 @@ def _ce_fwd_kernel(
             tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
 
 
+@fast
 @triton.jit
 def _ce_fwd_looped_kernel(
     x_ptr,  # logits [M, V], row stride stride_x
@@ -282,6 +285,7 @@ def _ce_fwd_looped_kernel(
                 tl.store(g_row + cols, g, mask=mask, eviction_policy=EVICT_2ND)
 
 
+@fast
 @triton.jit
 def _ce_scale_kernel(
     g_ptr,  # [M, V] gradient, scaled in place

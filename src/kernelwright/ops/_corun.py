@@ -20,7 +20,8 @@ from kernelwright.ops._norm_reduce import column_tile
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._rms import CASTING_MODES, ds_block, weight_row
 from kernelwright.runtime import device_info
-from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, cdiv, next_pow2, pdl_args
 
 
 @triton.jit
@@ -79,6 +80,7 @@ def _column_programs(
         tl.store(db_ptr + c_cols, db.to(db_ptr.dtype.element_ty), mask=c_mask)
 
 
+@fast
 @triton.jit
 def _fused_add_rms_norm_bwd_corun_kernel(
     dy_ptr,
@@ -146,6 +148,7 @@ def _fused_add_rms_norm_bwd_corun_kernel(
         )
 
 
+@fast
 @triton.jit
 def _layer_norm_bwd_corun_kernel(
     dy_ptr,
@@ -222,8 +225,8 @@ def corun_programs(m: int, n: int, col_programs: int, programs: int) -> tuple[in
     """The split of a co-running backward: (row programs, column programs, columns per column
     program). About `col_programs` column programs of a power-of-two width cover the n columns;
     the rest of `programs` (the GPU's, one per SM) take the m rows."""
-    col_n = triton.next_power_of_2(triton.cdiv(n, col_programs))
-    cols = triton.cdiv(n, col_n)
+    col_n = next_pow2(cdiv(n, col_programs))
+    cols = cdiv(n, col_n)
     return max(1, min(m, programs - cols)), cols, col_n
 
 

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, cdiv
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def elementwise_tile(M, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
 
 def elementwise_grid(op: str, m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
     # One program per (row block, column tile); see elementwise_tile. Axis 0 takes up to 2^31 - 1.
-    programs = triton.cdiv(m, cfg.rows) * triton.cdiv(n, cfg.block_n)
+    programs = cdiv(m, cfg.rows) * cdiv(n, cfg.block_n)
     if programs >= 2**31:
         raise ValueError(f"{op}: {m} x {n} needs {programs} programs, over the grid limit")
     return (programs,)
@@ -33,15 +33,17 @@ def elementwise_grid(op: str, m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
 
 def retile(
     tensors: tuple[torch.Tensor | None, ...], cfg: LaunchConfig
-) -> tuple[torch.Tensor | None, ...]:
-    # Elementwise: when every tensor is one dense block, any [M', block_n] view computes the
-    # same thing, and full tiles need no masked tail (N = 18944 leaves 1/4 of a 2048 tile idle).
-    # None entries (an absent operand) pass through. Plain loops: this runs on every launch.
+) -> tuple[int, int, tuple[int | None, ...]]:
+    """The (M, N, row stride per tensor) to launch with. Elementwise: when every tensor is one
+    dense block, any [M', block_n] view computes the same thing, and full tiles need no masked
+    tail (N = 18944 leaves 1/4 of a 2048 tile idle); the kernel only needs the view's sizes
+    and strides, so no view is made. None entries (an absent operand) get a None stride."""
     m, n = tensors[0].shape
     block = cfg.block_n
-    if (m * n) % block or n == block:
-        return tensors
-    for t in tensors:
-        if t is not None and not t.is_contiguous():
-            return tensors
-    return tuple([None if t is None else t.view(-1, block) for t in tensors])
+    if not ((m * n) % block or n == block):
+        for t in tensors:
+            if t is not None and not t.is_contiguous():
+                break
+        else:
+            return (m * n) // block, block, tuple([None if t is None else block for t in tensors])
+    return m, n, tuple([None if t is None else t.stride(0) for t in tensors])

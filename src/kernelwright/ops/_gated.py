@@ -30,6 +30,7 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
+from kernelwright.runtime.fastlaunch import fast
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.runtime.tables.geglu import TABLE as GEGLU_TABLE
 from kernelwright.runtime.tables.relu_squared import TABLE as RELU_SQUARED_TABLE
@@ -128,6 +129,7 @@ def _chain(a, d, dh, ACTIVATION: tl.constexpr):
 # --------------------------------------------------------------------------- kernels
 
 
+@fast
 @triton.jit
 def _gated_fwd_kernel(
     a_ptr, b_ptr, c_ptr,  # gate, up, out: [M, N] views with row strides, last dim contiguous
@@ -148,6 +150,7 @@ def _gated_fwd_kernel(
     tl.store(c_ptr + rows * stride_c + cols, c.to(c_ptr.dtype.element_ty), mask=mask)
 
 
+@fast
 @triton.jit
 def _gated_bwd_kernel(
     dc_ptr, a_ptr, b_ptr, da_ptr, db_ptr,  # [M, N] views with row strides, last dim contiguous
@@ -201,10 +204,9 @@ def gated_fwd_launch(
     if M == 0 or N == 0:
         return
     op, cfg = _config(activation, "fwd", a, N, config)
-    a, b, c = retile((a, b, c), cfg)
-    M, N = a.shape
+    M, N, strides = retile((a, b, c), cfg)
     _gated_fwd_kernel[elementwise_grid(op, M, N, cfg)](
-        a, b, c, M, N, a.stride(0), None if b is None else b.stride(0), c.stride(0),
+        a, b, c, M, N, *strides,
         ACTIVATION=activation,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
@@ -223,12 +225,9 @@ def gated_bwd_launch(
     if M == 0 or N == 0:
         return
     op, cfg = _config(activation, "bwd", a, N, config)
-    dc, a, b, da, db = retile((dc, a, b, da, db), cfg)
-    M, N = a.shape
+    M, N, strides = retile((dc, a, b, da, db), cfg)
     _gated_bwd_kernel[elementwise_grid(op, M, N, cfg)](
-        dc, a, b, da, db, M, N,
-        dc.stride(0), a.stride(0), None if b is None else b.stride(0), da.stride(0),
-        None if db is None else db.stride(0), ACTIVATION=activation,
+        dc, a, b, da, db, M, N, *strides, ACTIVATION=activation,
         BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

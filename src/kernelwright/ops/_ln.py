@@ -10,8 +10,10 @@ import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._split import arrive_and_wait, ticket
+from kernelwright.runtime.fastlaunch import fast
 
 
+@fast
 @triton.jit
 def _layer_norm_fwd_kernel(
     x_ptr,
@@ -81,6 +83,7 @@ def _layer_norm_fwd_kernel(
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
+@fast
 @triton.jit
 def _layer_norm_fwd_looped_kernel(
     x_ptr,
@@ -149,6 +152,7 @@ def _layer_norm_fwd_looped_kernel(
     tl.store(rstd_ptr + row, rstd)
 
 
+@fast
 @triton.jit
 def _layer_norm_bwd_kernel(
     dy_ptr,
@@ -238,6 +242,7 @@ def _layer_norm_bwd_kernel(
         tl.store(db_partial_ptr + pid.to(tl.int64) * N + cols, db_acc, mask=col_mask)
 
 
+@fast
 @triton.jit
 def _layer_norm_bwd_looped_kernel(
     dy_ptr,
@@ -303,6 +308,7 @@ def _layer_norm_bwd_looped_kernel(
                 tl.store(db_row + cols, db + dy, mask=col_mask)
 
 
+@fast
 @triton.jit
 def _layer_norm_bwd_split_kernel(
     dy_ptr,

@@ -17,7 +17,8 @@ import triton.language as tl
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._rms import CASTING_MODES, normalize
 from kernelwright.runtime import device_info
-from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args
 
 
 @triton.jit
@@ -59,6 +60,7 @@ def column_tile(
     return dw_acc, db_acc
 
 
+@fast
 @triton.jit
 def _norm_dw_kernel(
     dy_ptr,
@@ -128,7 +130,7 @@ def norm_dw_launch(
     """dW (dB) alone: one program per column block of cfg.block_n, through every row; no
     partial rows."""
     M, N = x.shape
-    _norm_dw_kernel[(triton.cdiv(N, cfg.block_n),)](
+    _norm_dw_kernel[(cdiv(N, cfg.block_n),)](
         dy,
         x,
         mean if mean is not None else rstd,

@@ -22,7 +22,8 @@ import triton.language as tl
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._rms import CASTING_MODES, bwd_rows, ds_block, weight_row
 from kernelwright.ops._split import GENERATION, arrive, grid_counter, wait_until
-from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, next_pow2, pdl_args
 from kernelwright.runtime.tables import fused_add_rms_norm as _table
 
 
@@ -32,6 +33,7 @@ def _last_block(pid, programs, blocks):
     return pid + programs * ((blocks - 1 - pid) // programs)
 
 
+@fast
 @triton.jit
 def _fused_add_rms_norm_bwd_park_kernel(
     dy_ptr,
@@ -216,8 +218,8 @@ def park_launch(
             ROWS=cfg.rows,
             PREFETCH=cfg.num_stages > 1,
             PHASE=phase,
-            BLOCK_P=triton.next_power_of_2(programs),
-            BLOCK_S=triton.next_power_of_2(N // programs),
+            BLOCK_P=next_pow2(programs),
+            BLOCK_S=next_pow2(N // programs),
             num_warps=cfg.num_warps,
             **cooperative,
             **pdl_args(device),  # its launch overlaps the kernel before it

@@ -24,12 +24,14 @@ import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.runtime import device_info
-from kernelwright.runtime.launch import pdl_args
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import cdiv, next_pow2, pdl_args
 
 _BLOCK_N = 32  # columns per program: N / 32 programs, enough to spread 4096 columns over SMs
 _MAX_BLOCK_P = 256  # partial rows per load step (sm_count * programs_per_sm, usually <= 264)
 
 
+@fast
 @triton.jit
 def _sum_partials_kernel(
     a_ptr,
@@ -68,8 +70,8 @@ def sum_partials(
 ) -> None:
     """out_a = a.sum(0) (and out_b = b.sum(0)), fp32 sums cast once, in one launch."""
     P, N = a.shape
-    grid = (triton.cdiv(N, _BLOCK_N),)
-    block_p = min(triton.next_power_of_2(P), _MAX_BLOCK_P)
+    grid = (cdiv(N, _BLOCK_N),)
+    block_p = min(next_pow2(P), _MAX_BLOCK_P)
     has_b = b is not None
     _sum_partials_kernel[grid](
         a,
@@ -94,5 +96,5 @@ def few_rows(
     (the op table's PARTIALS_SHARE) of the row gradient (`rows` rows of `n` elements of
     `out_elem` bytes), and the column kernel's blocks of `block_n` (one program each) fill at
     least half the GPU."""
-    wide = triton.cdiv(n, block_n) >= device_info(device).sm_count // 2
+    wide = cdiv(n, block_n) >= device_info(device).sm_count // 2
     return wide and partial_rows * 4 > share * rows * out_elem

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.runtime.fastlaunch import fast
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
 # tl.constexpr globals: compiled kernels may read only constexpr globals.
@@ -70,6 +71,7 @@ def ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT: tl.constexpr, HAS_DRES: tl.con
     return ds
 
 
+@fast
 @triton.jit
 def _rms_norm_fwd_kernel(
     x_ptr,
@@ -133,6 +135,7 @@ def _rms_norm_fwd_kernel(
         tl.store(rstd_ptr + rows, rstd, mask=row_mask)
 
 
+@fast
 @triton.jit
 def _rms_norm_fwd_looped_kernel(
     x_ptr,
@@ -275,6 +278,7 @@ def bwd_rows(
     return dw_acc
 
 
+@fast
 @triton.jit
 def _rms_norm_bwd_kernel(
     dy_ptr,
@@ -334,6 +338,7 @@ def _rms_norm_bwd_kernel(
         tl.store(dw_partial_ptr + pid.to(tl.int64) * N + cols, dw_acc, mask=col_mask)
 
 
+@fast
 @triton.jit
 def _rms_norm_bwd_looped_kernel(
     dy_ptr,

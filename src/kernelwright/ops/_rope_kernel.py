@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernelwright.runtime.fastlaunch import fast
+
 # --------------------------------------------------------------------------- tile helpers
 
 
@@ -105,6 +107,7 @@ def _rotate_heads(
 # --------------------------------------------------------------------------- the kernel
 
 
+@fast
 @triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr,  # q/k (or their output gradients), outputs

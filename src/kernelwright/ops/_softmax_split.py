@@ -16,12 +16,14 @@ import triton.language as tl
 from kernelwright.ops._held import HOLD_FROM, again
 from kernelwright.ops._split import arrive_and_wait, exchange, out_slots, out_words, ticket
 from kernelwright.ops._split import launch as launch_split
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, next_pow2
 from kernelwright.runtime.tables.softmax import WORDS_WARPS
 
 # --------------------------------------------------------------------------- kernels
 
 
+@fast
 @triton.jit
 def _softmax_fwd_split_kernel(
     x_ptr,
@@ -89,6 +91,7 @@ def _merge_fwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
     return m_row, tl.sum(ds * tl.exp(ms - m_row), axis=0)
 
 
+@fast
 @triton.jit
 def _softmax_fwd_words_kernel(
     x_ptr,
@@ -113,6 +116,7 @@ def _softmax_fwd_words_kernel(
     tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@fast
 @triton.jit
 def _softmax_bwd_split_kernel(
     dy_ptr,
@@ -165,6 +169,7 @@ def _merge_bwd(part, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr):
     return tl.sum(tl.load(part + k, mask=k < SPLITS, other=0.0, volatile=True), axis=0)
 
 
+@fast
 @triton.jit
 def _softmax_bwd_words_kernel(
     dy_ptr,
@@ -206,8 +211,8 @@ def split_fwd_launch(
     if words:
         _softmax_fwd_words_kernel[(M,)](
             x, y, x.stride(0), y.stride(0), IS_LOG=is_log, SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-            WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
+            SPLITS_P2=next_pow2(splits), OUT_WORDS=words,
+            WORDS_P2=next_pow2(words), num_warps=WORDS_WARPS,
         )  # fmt: skip
 
 
@@ -229,6 +234,6 @@ def split_bwd_launch(
     if words:
         _softmax_bwd_words_kernel[(M,)](
             dy, y, dx, *strides, IS_LOG=is_log, SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits), OUT_WORDS=words,
-            WORDS_P2=triton.next_power_of_2(words), num_warps=WORDS_WARPS,
+            SPLITS_P2=next_pow2(splits), OUT_WORDS=words,
+            WORDS_P2=next_pow2(words), num_warps=WORDS_WARPS,
         )  # fmt: skip

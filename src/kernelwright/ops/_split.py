@@ -45,7 +45,7 @@ from kernelwright.runtime import device_info
 from kernelwright.runtime.alias import disjoint
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.device import DeviceInfo
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, cdiv, next_pow2
 
 # At most this many programs share a row: far fewer than any GPU's SMs (the ticket argument
 # above needs `splits` programs resident at once, and a chunk program fits on any SM).
@@ -163,7 +163,7 @@ def split_count(n: int, block_n: int, m: int, device: DeviceInfo) -> int:
     """How many programs share each of `m` rows of `n` values at `block_n` per program, or 0
     where the split form must not be used: a single chunk (nothing to split), more than
     `MAX_SPLITS` (or than the device's SMs), or more programs than a grid's int32 tickets."""
-    splits = triton.cdiv(n, block_n)
+    splits = cdiv(n, block_n)
     limit = min(MAX_SPLITS, device.sm_count) if device.backend == "cuda" else MAX_SPLITS
     if splits < 2 or splits > limit or m * splits >= 2**31:
         return 0
@@ -195,7 +195,7 @@ def exchange_values(out: torch.Tensor, others, block_n: int, splits: int, slots:
     if size not in (2, 4) or out.data_ptr() % 4:
         return 0
     values = (SLOTS_AT.value + splits * slots) * 4 // size + (1 if size == 2 else 0)
-    values = triton.cdiv(values, 16) * 16
+    values = cdiv(values, 16) * 16
     if values > min(block_n, out.shape[1]) or not all(disjoint(out, t) for t in others):
         return 0
     return values
@@ -251,7 +251,7 @@ def launch(
             *scalars,
             BLOCK_N=cfg.block_n,
             SPLITS=splits,
-            SPLITS_P2=triton.next_power_of_2(splits),
+            SPLITS_P2=next_pow2(splits),
             PHASE=phase,
             num_warps=cfg.num_warps,
             **constexprs,

@@ -22,7 +22,6 @@ Layer order: launchers → custom ops → autograd Function → `fused_add_rms_n
 from __future__ import annotations
 
 import torch
-import triton
 
 from kernelwright.ops._corun import fused_add_rms_norm_bwd_corun_launch
 from kernelwright.ops._park import park_launch, park_phases, park_programs
@@ -44,7 +43,7 @@ from kernelwright.ops.rms_norm import (
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args
 from kernelwright.runtime.tables import fused_add_rms_norm as _table
 from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 
@@ -89,7 +88,7 @@ def fused_add_rms_norm_fwd_launch(
     args = (x, residual, weight if weight is not None else x, y, residual_out, rstd, M, N)
     args += (x.stride(0), residual.stride(0), y.stride(0), residual_out.stride(0), eps, offset)
     if cfg.block_n >= N:
-        grid = (triton.cdiv(M, cfg.rows),)
+        grid = (cdiv(M, cfg.rows),)
         _rms_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
     else:
         _rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
@@ -115,7 +114,7 @@ def fused_add_rms_norm_bwd_launch(
         return
     cfg = _config("bwd", residual_out, config)
     fits = cfg.block_n >= N
-    row_blocks = triton.cdiv(M, cfg.rows) if fits else M
+    row_blocks = cdiv(M, cfg.rows) if fits else M
     device = device_info(ds.device)
     programs = max(1, min(row_blocks, device.sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None

@@ -23,7 +23,8 @@ import triton.language as tl
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, cdiv
 from kernelwright.runtime.tables.jagged_mean import STAGED_BYTES, TABLE
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
@@ -44,6 +45,7 @@ def _segment_tile(offsets_ptr, D, BLOCK_D: tl.constexpr):
     return seg.to(tl.int64), cols, cols < D, start, end
 
 
+@fast
 @triton.jit
 def _jagged_mean_fwd_kernel(
     v_ptr, offsets_ptr, out_ptr,  # values [total, D] (row stride), offsets [B + 1], out [B, D]
@@ -70,6 +72,7 @@ def _jagged_mean_fwd_kernel(
     tl.store(out_ptr + seg * stride_out + cols, mean.to(out_ptr.dtype.element_ty), mask=col_mask)
 
 
+@fast
 @triton.jit
 def _jagged_mean_bwd_kernel(
     dout_ptr, offsets_ptr, dv_ptr,  # dout [B, D] (row stride, may be 0), dvalues [total, D]
@@ -100,7 +103,7 @@ def _config(kernel: str, t: torch.Tensor, d: int, config: LaunchConfig | None) -
 
 def _grid(b: int, d: int, cfg: LaunchConfig) -> tuple[int]:
     # One program per (segment, column tile); see _segment_tile. Axis 0 takes up to 2^31 - 1.
-    programs = b * triton.cdiv(d, cfg.block_n)
+    programs = b * cdiv(d, cfg.block_n)
     if programs >= 2**31:
         raise ValueError(f"jagged_mean: {b} segments x {d} needs {programs} programs, too many")
     return (programs,)

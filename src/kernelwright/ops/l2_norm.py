@@ -19,10 +19,13 @@ import triton.language as tl
 from kernelwright.runtime import device_info
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import cdiv, next_pow2
 
 MAX_N = 16384  # one program holds a whole row of x and dy in registers (16 warps)
 
 
+@fast
 @triton.jit
 def _l2_norm_fwd_kernel(
     x_ptr, y_ptr, rstd_ptr,  # x, y [M, N] with row strides, last dim contiguous; rstd [M] fp32
@@ -40,6 +43,7 @@ def _l2_norm_fwd_kernel(
     tl.store(rstd_ptr + row_ids, rstd, mask=row_ids < M)
 
 
+@fast
 @triton.jit
 def _l2_norm_bwd_kernel(
     dy_ptr, x_ptr, rstd_ptr, dx_ptr,  # [M, N] with row strides (rstd [M] fp32)
@@ -65,7 +69,7 @@ Config = tuple[int, int, int]  # (BLOCK_N, ROWS, num_warps)
 def launch_config(n: int, interpreter: bool = False) -> Config:
     """Whole rows, about 4K elements per program on a GPU; under the interpreter every program
     costs milliseconds, so 64K elements per program."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_pow2(n)
     rows = max(1, min(64, (65536 if interpreter else 4096) // block_n))
     return block_n, rows, min(16, max(1, block_n * rows // 1024))
 
@@ -80,7 +84,7 @@ def l2_norm_fwd_launch(x, y, rstd, eps: float, config: Config | None = None) -> 
     if M == 0 or N == 0:
         return
     block_n, rows, warps = _config(x, config)
-    _l2_norm_fwd_kernel[(triton.cdiv(M, rows),)](
+    _l2_norm_fwd_kernel[(cdiv(M, rows),)](
         x, y, rstd, M, N, x.stride(0), y.stride(0), eps,
         BLOCK_N=block_n, ROWS=rows, num_warps=warps,
     )  # fmt: skip
@@ -91,7 +95,7 @@ def l2_norm_bwd_launch(dy, x, rstd, dx, config: Config | None = None) -> None:
     if M == 0 or N == 0:
         return
     block_n, rows, warps = _config(x, config)
-    _l2_norm_bwd_kernel[(triton.cdiv(M, rows),)](
+    _l2_norm_bwd_kernel[(cdiv(M, rows),)](
         dy, x, rstd, dx, M, N, dy.stride(0), x.stride(0), dx.stride(0),
         BLOCK_N=block_n, ROWS=rows, num_warps=warps,
     )  # fmt: skip

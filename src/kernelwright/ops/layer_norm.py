@@ -21,7 +21,6 @@ Layer order: launchers → custom ops → autograd Function → `layer_norm` →
 from __future__ import annotations
 
 import torch
-import triton
 
 from kernelwright.ops._corun import layer_norm_bwd_corun_launch
 from kernelwright.ops._ln import (
@@ -38,7 +37,7 @@ from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, pdl_args, two_pass_flags
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args, two_pass_flags
 from kernelwright.runtime.tables import layer_norm as _table
 from kernelwright.runtime.tables.layer_norm import TABLE
 
@@ -70,7 +69,7 @@ def layer_norm_fwd_launch(
     b = bias if bias is not None else x
     args = (x, w, b, y, mean, rstd, M, N, x.stride(0), y.stride(0), eps)
     if cfg.block_n >= N:
-        grid = (triton.cdiv(M, cfg.rows),)
+        grid = (cdiv(M, cfg.rows),)
         early = cfg.block_n <= _table.EARLY_AFFINE_MAX_N
         _layer_norm_fwd_kernel[grid](
             *args, ROWS=cfg.rows, EARLY_AFFINE=early, num_warps=cfg.num_warps, **common
@@ -110,7 +109,7 @@ def layer_norm_bwd_launch(
         if splits:
             _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg, splits)
             return
-    row_blocks = triton.cdiv(M, cfg.rows) if fits else M
+    row_blocks = cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     grads = (dw is not None) + (db is not None)
     dwdb_block = _config("bwd_dwdb", x, None).block_n
@@ -161,7 +160,7 @@ def _bwd_split_launch(dy, x, weight, mean, rstd, dx, dw, db, cfg: LaunchConfig, 
     sm_count * programs_per_sm programs in all, each group a partial dW/dB row."""
     M, N = x.shape
     dev = device_info(x.device)
-    blocks = triton.cdiv(M, cfg.rows)
+    blocks = cdiv(M, cfg.rows)
     groups = max(1, min(blocks, dev.sm_count * cfg.programs_per_sm // splits))
     dw_partial, db_partial = _partial_rows(groups, x, dw, db)
     launch_split(

@@ -41,12 +41,15 @@ import triton.language as tl
 from kernelwright.ops.swiglu import swiglu_fused_fwd_launch
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import cdiv, next_pow2
 
 ACTIVATIONS = ("swiglu",)
 
 # --------------------------------------------------------------------------- kernels
 
 
+@fast
 @triton.jit
 def _experts_act_bwd_kernel(
     g_ptr,  # [S, I]: dout_sorted @ down[e], the gradient of the weighted h before weighting
@@ -85,6 +88,7 @@ def _experts_act_bwd_kernel(
     tl.store(dw_ptr + row, tl.sum(acc, axis=0))
 
 
+@fast
 @triton.jit
 def _combine_kernel(
     y_ptr,  # [S, H]: rows in expert-sorted order
@@ -115,7 +119,7 @@ def _combine_kernel(
 
 def _block(n: int, cap: int) -> tuple[int, int]:
     """(BLOCK, num_warps) for a row of n elements: one tile up to `cap`, 4 warps per 1K."""
-    block = min(triton.next_power_of_2(max(n, 16)), cap)
+    block = min(next_pow2(max(n, 16)), cap)
     return block, max(1, min(8, block // 256))
 
 
@@ -148,7 +152,7 @@ def combine_launch(
     if T == 0 or H == 0:
         return
     block, warps = _block(H, 1024)
-    grid = (T, triton.cdiv(H, block))
+    grid = (T, cdiv(H, block))
     _combine_kernel[grid](
         y, inv, inv if w is None else w, out, H, k, y.stride(0), out.stride(0),
         HAS_WEIGHT=w is not None, BLOCK_H=block, num_warps=warps,

@@ -17,7 +17,6 @@ Layer order: launchers → custom ops → autograd Function → `rms_norm` → `
 from __future__ import annotations
 
 import torch
-import triton
 
 from kernelwright.ops._norm_reduce import norm_dw_launch
 from kernelwright.ops._partials import few_rows, sum_partials
@@ -31,7 +30,7 @@ from kernelwright.ops._rms import (
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, pdl_args
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args
 from kernelwright.runtime.tables import rms_norm as _table
 from kernelwright.runtime.tables.rms_norm import DW_TABLE, FEW_ROWS, TABLE
 
@@ -69,7 +68,7 @@ def rms_norm_fwd_launch(
     # no residual: r and s are pointers never read or written
     args = (x, x, w, y, x, rstd, M, N, x.stride(0), 0, y.stride(0), 0, eps, offset)
     if cfg.block_n >= N:
-        grid = (triton.cdiv(M, cfg.rows),)
+        grid = (cdiv(M, cfg.rows),)
         _rms_norm_fwd_kernel[grid](*args, ROWS=cfg.rows, num_warps=cfg.num_warps, **common)
     else:
         _rms_norm_fwd_looped_kernel[(M,)](*args, num_warps=cfg.num_warps, **common)
@@ -93,7 +92,7 @@ def rms_norm_bwd_launch(
         return
     cfg = _config("bwd", x, config)
     fits = cfg.block_n >= N
-    row_blocks = triton.cdiv(M, cfg.rows) if fits else M
+    row_blocks = cdiv(M, cfg.rows) if fits else M
     programs = max(1, min(row_blocks, device_info(x.device).sm_count * cfg.programs_per_sm))
     has_dw = weight is not None and dw is not None
     block = _dw_config(x).block_n

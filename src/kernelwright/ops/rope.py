@@ -31,13 +31,12 @@ Layer order: the kernel (ops/_rope_kernel.py) → launchers → custom ops → a
 from __future__ import annotations
 
 import torch
-import triton
 
 from kernelwright.ops._rope_kernel import _rope_kernel
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
-from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.launch import LaunchConfig, PlanCache, cdiv, next_pow2
 from kernelwright.runtime.tables.rope import TABLE
 
 _OP = "rope"
@@ -47,17 +46,15 @@ LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]
 # --------------------------------------------------------------------------- launchers
 
 
-def _bshd(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    # q/k (or a gradient) as a [B, S, H, D] view of the same storage: no copy.
-    return t.transpose(1, 2) if unsqueeze_dim == 1 else t
-
-
 def _grid(b: int, s: int, cfg: LaunchConfig) -> tuple[int]:
     # One program per (batch, block of cfg.rows tokens). Axis 0 takes up to 2^31 - 1.
-    programs = b * triton.cdiv(s, cfg.rows)
+    programs = b * cdiv(s, cfg.rows)
     if programs >= 2**31:
         raise ValueError(f"{_OP}: {b} x {s} tokens need {programs} programs, over the grid limit")
     return (programs,)
+
+
+_PLANS = PlanCache()
 
 
 def _launch(
@@ -72,27 +69,51 @@ def _launch(
     interleaved: bool,
     config: LaunchConfig | None,
 ) -> None:
-    q, k, q_out, k_out = (_bshd(t, unsqueeze_dim) for t in (q, k, q_out, k_out))
-    B, S, HQ, D = q.shape
-    HK, R = k.shape[2], cos.shape[-1]
+    key = (kernel, q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride())
+    key += (cos.shape, cos.stride(), sin.stride(), unsqueeze_dim, interleaved, q.device, config)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS.put(key, _plan(*key))
+    if plan:
+        grid, ints, constexprs = plan
+        _rope_kernel[grid](q, k, q_out, k_out, cos, sin, *ints, **constexprs)
+
+
+def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, cos_shape,
+          cos_stride, sin_stride, unsqueeze_dim, interleaved, device, config):  # fmt: skip
+    """(grid, integer arguments, constexprs) of one launch, or None when there is nothing to
+    rotate. q/k and the outputs are read as [B, S, H, D]: with unsqueeze_dim=1 ([B, H, S, D])
+    their dims 1 and 2 swap places, in the strides alone (no view, no copy)."""
+
+    def bshd(t: tuple) -> tuple:
+        return (t[0], t[2], t[1], t[3]) if unsqueeze_dim == 1 else tuple(t)
+
+    q_shape, q_stride, k_shape, k_stride = (
+        bshd(q_shape),
+        bshd(q_stride),
+        bshd(k_shape),
+        bshd(k_stride),
+    )
+    qo_stride, ko_stride = bshd(qo_stride), bshd(ko_stride)
+    B, S, HQ, D = q_shape
+    HK, R = k_shape[2], cos_shape[-1]
     if B == 0 or S == 0 or HQ + HK == 0:
-        return
-    n = (HQ + HK) * D
-    cfg = config or lookup(TABLE, _OP, kernel, device_info(q.device), n)
-    block_r = triton.next_power_of_2(R // 2)  # rotated pairs, padded
-    heads = max(1, cfg.block_n // triton.next_power_of_2(D))  # heads per tile
-    _rope_kernel[_grid(B, S, cfg)](
-        q, k, q_out, k_out, cos, sin, S,
-        *q.stride(), *k.stride(), *q_out.stride()[:3], *k_out.stride()[:3],
-        cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1),
-        sin.stride(0) if sin.shape[0] > 1 else 0, sin.stride(1),
+        return None
+    cfg = config or lookup(TABLE, _OP, kernel, device_info(device), (HQ + HK) * D)
+    heads = max(1, cfg.block_n // next_pow2(D))  # heads per tile
+    ints = (S, *q_stride, *k_stride, *qo_stride[:3], *ko_stride[:3])
+    ints += (cos_stride[0] if cos_shape[0] > 1 else 0, cos_stride[1])
+    ints += (sin_stride[0] if cos_shape[0] > 1 else 0, sin_stride[1])
+    constexprs = dict(
         HQ=HQ, HK=HK, D=D, R=R,
-        BLOCK_HQ=min(heads, triton.next_power_of_2(max(HQ, 1))),
-        BLOCK_HK=min(heads, triton.next_power_of_2(max(HK, 1))),
-        BLOCK_R=block_r, BLOCK_P=triton.next_power_of_2(D - R) if D > R else 1,
+        BLOCK_HQ=min(heads, next_pow2(max(HQ, 1))),
+        BLOCK_HK=min(heads, next_pow2(max(HK, 1))),
+        BLOCK_R=next_pow2(R // 2),  # rotated pairs, padded
+        BLOCK_P=next_pow2(D - R) if D > R else 1,
         ROWS=cfg.rows, IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    return _grid(B, S, cfg), ints, constexprs
 
 
 def rope_fwd_launch(

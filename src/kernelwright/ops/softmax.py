@@ -46,12 +46,14 @@ from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, table_rows, two_pass_flags
+from kernelwright.runtime.fastlaunch import fast
+from kernelwright.runtime.launch import LaunchConfig, cdiv, next_pow2, table_rows, two_pass_flags
 from kernelwright.runtime.tables.softmax import TABLE
 
 # --------------------------------------------------------------------------- kernels
 
 
+@fast
 @triton.jit
 def _softmax_fwd_kernel(
     x_ptr,
@@ -98,6 +100,7 @@ def _softmax_fwd_kernel(
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask)
 
 
+@fast
 @triton.jit
 def _softmax_fwd_looped_kernel(
     x_ptr,
@@ -146,6 +149,7 @@ def _softmax_fwd_looped_kernel(
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=col_mask, eviction_policy=EVICT_2ND)
 
 
+@fast
 @triton.jit
 def _softmax_bwd_kernel(
     dy_ptr,
@@ -194,6 +198,7 @@ def _softmax_bwd_kernel(
         tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask)
 
 
+@fast
 @triton.jit
 def _softmax_bwd_looped_kernel(
     dy_ptr,
@@ -283,7 +288,7 @@ def _widest_one_row(kernel: str, x: torch.Tensor) -> LaunchConfig | None:
                if c.block_n >= max_n and not c.split_row]  # fmt: skip
     if not one_row or one_row[-1].block_n < n:
         return None
-    return one_row[-1].with_(block_n=triton.next_power_of_2(n))
+    return one_row[-1].with_(block_n=next_pow2(n))
 
 
 def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> LaunchConfig:
@@ -318,7 +323,7 @@ def softmax_fwd_launch(
     args = (x, y, M, N, x.stride(0), y.stride(0))
     splits = _split_count(x, cfg) if cfg.block_n < N else 0
     if cfg.block_n >= N:
-        grid = (triton.cdiv(M, cfg.rows),)
+        grid = (cdiv(M, cfg.rows),)
         _softmax_fwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )
@@ -348,7 +353,7 @@ def softmax_bwd_launch(
     args = (dy, y, dx, M, N, dy.stride(0), y.stride(0), dx.stride(0))
     splits = _split_count(y, cfg) if cfg.block_n < N else 0
     if cfg.block_n >= N:
-        grid = (triton.cdiv(M, cfg.rows),)
+        grid = (cdiv(M, cfg.rows),)
         _softmax_bwd_kernel[grid](
             *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
         )

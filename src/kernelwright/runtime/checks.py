@@ -26,7 +26,10 @@ def check_tensor(
     """Check that `t` is a tensor the kernels can read: a float dtype, on a usable device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: argument '{name}' must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
+    dtype, device_type = t.dtype, t.device.type
+    if device_type == "cuda" and dtype in dtypes and t.dim() >= min_dim and not interpreter_mode():
+        return t  # the common call, answered with the fewest tensor queries
+    if dtype not in dtypes:
         raise TypeError(
             f"{op}: argument '{name}' must have dtype in ({_dtype_names(dtypes)}), "
             f"got {str(t.dtype).replace('torch.', '')}"
@@ -81,6 +84,10 @@ def rows_view(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     wider tensor) is kept and passed to the kernel instead of copying.
     """
     n = t.shape[-1]
+    if t.dim() == 2 and t.stride(1) == 1 and t.shape[0] > 1:
+        return t  # already [rows, n] with contiguous rows: the common call, kept cheap
+    if n and t.is_contiguous():
+        return t.view(-1, n)
     if t.stride(-1) != 1:
         t = t.contiguous()
     rows = 1

@@ -111,9 +111,18 @@ _INTERPRETER = DeviceInfo(
 )
 
 
+# cuda devices with an index -> their DeviceInfo (fixed for the process)
+_BY_DEVICE: dict[torch.device, DeviceInfo] = {}
+
+
 def device_info(device: torch.device | str | None = None) -> DeviceInfo:
     """Describe the device that kernels for tensors on `device` run on."""
+    known = _BY_DEVICE.get(device) if isinstance(device, torch.device) else None
+    if known is not None:
+        return known  # a tensor's device, seen before: the common call, kept cheap
     dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and dev.index is not None:
+        return _BY_DEVICE.setdefault(dev, _cuda_info(dev.index))
     if dev is not None and dev.type == "cuda":
         return _cuda_info(dev.index if dev.index is not None else torch.cuda.current_device())
     if dev is None and torch.cuda.is_available() and not interpreter_mode():

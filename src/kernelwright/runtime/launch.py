@@ -16,6 +16,34 @@ import torch
 from kernelwright.runtime.device import DeviceInfo
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of host ints (triton.cdiv is a constexpr function: slower per call)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (at least 1), for host ints."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+class PlanCache(dict):
+    """Launch plans (grid, integer arguments, constexprs) memoized by a key of everything they
+    are derived from: the call's sizes, strides, dtypes, device and options. A hit costs one
+    dict lookup instead of the table lookups and arithmetic of building the plan again, which
+    matters in a training loop where the launch itself is host-bound. Bounded: cleared when
+    full (shapes that vary every call, such as sequence lengths, would otherwise grow it)."""
+
+    def __init__(self, limit: int = 4096):
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key, plan):
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     block_n: int  # columns one program handles per step (a power of two)

@@ -186,11 +186,12 @@ def _compile_main(arch: int) -> None:
     from triton.compiler import ASTSource
 
     from kernelwright.registry import resolve
+    from kernelwright.runtime.fastlaunch import jit_function
 
     results = []  # [error or "", shared memory bytes] per launch
     for item in json.loads(sys.stdin.read()):
         try:
-            kernel = resolve(item["module"], item["name"])
+            kernel = jit_function(resolve(item["module"], item["name"]))
             names = list(kernel.arg_names)
             consts = {(names.index(k),): v for k, v in item["constexprs"].items()}
             src = ASTSource(kernel, item["signature"], constexprs=consts)

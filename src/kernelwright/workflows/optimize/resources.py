@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kernelwright import registry
 from kernelwright.profiles.optimization import KernelResources
+from kernelwright.runtime.fastlaunch import jit_function
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def compiled_kernels(op: str, arch: str) -> list[KernelResources]:
     limits = SM_LIMITS.get(arch, SMLimits())
     out = []
     for name in sorted(vars(mod)):
-        fn = getattr(mod, name)
+        fn = jit_function(getattr(mod, name))
         if not isinstance(fn, triton.runtime.JITFunction):
             continue
         for entry in getattr(fn, "device_caches", {}).values():
