@@ -2,8 +2,9 @@
 
 Every test compiles a small function or module, checks outputs and gradients against eager
 (fp32), and counts the kernel launches of the replaced sites at run time — a rewrite that did
-not happen launches nothing and fails. CPU, the interpreter, tiny shapes: Inductor compiles
-for the CPU around our custom ops.
+not happen launches nothing and fails. Tiny shapes on the suite's device (every tensor and
+module is made there): on CPU through the interpreter, with Inductor compiling for the CPU
+around our custom ops; on a GPU through the compiled kernels.
 """
 
 import logging
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import kernelwright
+from conftest import DEVICE
 from kernelwright.compile import CompileReport, passes
 from kernelwright.ops import _gated
 from kernelwright.ops import cross_entropy as cross_entropy_mod
@@ -29,8 +31,12 @@ ATOL, RTOL = 2e-5, 2e-5
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+    torch.set_default_device(DEVICE)  # the tests' tensors and modules, on the suite's device
+    try:
+        yield
+    finally:
+        torch.set_default_device(None)
+        torch._dynamo.reset()
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
-from kernelwright.runtime.launch import LaunchConfig, Table
+from kernelwright.runtime.launch import LaunchConfig, Table, traced
 from kernelwright.runtime.tables.geglu import TABLE as GEGLU_TABLE
 from kernelwright.runtime.tables.relu_squared import TABLE as RELU_SQUARED_TABLE
 from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
@@ -319,7 +319,7 @@ class _GatedFunction(torch.autograd.Function):
         # out in gate's shape, returned as allocated (see rms_norm); written via a 2-D view
         out = empty(gate.shape, dtype=gate.dtype, device=gate.device)
         c = out.view(a2.shape)
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(gate)
         if compiling:
             _fwd_op(a2, b2, c, activation)
         else:
@@ -347,7 +347,7 @@ class _GatedFunction(torch.autograd.Function):
         in_place = ctx.in_place and storage_ptr(dc2) not in (storage_ptr(a2), storage_ptr(b2))
         da = a2 if in_place and need_a else empty(a2.shape, dtype=a2.dtype, device=a2.device)
         db = b2 if in_place and need_b else empty(b2.shape, dtype=b2.dtype, device=b2.device)
-        if torch.compiler.is_compiling():
+        if traced(dc):
             _bwd_op(dc2, a2, b2, da, db, ctx.activation)
         else:
             gated_bwd_launch(ctx.activation, dc2, a2, b2, da, db)
@@ -370,7 +370,7 @@ class _OneInputFunction(torch.autograd.Function):
         n = x.shape[-1] // 2 if fused else x.shape[-1]
         out = empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
         c = out.view(x2.shape[0], n)
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(x)
         if fused and compiling:
             _fused_fwd_op(x2, c, activation)
         elif fused:
@@ -391,7 +391,7 @@ class _OneInputFunction(torch.autograd.Function):
         activation = ctx.activation
         dc2 = rows_view(ctx.op, "dc", dc)  # copies a gradient whose last stride is not 1
         dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)  # [M, 2N] = [da | db], or [M, N]
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(dc)
         if activation in GATED and compiling:
             _fused_bwd_op(dc2, x2, dx, activation)
         elif activation in GATED:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernelwright.runtime.checks import check_tensor
+from kernelwright.runtime.launch import traced
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -114,7 +115,7 @@ def reduce_rows(
 def _on_device(t: torch.Tensor) -> bool:
     """Whether a check of `t`'s values must not read them back: a CUDA tensor (a host sync
     would stall the launch queue), or a graph being compiled (no data-dependent branch)."""
-    return t.device.type == "cuda" or torch.compiler.is_compiling()
+    return t.device.type == "cuda" or traced(t)
 
 
 def check_loss_values(

@@ -43,7 +43,7 @@ from kernelwright.ops._loss import (  # noqa: F401  (REDUCTIONS, check_loss_args
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, two_pass_flags
+from kernelwright.runtime.launch import LaunchConfig, traced, two_pass_flags
 from kernelwright.runtime.tables.cross_entropy import TABLE
 
 # --------------------------------------------------------------------------- launchers
@@ -196,7 +196,7 @@ def _(grad, s) -> None:
 def scale_grad_(grad: torch.Tensor, s: torch.Tensor) -> None:
     """grad [M, N] *= s (one element, or one per row) in place, skipped per row where s == 1;
     through the custom op when compiling. Also scales fused_linear_cross_entropy's gradients."""
-    if torch.compiler.is_compiling():
+    if traced(grad):
         _cross_entropy_scale_op(grad, s)
     else:
         cross_entropy_scale_launch(grad, s)
@@ -225,7 +225,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         V = logits.shape[-1]
         x2 = rows_view("cross_entropy", "logits", logits)
         M = x2.shape[0]
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(logits)
         t, w, wsum, inv = prepare_targets(
             target, class_weight, reduction, num_items_in_batch, ignore_index, V, logits.device
         )

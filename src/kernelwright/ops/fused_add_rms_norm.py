@@ -43,7 +43,7 @@ from kernelwright.ops.rms_norm import (
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args, traced
 from kernelwright.runtime.tables import fused_add_rms_norm as _table
 from kernelwright.runtime.tables.fused_add_rms_norm import TABLE
 
@@ -256,7 +256,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         y = empty(x.shape, dtype=_output_dtype(x, weight, casting_mode), device=x.device)
         s2, y2 = s.view(x2.shape), y.view(x2.shape)
         rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
-        if torch.compiler.is_compiling():
+        if traced(x):
             _fused_add_rms_norm_fwd_op(x2, r2, weight, y2, s2, rstd, eps, offset, casting_mode)
         else:
             fused_add_rms_norm_fwd_launch(x2, r2, weight, y2, s2, rstd, eps, offset, casting_mode)
@@ -287,7 +287,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
             ds2 = ds.view(s2.shape)
             dw = empty(weight.shape, dtype=weight.dtype, device=weight.device) if want_dw else None
             args = (dy2, dres2, s2, weight, rstd, ds2, dw, ctx.offset, ctx.casting_mode)
-            if torch.compiler.is_compiling():
+            if traced(dy):
                 _fused_add_rms_norm_bwd_op(*args)
             else:
                 fused_add_rms_norm_bwd_launch(*args)

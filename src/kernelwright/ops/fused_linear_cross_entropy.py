@@ -37,6 +37,7 @@ from kernelwright.ops._loss import check_loss_args, check_loss_values, prepare_t
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch, scale_grad_
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.launch import traced
 from kernelwright.runtime.tables.cross_entropy import (
     CHUNK_BYTES,
     CHUNK_SHARE,
@@ -221,7 +222,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
             h2 = h2.contiguous()
         N = h2.shape[0]
         dev = hidden.device
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(hidden)
         t, w, wsum, inv = prepare_targets(
             target, class_weight, reduction, num_items_in_batch, ignore_index, V, dev
         )
@@ -267,7 +268,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *unused):
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(grad_loss)
         s = grad_loss.reshape(-1)
         if s.dtype != torch.float32:
             s = s.float()

@@ -24,7 +24,7 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
-from kernelwright.runtime.launch import LaunchConfig, cdiv
+from kernelwright.runtime.launch import LaunchConfig, cdiv, traced
 from kernelwright.runtime.tables.jagged_mean import STAGED_BYTES, TABLE
 
 OFFSET_DTYPES = (torch.int32, torch.int64)
@@ -185,7 +185,7 @@ class _JaggedMeanFunction(torch.autograd.Function):
         out = empty(
             (offsets.shape[0] - 1, values.shape[1]), dtype=values.dtype, device=values.device
         )
-        if torch.compiler.is_compiling():
+        if traced(values):
             _jagged_mean_fwd_op(v2, offsets, out)
         else:
             jagged_mean_fwd_launch(v2, offsets, out)
@@ -200,7 +200,7 @@ class _JaggedMeanFunction(torch.autograd.Function):
             return None, None
         dout2 = rows_view("jagged_mean", "dout", dout)  # copies an expanded (stride-0) gradient
         dvalues = empty(ctx.values_shape, dtype=dout.dtype, device=dout.device)
-        if torch.compiler.is_compiling():
+        if traced(dout):
             _jagged_mean_bwd_op(dout2, offsets, dvalues)
         else:
             jagged_mean_bwd_launch(dout2, offsets, dvalues)
@@ -274,7 +274,7 @@ def jagged_mean(values: torch.Tensor, offsets: torch.Tensor, *, validate: bool =
             f"{tuple(values.shape)}; flatten the feature dims first"
         )
     offsets = _check_offsets(values, offsets)
-    if validate and not torch.compiler.is_compiling():
+    if validate and not traced(values):
         _validate_offsets_values(offsets, values.shape[0])
     return _JaggedMeanFunction.apply(values, offsets)
 

@@ -20,7 +20,7 @@ from kernelwright.runtime import device_info
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
-from kernelwright.runtime.launch import cdiv, next_pow2
+from kernelwright.runtime.launch import cdiv, next_pow2, traced
 
 MAX_N = 16384  # one program holds a whole row of x and dy in registers (16 warps)
 
@@ -124,7 +124,7 @@ class _L2NormFunction(torch.autograd.Function):
         x2 = rows_view("l2_norm", "x", x)  # [M, N]
         out = empty(x.shape, dtype=x.dtype, device=x.device)
         rstd = empty((x2.shape[0],), dtype=torch.float32, device=x.device)
-        launch = _l2_norm_fwd_op if torch.compiler.is_compiling() else l2_norm_fwd_launch
+        launch = _l2_norm_fwd_op if traced(x) else l2_norm_fwd_launch
         launch(x2, out.view(x2.shape), rstd, eps)
         ctx.save_for_backward(x2, rstd)
         ctx.shape = x.shape
@@ -135,7 +135,7 @@ class _L2NormFunction(torch.autograd.Function):
         x2, rstd = ctx.saved_tensors
         dy2 = rows_view("l2_norm", "dy", dy)
         dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)
-        launch = _l2_norm_bwd_op if torch.compiler.is_compiling() else l2_norm_bwd_launch
+        launch = _l2_norm_bwd_op if traced(dy) else l2_norm_bwd_launch
         launch(dy2, x2, rstd, dx)
         return dx.view(ctx.shape), None
 

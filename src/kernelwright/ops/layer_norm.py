@@ -37,7 +37,7 @@ from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args, two_pass_flags
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args, traced, two_pass_flags
 from kernelwright.runtime.tables import layer_norm as _table
 from kernelwright.runtime.tables.layer_norm import TABLE
 
@@ -288,7 +288,7 @@ class _LayerNormFunction(torch.autograd.Function):
         y2 = y.view(x2.shape)
         mean = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
         rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
-        if torch.compiler.is_compiling():
+        if traced(x):
             _layer_norm_fwd_op(x2, weight, bias, y2, mean, rstd, eps)
         else:
             layer_norm_fwd_launch(x2, weight, bias, y2, mean, rstd, eps)
@@ -310,7 +310,7 @@ class _LayerNormFunction(torch.autograd.Function):
         if ctx.bias_meta is not None and ctx.needs_input_grad[2]:
             dtype, device = ctx.bias_meta
             db = empty(x2.shape[-1:], dtype=dtype, device=device)
-        if torch.compiler.is_compiling():
+        if traced(dy):
             _layer_norm_bwd_op(dy2, x2, weight, mean, rstd, dx, dw, db)
         else:
             layer_norm_bwd_launch(dy2, x2, weight, mean, rstd, dx, dw, db)

@@ -30,7 +30,7 @@ from kernelwright.ops._rms import (
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
-from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args
+from kernelwright.runtime.launch import LaunchConfig, cdiv, pdl_args, traced
 from kernelwright.runtime.tables import rms_norm as _table
 from kernelwright.runtime.tables.rms_norm import DW_TABLE, FEW_ROWS, TABLE
 
@@ -217,7 +217,7 @@ class _RMSNormFunction(torch.autograd.Function):
         y = empty(x.shape, dtype=_output_dtype(x, weight, casting_mode), device=x.device)
         y2 = y.view(x2.shape)
         rstd = empty(x2.shape[:1], dtype=torch.float32, device=x.device)
-        if torch.compiler.is_compiling():
+        if traced(x):
             _rms_norm_fwd_op(x2, weight, y2, rstd, eps, offset, casting_mode)
         else:
             rms_norm_fwd_launch(x2, weight, y2, rstd, eps, offset, casting_mode)
@@ -233,7 +233,7 @@ class _RMSNormFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dy2 = rows_view("rms_norm", "dy", dy)
-        compiling = torch.compiler.is_compiling()
+        compiling = traced(dy)
         # In place writes dx over dy: only valid when nothing else reads dy (see rms_norm).
         in_place = (
             ctx.in_place_backward

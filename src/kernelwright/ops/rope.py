@@ -36,7 +36,7 @@ from kernelwright.ops._rope_kernel import _rope_kernel
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
-from kernelwright.runtime.launch import LaunchConfig, PlanCache, cdiv, next_pow2
+from kernelwright.runtime.launch import LaunchConfig, PlanCache, cdiv, next_pow2, traced
 from kernelwright.runtime.tables.rope import TABLE
 
 _OP = "rope"
@@ -224,7 +224,7 @@ class _RoPEFunction(torch.autograd.Function):
         if in_place:
             # Each program loads a head's channels before it stores them, so the outputs may be
             # q and k themselves. Autograd is not told (as Liger's rope): see rope().
-            if torch.compiler.is_compiling():
+            if traced(q):
                 _rope_fwd_inplace_op(q, k, cos, sin, unsqueeze_dim, interleaved)
             else:
                 rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
@@ -232,7 +232,7 @@ class _RoPEFunction(torch.autograd.Function):
         else:
             q_out, k_out = (empty(**layout) for layout in ctx.layouts)
             args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
-            if torch.compiler.is_compiling():
+            if traced(q):
                 _rope_fwd_op(*args)
             else:
                 rope_fwd_launch(*args)
@@ -247,7 +247,7 @@ class _RoPEFunction(torch.autograd.Function):
         # dq/dk in q/k's own layout; an unused output's gradient arrives as zeros.
         dq, dk = (empty(**layout) for layout in ctx.layouts)
         args = (dq_out, dk_out, cos, sin, dq, dk, ctx.unsqueeze_dim, ctx.interleaved)
-        if torch.compiler.is_compiling():
+        if traced(dq_out):
             _rope_bwd_op(*args)
         else:
             rope_bwd_launch(*args)

@@ -47,7 +47,14 @@ from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
-from kernelwright.runtime.launch import LaunchConfig, cdiv, next_pow2, table_rows, two_pass_flags
+from kernelwright.runtime.launch import (
+    LaunchConfig,
+    cdiv,
+    next_pow2,
+    table_rows,
+    traced,
+    two_pass_flags,
+)
 from kernelwright.runtime.tables.softmax import TABLE
 
 # --------------------------------------------------------------------------- kernels
@@ -405,7 +412,7 @@ class _SoftmaxFunction(torch.autograd.Function):
         # not modify in place); the kernel writes it through a 2-D view.
         y = empty(x.shape, dtype=x.dtype, device=x.device)
         y2 = y.view(x2.shape)
-        if torch.compiler.is_compiling():
+        if traced(x):
             _softmax_fwd_op(x2, y2, is_log)
         else:
             softmax_fwd_launch(x2, y2, is_log)
@@ -420,7 +427,7 @@ class _SoftmaxFunction(torch.autograd.Function):
         dy2 = rows_view("softmax", "dy", dy)
         dx = empty(y.shape, dtype=y.dtype, device=y.device)
         dx2 = dx.view(y2.shape)
-        if torch.compiler.is_compiling():
+        if traced(dy):
             _softmax_bwd_op(dy2, y2, dx2, ctx.is_log)
         else:
             softmax_bwd_launch(dy2, y2, dx2, ctx.is_log)

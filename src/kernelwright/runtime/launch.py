@@ -17,13 +17,26 @@ from kernelwright.runtime.device import DeviceInfo
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division of host ints (triton.cdiv is a constexpr function: slower per call)."""
-    return -(-a // b)
+    """Ceiling division of host ints (triton.cdiv is a constexpr function: slower per call).
+    A `tl.constexpr` (a table value shared with the kernels) counts as its value."""
+    return -(-getattr(a, "value", a) // getattr(b, "value", b))
 
 
 def next_pow2(n: int) -> int:
-    """The smallest power of two >= n (at least 1), for host ints."""
+    """The smallest power of two >= n (at least 1), for host ints (or a `tl.constexpr`)."""
+    n = getattr(n, "value", n)
     return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+_EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def traced(t: torch.Tensor) -> bool:
+    """Whether `t` belongs to a graph being traced rather than to an eager call: Dynamo is
+    tracing, or `t` is a fake or functional tensor (the AOT tracing Inductor runs on a graph a
+    backend such as kernelwright.compile hands on). Launches must then go through the
+    registered custom ops: a traced tensor has no data for Triton to read."""
+    return torch.compiler.is_compiling() or type(t) not in _EAGER_TYPES
 
 
 class PlanCache(dict):
