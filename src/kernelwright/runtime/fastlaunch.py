@@ -72,6 +72,8 @@ class FastKernel:
                 key.append(a.data_ptr() & 15)
             elif type(a) is float:
                 key.append(float)
+            elif type(a) is bool:
+                key.append((bool, a))  # True == 1 as a key, but Triton types them apart
             else:
                 key.append(a)
         if kwargs:
