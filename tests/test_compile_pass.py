@@ -12,9 +12,9 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import DEVICE
 
 import kernelwright
-from conftest import DEVICE
 from kernelwright.compile import CompileReport, passes
 from kernelwright.ops import _gated
 from kernelwright.ops import cross_entropy as cross_entropy_mod
