@@ -12,7 +12,8 @@
 Patterns written the way models write them (HF-style RMSNorm, and the residual add before it
 as fused add + RMSNorm; LayerNorm; `silu(gate) * up`, `gelu(gate) * up`, `relu(x) ** 2`;
 softmax / log_softmax over the last dimension; `F.cross_entropy` on logits, HF's upcast and
-flatten included) are replaced by kernelwright's public functions where the site passes the
+flatten included; Python loops that mean-pool jagged segments, rewritten in the source before
+Dynamo runs) are replaced by kernelwright's public functions where the site passes the
 kernel's checks and the selection picks kernelwright; everything else stays with Inductor.
 `KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile").
 
@@ -27,7 +28,8 @@ import sys
 import types
 from collections.abc import Callable
 
-from kernelwright.compile.passes import CompileReport, Site, make_backend, rewrite
+from kernelwright.compile import loops
+from kernelwright.compile.passes import CompileReport, Site, log, make_backend, rewrite
 
 __all__ = ["CompileReport", "Site", "compile", "compile_backend", "rewrite"]
 
@@ -53,6 +55,7 @@ def compile(
     report: list | None = None,
     backend: str | Callable = "inductor",
     db=None,
+    capture_loops: bool = True,
     **torch_compile_kwargs,
 ):
     """`torch.compile(model_or_fn, **torch_compile_kwargs)` with kernelwright's graph pass.
@@ -62,14 +65,41 @@ def compile(
         report: a `CompileReport` (or any list) filled with the matched sites as graphs compile.
         backend: the compiler after the rewrite (see `compile_backend`).
         db: the results database the selection reads (None: its default).
+        capture_loops: first rewrite Python loops over jagged segments (`compile/loops.py`) in
+            the forward of each submodule (on the instance) or in the function.
         **torch_compile_kwargs: fullgraph, dynamic, mode, options, ... as torch.compile takes.
     """
     import torch
 
-    be = make_backend(backend, report=report, db=db)
     if model_or_fn is None:
-        return lambda m: torch.compile(m, backend=be, **torch_compile_kwargs)
+        return lambda m: compile(
+            m, report=report, backend=backend, db=db, capture_loops=capture_loops,
+            **torch_compile_kwargs,
+        )  # fmt: skip
+    if capture_loops:
+        model_or_fn, captures = loops.capture(model_or_fn)
+        sites = [loop_site(c) for c in captures]
+        for site in sites:
+            log.info(site.line())
+        if report is not None:
+            report.extend(sites)
+    be = make_backend(backend, report=report, db=db)
     return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
+
+
+def loop_site(c: loops.Capture) -> Site:
+    """The report's line for a loop rewritten before Dynamo (`compile/loops.py`)."""
+    return Site(
+        graph=-1,
+        pattern=f"segment-mean {c.spelling}",
+        op="jagged_mean",
+        nodes=(f"{c.where}:{c.line}",),
+        shapes={},
+        dtypes={},
+        impl="kernelwright",
+        reason="rewritten in the source before Dynamo: one launch instead of a loop",
+        replaced=True,
+    )
 
 
 class _CallableModule(types.ModuleType):

@@ -40,7 +40,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class Site:
     """One matched site of one captured graph."""
 
-    graph: int  # which captured graph (0, 1, ... in capture order)
+    graph: int  # which captured graph (0, 1, ... in capture order); -1: rewritten in the source
     pattern: str
     op: str
     nodes: tuple[str, ...]  # the replaced (or left) nodes, output last
@@ -55,10 +55,9 @@ class Site:
             f"{k}={list(s)}:{self.dtypes[k]}" for k, s in self.shapes.items() if k in self.dtypes
         )
         verdict = f"replaced by {self.impl}" if self.replaced else "left to the backend"
-        return (
-            f"graph {self.graph}: {self.pattern} at {self.nodes[-1]} ({shapes}): {verdict} "
-            f"— {self.reason}"
-        )
+        where = f"graph {self.graph}" if self.graph >= 0 else "source"
+        shapes = f" ({shapes})" if shapes else ""
+        return f"{where}: {self.pattern} at {self.nodes[-1]}{shapes}: {verdict} — {self.reason}"
 
 
 class CompileReport(list):
