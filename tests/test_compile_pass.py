@@ -21,6 +21,7 @@ from kernelwright.ops import cross_entropy as cross_entropy_mod
 from kernelwright.ops import fused_add_rms_norm as fused_add_mod
 from kernelwright.ops import layer_norm as layer_norm_mod
 from kernelwright.ops import rms_norm as rms_norm_mod
+from kernelwright.ops import rope as rope_mod
 from kernelwright.ops import softmax as softmax_mod
 
 pytestmark = pytest.mark.compile
@@ -72,6 +73,8 @@ def launches(monkeypatch):
     counting(fused_add_mod, "fused_add_rms_norm_bwd_launch", "fused_add_rms_norm.bwd")
     counting(cross_entropy_mod, "cross_entropy_fwd_launch", "cross_entropy.fwd")
     counting(cross_entropy_mod, "cross_entropy_scale_launch", "cross_entropy.bwd")
+    counting(rope_mod, "rope_fwd_launch", "rope.fwd")
+    counting(rope_mod, "rope_bwd_launch", "rope.bwd")
     return counts
 
 
@@ -291,6 +294,55 @@ def test_softmax_spellings_through_torch_compile(launches):
     assert all(s.replaced for s in report)
     assert launches == {"softmax.fwd": 2, "softmax.bwd": 2, "log_softmax.fwd": 1,
                         "log_softmax.bwd": 1}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+def test_rotate_half_rope(launches):
+    """HF's apply_rotary_pos_emb ([B, H, S, D] with unsqueeze_dim=1, [B, S, H, D] with 2):
+    one site for q and one for k, each a rope launch, values and gradients as eager's."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    def fn(q, k, cos, sin, q2, k2):
+        a, b = apply_rotary_pos_emb(q, k, cos, sin)
+        c, d = apply_rotary_pos_emb(q2, k2, cos[:1], sin[:1], unsqueeze_dim=2)
+        return a.sum(1) + b.sum(1) + (c.sum(2) + d.sum(2)) * 0.5
+
+    torch.manual_seed(0)
+    q, k, q2, k2 = _leaves((2, 4, 6, 16), (2, 2, 6, 16), (2, 6, 4, 16), (2, 6, 2, 16))
+    cos, sin = torch.randn(2, 6, 16), torch.randn(2, 6, 16)  # no gradient, as HF's
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report, fullgraph=True)
+    _check_against_eager(fn, compiled, [q, k, cos, sin, q2, k2])
+    assert _summary(report) == [("rope", True, "kernelwright")] * 4
+    assert launches == {"rope.fwd": 4, "rope.bwd": 4}
+
+
+def test_rope_sites_left_alone(launches):
+    """Partial rotary written as HF writes it (the rotated slice is its own q) is replaced;
+    cos/sin that require grad, or are float64 (eager promotes), are reported and left."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    def fn(q, cos_r, sin_r, cos_g, sin_g, cos64, sin64):
+        q_rot = q[..., :8]
+        partial = q_rot * cos_r.unsqueeze(1) + rotate_half(q_rot) * sin_r.unsqueeze(1)
+        grad = q * cos_g.unsqueeze(1) + rotate_half(q) * sin_g.unsqueeze(1)
+        wide = q * cos64.unsqueeze(1) + rotate_half(q) * sin64.unsqueeze(1)
+        return partial.sum() + grad.sum() + wide.sum()
+
+    torch.manual_seed(0)
+    (q,) = _leaves((2, 4, 6, 16))
+    cos_r, sin_r = torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    cos_g, sin_g = _leaves((2, 6, 16), (2, 6, 16))
+    cos64, sin64 = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 6, 16).double()
+    report = CompileReport()
+    compiled = kernelwright.compile(fn, report=report)
+    _check_against_eager(fn, compiled, [q, cos_r, sin_r, cos_g, sin_g, cos64, sin64])
+    rope_sites = [s for s in report if s.op == "rope"]
+    assert [s.replaced for s in rope_sites] == [True, False, False], report.summary()
+    assert "require grad" in rope_sites[1].reason and "promotes" in rope_sites[2].reason
+    assert launches == {"rope.fwd": 1, "rope.bwd": 1}
 
 
 # --------------------------------------------------------------------------- cross-entropy
