@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import kernelwright
-from conftest import DEVICE
 from kernelwright.compile import loops
 from kernelwright.ops import jagged_mean as jm
 
@@ -44,7 +44,7 @@ def by_range(v, o):
 
 
 def by_zip(v, o):
-    return torch.stack([v[s:e].mean(dim=0) for s, e in zip(o[:-1], o[1:])], dim=0)
+    return torch.stack([v[s:e].mean(dim=0) for s, e in zip(o[:-1], o[1:], strict=True)], dim=0)
 
 
 def by_torch_mean(v, o):
@@ -52,12 +52,12 @@ def by_torch_mean(v, o):
 
 
 def by_split(v, o):
-    lengths = [b - a for a, b in zip(o[:-1], o[1:])]
+    lengths = [b - a for a, b in zip(o[:-1], o[1:])]  # noqa: B905
     return torch.stack([c.mean(0) for c in torch.split(v, lengths)])
 
 
 def by_method_split(v, o):
-    lengths = [b - a for a, b in zip(o[:-1], o[1:])]
+    lengths = [b - a for a, b in zip(o[:-1], o[1:])]  # noqa: B905
     return torch.stack([c.mean(dim=0) for c in v.split(lengths)])
 
 
@@ -135,7 +135,7 @@ def test_decorated_and_closures_stay():
     scale = 2.0
 
     def closure(v, o):
-        return torch.stack([v[s:e].mean(0) for s, e in zip(o[:-1], o[1:])]) * scale
+        return torch.stack([v[s:e].mean(0) for s, e in zip(o[:-1], o[1:])]) * scale  # noqa: B905
 
     assert loops.rewrite_function(closure) is None
     assert loops.rewrite_function(torch.no_grad()(by_range)) is None

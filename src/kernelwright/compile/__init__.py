@@ -12,9 +12,10 @@
 Patterns written the way models write them (HF-style RMSNorm, and the residual add before it
 as fused add + RMSNorm; LayerNorm; `silu(gate) * up`, `gelu(gate) * up`, `relu(x) ** 2`;
 softmax / log_softmax over the last dimension; HF's rotate_half RoPE; `F.cross_entropy` on
-logits, HF's upcast and flatten included; Python loops that mean-pool jagged segments, rewritten in the source before
-Dynamo runs) are replaced by kernelwright's public functions where the site passes the
-kernel's checks and the selection picks kernelwright; everything else stays with Inductor.
+logits, HF's upcast and flatten included; Python loops that mean-pool jagged segments,
+rewritten in the source before Dynamo runs) are replaced by kernelwright's public functions
+where the site passes the kernel's checks and the selection picks kernelwright; everything
+else stays with Inductor.
 `KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile").
 
 This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself

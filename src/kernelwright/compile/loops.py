@@ -185,7 +185,9 @@ def _zip_bounds(node: ast.AST) -> ast.AST | None:
     """O for `zip(O[:-1], O[1:])`."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
         return None
-    if node.func.id != "zip" or len(node.args) != 2 or node.keywords:
+    if node.func.id != "zip" or len(node.args) != 2:
+        return None
+    if any(k.arg != "strict" for k in node.keywords):
         return None
     a, b = node.args
     ok_a = isinstance(a, ast.Subscript) and isinstance(a.slice, ast.Slice)
