@@ -468,6 +468,9 @@ def test_graph_breaks_each_graph_rewritten(launches):
     compiled = kernelwright.compile(fn, report=report, backend="aot_eager")
     _check_against_eager(fn, compiled, [x])
     assert report.graphs == 2
+    (where,) = report.breaks
+    assert "after graph 0 at" in where and "test_compile_pass.py" in where and "print" in where
+    assert where in report.summary()
     assert [(s.graph, s.op, s.replaced) for s in report] == [
         (0, "softmax", True),
         (1, "relu_squared", True),

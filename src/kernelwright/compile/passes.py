@@ -68,7 +68,10 @@ class CompileReport(list):
     rewritten on its own.
     """
 
-    graphs: int = 0
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.graphs = 0
+        self.breaks: list[str] = []  # one line per graph break: where, and Dynamo's reason
 
     def replaced(self) -> list[Site]:
         return [s for s in self if s.replaced]
@@ -78,7 +81,8 @@ class CompileReport(list):
             f"kernelwright.compile: {self.graphs} graph(s), {len(self)} site(s), "
             f"{len(self.replaced())} replaced"
         )
-        return "\n".join([head] + ["  " + s.line() for s in self])
+        lines = [head] + ["  " + s.line() for s in self]
+        return "\n".join(lines + ["  " + b for b in self.breaks])
 
 
 def _logging_requested() -> bool:
@@ -305,18 +309,51 @@ def _inner_compiler(backend: str | Callable, kwargs: dict) -> Callable:
     return (lambda gm, ex: fn(gm, ex, **kwargs)) if kwargs else fn
 
 
+def _break_counts() -> dict:
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def _last_location(gm: GraphModule) -> str:
+    """file:line of the last user source line recorded in the graph (where it stops)."""
+    for node in reversed(list(gm.graph.nodes)):
+        trace = node.meta.get("stack_trace") or ""
+        frames = [ln.strip() for ln in trace.splitlines() if ln.strip().startswith("File ")]
+        frames = [f for f in frames if f"{os.sep}torch{os.sep}" not in f] or frames  # user code
+        if frames:
+            parts = frames[-1].split('"')
+            line = frames[-1].split("line ")[-1].split(",")[0]
+            return f"{parts[1] if len(parts) > 2 else '?'}:{line}"
+    return "an unknown line"
+
+
 def make_backend(
     backend: str | Callable = "inductor", *, report: list | None = None, db=None
 ) -> Callable:
     """A Dynamo backend: the pass on each captured graph, then `backend` on the result."""
     _ensure_log_handler()
     counter = [0]
+    seen = dict(_break_counts())  # graph breaks Dynamo counted before this backend existed
 
     def kernelwright_backend(gm: GraphModule, example_inputs, **kwargs):
         index = counter[0]
         counter[0] += 1
         if isinstance(report, CompileReport):
             report.graphs = counter[0]
+            # Dynamo counts a break, then compiles the graph that ends there: new reasons now
+            # are this graph's end.
+            now = _break_counts()
+            new = [r for r, n in now.items() if n > seen.get(r, 0)]
+            seen.update(now)
+            if new:
+                reason = [r.strip() for r in str(new[0]).strip().splitlines() if r.strip()]
+                why = next((r for r in reason if r.startswith("Explanation:")), "")
+                why = f" ({why.removeprefix('Explanation:').strip()})" if why else ""
+                at = _last_location(gm)
+                line = f"graph break after graph {index} at {at}: {reason[0]}{why}"
+                report.breaks.append(line)
+                log.info(line)
         rewrite(gm, report, graph=index, db=db)
         return _inner_compiler(backend, kwargs)(gm, example_inputs)
 
