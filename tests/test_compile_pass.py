@@ -19,6 +19,7 @@ from kernelwright.compile import CompileReport, passes
 from kernelwright.ops import _gated
 from kernelwright.ops import cross_entropy as cross_entropy_mod
 from kernelwright.ops import fused_add_rms_norm as fused_add_mod
+from kernelwright.ops import fused_linear_cross_entropy as flce_mod
 from kernelwright.ops import layer_norm as layer_norm_mod
 from kernelwright.ops import rms_norm as rms_norm_mod
 from kernelwright.ops import rope as rope_mod
@@ -73,6 +74,7 @@ def launches(monkeypatch):
     counting(fused_add_mod, "fused_add_rms_norm_bwd_launch", "fused_add_rms_norm.bwd")
     counting(cross_entropy_mod, "cross_entropy_fwd_launch", "cross_entropy.fwd")
     counting(cross_entropy_mod, "cross_entropy_scale_launch", "cross_entropy.bwd")
+    counting(flce_mod, "cross_entropy_fwd_launch", "fused_linear_cross_entropy.chunk")
     counting(rope_mod, "rope_fwd_launch", "rope.fwd")
     counting(rope_mod, "rope_bwd_launch", "rope.bwd")
     return counts
@@ -380,6 +382,36 @@ def test_cross_entropy_spellings(launches):
     # the upcast and the flatten are part of the site: the kernel reads the bf16 logits
     assert report[1].dtypes["logits"] == "bfloat16" and report[1].shapes["logits"] == (2, 7, V)
     assert launches == {"cross_entropy.fwd": 5, "cross_entropy.bwd": 5}
+
+
+def test_lm_head_and_cross_entropy_become_fused_linear_cross_entropy(launches):
+    """`F.cross_entropy(lm_head(h).float().view(-1, V), y.view(-1))` (nn.Linear, with a bias)
+    and `F.cross_entropy(F.linear(h, W), y)`: one fused site each, the logits never made; a
+    model that also returns its logits keeps them and gets the plain cross-entropy site."""
+    V, H = 24, 16
+    torch.manual_seed(0)
+    head = torch.nn.Linear(H, V)
+
+    def fused(h, y, w):
+        a = F.cross_entropy(head(h).float().view(-1, V), y.view(-1), ignore_index=2)
+        return a + F.cross_entropy(F.linear(h[0], w), y[0], reduction="sum")
+
+    def returns_logits(h, y, w):
+        logits = F.linear(h, w)
+        return F.cross_entropy(logits.view(-1, V), y.view(-1)) + logits.mean()
+
+    h, w = _leaves((2, 5, H), (V, H))
+    y = torch.randint(0, V, (2, 5))
+    y[0, 1] = 2
+    report = CompileReport()
+    compiled = kernelwright.compile(fused, report=report)
+    _check_against_eager(fused, compiled, [h, y, w], params=list(head.parameters()))
+    assert _summary(report) == [("fused_linear_cross_entropy", True, "kernelwright")] * 2
+    assert launches["fused_linear_cross_entropy.chunk"] >= 2 and "cross_entropy.fwd" not in launches
+    report = CompileReport()
+    compiled = kernelwright.compile(returns_logits, report=report)
+    _check_against_eager(returns_logits, compiled, [h, y, w])
+    assert _summary(report) == [("cross_entropy", True, "kernelwright")]
 
 
 def test_cross_entropy_sites_left_alone(launches):

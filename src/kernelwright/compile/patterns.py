@@ -12,8 +12,9 @@ other than the last) carries the reason in `problem` and is reported, not replac
 
 The patterns, in `MATCHERS` order: RMSNorm (HF-style; fused add + RMSNorm where its input is a
 residual sum, the sum being the call's second result), `silu(gate) * up` / `gelu(gate) * up`,
-`relu(x) ** 2`, softmax / log_softmax, LayerNorm, cross-entropy on logits, HF's rotate_half RoPE
-(`q * cos + rotate_half(q) * sin`, once for q and once for k).
+`relu(x) ** 2`, softmax / log_softmax, LayerNorm, cross-entropy on logits (with the lm-head
+matmul before it: fused linear cross-entropy), HF's rotate_half RoPE (`q * cos +
+rotate_half(q) * sin`, once for q and once for k).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ _FUNCTIONS: dict[Any, str] = {
     F.layer_norm: "layer_norm",
     torch.layer_norm: "layer_norm",
     F.cross_entropy: "cross_entropy",
+    F.linear: "linear",
+    torch._C._nn.linear: "linear",
     torch.reshape: "reshape",
     operator.neg: "neg",
     torch.neg: "neg",
@@ -571,7 +574,7 @@ def match_cross_entropy(node: Node) -> Match | None:
         problem = problem or "weight is not a tensor"
     kwargs = {"ignore_index": ignore_index, "reduction": reduction}
     kwargs["label_smoothing"] = float(smoothing) if problem is None else smoothing
-    return Match(
+    ce = Match(
         pattern="cross_entropy(logits, target)",
         op="cross_entropy",
         fn=cross_entropy_rows,
@@ -581,6 +584,51 @@ def match_cross_entropy(node: Node) -> Match | None:
         tensors=tensors,
         problem=problem,
         shared_ok=tuple(absorbed),
+    )
+    return _linear_cross_entropy(ce, x, absorbed, node) or ce
+
+
+def _linear_cross_entropy(ce: Match, logits: Node, absorbed: list, node: Node) -> Match | None:
+    """The lm-head matmul and the loss as one site, `fused_linear_cross_entropy`, when the
+    logits `F.linear(hidden, W, bias)` feed the loss alone (a model that also returns its
+    logits keeps them, and the plain cross-entropy site). The plain site is the fallback."""
+    if kind(logits) != "linear" or len(logits.users) != 1:
+        return None
+    hidden, w = arg(logits, 0, "input"), arg(logits, 1, "weight")
+    bias = arg(logits, 2, "bias")
+    if not isinstance(hidden, Node) or not isinstance(w, Node):
+        return None
+    if absorbed and any(len(n.users) != 1 for n in absorbed):
+        return None  # the upcast or flattened logits are read elsewhere
+    hv, wv = value(hidden), value(w)
+    problem = ce.problem
+    if problem is None and (hv is None or wv is None or hv.dtype != wv.dtype):
+        problem = "hidden and the lm-head weight differ in dtype (eager promotes)"
+    tensors = {"hidden": hidden, "weight": w, "target": ce.tensors["target"]}
+    if isinstance(bias, Node):
+        tensors["bias"] = bias
+    kwargs = dict(ce.kwargs, class_weight=ce.args[2])
+    return Match(
+        pattern="cross_entropy(linear(hidden, W), target)",
+        op="fused_linear_cross_entropy",
+        fn=linear_cross_entropy_rows,
+        args=(hidden, w, ce.tensors["target"], bias),
+        kwargs=kwargs,
+        nodes=[logits, *absorbed, node],
+        tensors=tensors,
+        problem=problem,
+        fallback=ce,
+    )
+
+
+def linear_cross_entropy_rows(hidden, weight, target, bias=None, **kwargs):
+    """`kernelwright.fused_linear_cross_entropy` of hidden [..., H] flattened to [M, H] against
+    target [M]: what a matched `F.cross_entropy(F.linear(hidden, W).float().view(-1, V), t)`
+    computes, without the [M, V] logits."""
+    from kernelwright.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+
+    return fused_linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), bias, **kwargs
     )
 
 
