@@ -177,3 +177,29 @@ def test_capture_can_be_turned_off():
     report = kernelwright.compile.CompileReport()
     kernelwright.compile(model, report=report, capture_loops=False)
     assert "forward" not in vars(model) and not report
+
+
+def test_segment_reduce_mean_in_the_graph(launches):
+    """`torch.segment_reduce(x, "mean", lengths=...)` and its `offsets=` form are graph
+    sites: one jagged_mean launch each, NaN for an empty segment as eager; "sum" stays."""
+
+    def fn(x, lengths, offsets):
+        a = torch.segment_reduce(x, "mean", lengths=lengths)
+        b = torch.segment_reduce(x * 2, "mean", offsets=offsets, axis=0)
+        c = torch.segment_reduce(x, "sum", lengths=lengths)
+        return a + b + c
+
+    x = torch.randn(9, 4, device=DEVICE, requires_grad=True)
+    lengths = torch.tensor([2, 0, 4, 3], device=DEVICE)
+    offsets = torch.tensor([0, 2, 2, 6, 9], device=DEVICE)
+    report = kernelwright.compile.CompileReport()
+    compiled = kernelwright.compile(fn, report=report, backend="aot_eager")
+    got, want = compiled(x, lengths, offsets), fn(x, lengths, offsets)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert torch.isnan(got[1]).all()
+    assert [(s.op, s.replaced) for s in report] == [("jagged_mean", True)] * 2
+    assert launches[0] == 2
+    dy = torch.randn_like(got)
+    (g,) = torch.autograd.grad(got.nan_to_num(), x, dy)
+    (w,) = torch.autograd.grad(want.nan_to_num(), x, dy)
+    torch.testing.assert_close(g, w)
