@@ -125,7 +125,9 @@ def shifted(v, o):
 
 
 @pytest.mark.parametrize(
-    "fn", [pooled_then_len, whole_mean, other_dim, stacked_on_dim1, shifted], ids=str
+    "fn",
+    [pooled_then_len, whole_mean, other_dim, stacked_on_dim1, shifted],
+    ids=lambda f: f.__name__,
 )
 def test_what_is_not_a_segment_mean_stays(fn):
     assert loops.rewrite_function(fn) is None

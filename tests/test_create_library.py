@@ -70,3 +70,63 @@ def test_not_a_checkout_says_what_to_do(tmp_path):
     pkg.mkdir(parents=True)
     with pytest.raises(ValueError, match="source checkout.*--out DIR"):
         L.checkout_paths(pkg)
+
+
+DYT = "kwtest_dyt"  # as NAME: a name no real op has
+
+
+@pytest.fixture
+def dyt_profile():
+    p = understand_source(str(ROOT / "examples" / "create" / "dyt.py"), DYT)
+    package_dir, repo = L.checkout_paths()
+    paths = [package_dir / "ops" / "generated" / f"{DYT}.py",
+             repo / "tests" / "generated" / f"test_generated_{DYT}.py",
+             repo / "benchmarks" / "generated" / f"bench_{DYT}.py"]  # fmt: skip
+    init = package_dir / "ops" / "generated" / "__init__.py"
+    before = init.read_text()
+    yield p
+    for path in paths:
+        path.unlink(missing_ok=True)
+    init.write_text(before)
+
+
+def test_a_created_op_is_found_by_kernelwright_compile(dyt_profile, tmp_path):
+    """The generated pass, end to end: create --into-library writes the reference as written
+    (`<op>_pattern`), and kernelwright.compile finds that computation in a model that never
+    heard of the op, replacing it by the created kernel with eager's values and gradients."""
+    import torch
+    from conftest import DEVICE
+
+    import kernelwright
+
+    result = L.into_library(dyt_profile, tmp_path / "log")
+    assert result.passed, result.log[-2000:]
+    source = (L.checkout_paths()[0] / "ops" / "generated" / f"{DYT}.py").read_text()
+    assert f"def {DYT}_pattern(x, alpha, gamma, beta):" in source
+
+    class Block(torch.nn.Module):  # a user's own DyT, in a bigger model
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+            self.alpha = torch.nn.Parameter(torch.full((), 0.7))
+            self.gamma = torch.nn.Parameter(torch.rand(32) + 0.5)
+            self.beta = torch.nn.Parameter(torch.randn(32))
+
+        def forward(self, x):
+            h = self.proj(x)
+            return self.gamma * torch.tanh(self.alpha * h) + self.beta
+
+    torch.manual_seed(0)
+    model = Block().to(DEVICE)
+    x = torch.randn(3, 5, 32, device=DEVICE)
+    report = kernelwright.compile.CompileReport()
+    compiled = kernelwright.compile(model, report=report, backend="aot_eager")
+    out = compiled(x)
+    assert [(s.op, s.replaced) for s in report] == [(DYT, True)], report.summary()
+    dy = torch.randn_like(out)
+    got = torch.autograd.grad(out, list(model.parameters()), dy)
+    want_out = model(x)
+    want = torch.autograd.grad(want_out, list(model.parameters()), dy)
+    torch.testing.assert_close(out, want_out)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)

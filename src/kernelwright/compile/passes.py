@@ -8,7 +8,9 @@ which Inductor leaves alone while it fuses everything around them.
 
 Each site that matches is checked (dtype, device, static last dimension, the op's own argument
 rules), then the selection (`compile/select.py`) says which implementation to use; a site is
-replaced only when it says "kernelwright". Every site goes into the report with the reason.
+replaced only when it names the op's own kernel: "kernelwright", or "created" for an op that
+`create --into-library` made (its site comes from its generated pattern, compile/generated.py).
+Every site goes into the report with the reason.
 A call with several results (fused add + RMSNorm: the norm and the sum) goes before the first
 node reading any of them, each result replacing its node through `operator.getitem`.
 """
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
+from kernelwright.compile.generated import generated_matches
 from kernelwright.compile.patterns import MATCHERS, Match, value
 from kernelwright.compile.select import choose  # per site: which implementation, and why
 from kernelwright.runtime.device import interpreter_mode
@@ -134,6 +137,9 @@ def _capability(m: Match) -> str | None:
         if v.dtype not in _DTYPES:
             dt = str(v.dtype).replace("torch.", "")
             return f"{name} is {dt}: the kernel takes float32, float16 or bfloat16"
+        if v.dim() == 0 and m.scalars_ok:
+            devices.add(v.device)
+            continue
         if v.dim() == 0:
             return f"{name} is a scalar"
         if not isinstance(v.shape[-1], int):
@@ -181,16 +187,20 @@ def _shared(m: Match) -> Node | None:
 # --------------------------------------------------------------------------- the pass
 
 
+_OWN = ("kernelwright", "created")  # implementations the pass inserts: the op's own function
+
+
 def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=None) -> list[Site]:
     """Replace the patterns in `gm` (a Dynamo graph) in place; returns the sites (also appended
     to `report`). `db` is handed to the selection (None: its default results database)."""
     g = gm.graph
     sites: list[Site] = []
     done: set[Node] = set()  # nodes consumed by a replacement (erased, or kept for others)
+    generated = generated_matches(gm)  # the created ops' patterns, found before any rewrite
     for node in list(g.nodes):
         if node in done or node.op != "call_function" and node.op != "call_method":
             continue
-        m = next((m for f in MATCHERS if (m := f(node)) is not None), None)
+        m = next((m for f in MATCHERS if (m := f(node)) is not None), None) or generated.get(node)
         if m is not None and m.fallback is not None and any(n in done for n in m.nodes):
             m = m.fallback
         if m is None or any(n in done for n in m.nodes):
@@ -211,7 +221,7 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
                 db=db,
             )
             impl, reason = choice.impl, (f"{reason}; " if reason else "") + choice.reason
-        replaced = impl == "kernelwright"
+        replaced = impl in _OWN
         if impl and not replaced and impl != "inductor":
             reason = f"{reason}; the pass inserts kernelwright's kernels only, so far"
         if replaced:

@@ -186,6 +186,7 @@ class Match:
     # each may be read outside the match. Empty: `fn` returns one value, replacing `output`.
     outputs: tuple[Node, ...] = ()
     fallback: Match | None = None  # the site to try instead when this one cannot be taken
+    scalars_ok: bool = False  # 0-d tensor inputs are taken (a created op's scalar parameter)
 
     @property
     def output(self) -> Node:

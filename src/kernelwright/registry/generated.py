@@ -1,7 +1,8 @@
 """Ops written by `kernelwright create --into-library`, found in `kernelwright/ops/generated/`.
 
 Each generated module declares its exports in `__all__` (the Module class, the public
-function, `<op>_ref` and, with a backward, `<op>_ref_grads`); they are read from the source,
+function, `<op>_ref`, with a backward `<op>_ref_grads`, and `<op>_pattern`, the reference as
+written, which kernelwright.compile matches); they are read from the source,
 so listing the registry imports no generated kernel.
 """
 
@@ -32,7 +33,8 @@ def entry_of(path: Path, package: str) -> OpEntry | None:
     if f"{name}_ref" not in names:
         return None
     classes = [n for n in names if n[:1].isupper()]
-    functions = [n for n in names if n[:1].islower() and not n.startswith(f"{name}_ref")]
+    own = (f"{name}_ref", f"{name}_pattern")  # the references and the pattern, not the op
+    functions = [n for n in names if n[:1].islower() and not n.startswith(own)]
     return OpEntry(
         name,
         "generated",

@@ -428,7 +428,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     )
     env.filters["tuple_repr"] = lambda v: repr(tuple(v))
     name = profile.name
+    ctx["pattern"] = None
     if library:
+        ctx["pattern"] = _pattern(profile)
         ctx.update(module=f"{LIBRARY_PACKAGE}.{name}", namespace="kernelwright_generated")
         return {
             f"ops/generated/{name}.py": env.get_template("op.py.j2").render(**ctx),
@@ -444,6 +446,19 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         f"{name}/test_{name}.py": env.get_template("test.py.j2").render(**ctx),
         f"{name}/bench_{name}.py": env.get_template("bench.py.j2").render(**ctx),
     }
+
+
+def _pattern(profile: KernelProfile) -> str | None:
+    """The reference as written, for kernelwright.compile's generated pass (create/pattern.py);
+    None where it has none or can no longer be loaded."""
+    from kernelwright.workflows.create.load import ReferenceError, load_reference
+    from kernelwright.workflows.create.pattern import pattern_source
+
+    try:
+        ref = load_reference(profile.source, name=profile.name)
+    except (ReferenceError, OSError, ImportError):
+        return None
+    return pattern_source(ref, f"{profile.name}_pattern")
 
 
 _SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",

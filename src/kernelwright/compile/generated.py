@@ -1,0 +1,98 @@
+"""Generated patterns: the ops `create --into-library` made, found where a graph computes them.
+
+Each generated op whose module exports `<op>_pattern` (the reference as its author wrote it,
+see workflows/create/pattern.py) contributes one pattern: that function traced by torch.fx,
+matched against each captured graph with torch.fx's subgraph matcher (same calls, same
+constants; its arguments match any node). A match is a site like any other (`Match`): the
+op's public function called on the matched arguments, checked and selected by the pass. No
+pattern is written by hand: adding an op to the library adds its pattern.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch.fx import GraphModule, Node
+
+from kernelwright.compile.patterns import Match, value
+
+log = logging.getLogger("kernelwright.compile")
+
+
+@functools.cache
+def _pattern_graph(op: str, module: str) -> tuple[GraphModule, list[str]] | None:
+    """The op's pattern traced by torch.fx, and its argument names; None without one."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    fn = getattr(mod, f"{op}_pattern", None)
+    if fn is None:
+        return None
+    try:
+        gm = torch.fx.symbolic_trace(fn)
+    except Exception as e:  # a pattern fx cannot trace is skipped, and said once
+        log.info("generated op %s: its pattern does not trace (%s); not matched", op, e)
+        return None
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, names
+
+
+def _generated_entries():
+    from kernelwright import registry
+
+    return [e for e in registry.entries() if e.generated]
+
+
+def generated_matches(gm: GraphModule) -> dict[Node, Match]:
+    """{output node: Match} for every generated op's pattern found in `gm`."""
+    from torch.fx.passes.utils.matcher_utils import SubgraphMatcher
+
+    found: dict[Node, Match] = {}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for entry in _generated_entries():
+        traced = _pattern_graph(entry.name, entry.module)
+        if traced is None:
+            continue
+        pattern, names = traced
+        matcher = SubgraphMatcher(
+            pattern.graph,
+            match_output=False,
+            match_placeholder=False,
+            remove_overlapping_matches=True,
+            ignore_literals=False,
+        )
+        for m in matcher.match(gm.graph):
+            if len(m.returning_nodes) != 1 or len(m.placeholder_nodes) != len(names):
+                continue
+            inside = [g for p, g in m.nodes_map.items() if p.op in ("call_function", "call_method")]
+            inside.sort(key=order.__getitem__)
+            output = m.returning_nodes[0]
+            if not inside or inside[-1] is not output or output in found:
+                continue
+            args = tuple(m.placeholder_nodes)
+            tensors = dict(zip(names, args, strict=True))
+            found[output] = Match(
+                f"{entry.name} (generated pattern)", entry.name, entry.fn(), args, {}, inside,
+                tensors, problem=_problem(tensors, output), scalars_ok=True,
+            )  # fmt: skip
+    return found
+
+
+def _problem(tensors: dict[str, Node], output: Node) -> str | None:
+    """Why the generated kernel cannot take the site: its inputs broadcast to the first one's
+    shape as [N] per-feature or scalar values only, and its output is the first one's dtype."""
+    vals = {k: value(n) for k, n in tensors.items()}
+    if any(not isinstance(v, torch.Tensor) for v in vals.values()):
+        return "an argument is not a tensor"
+    first = next(iter(vals.values()))
+    for name, v in vals.items():
+        if tuple(v.shape) not in (tuple(first.shape), (first.shape[-1],), ()):
+            return f"{name} has shape {tuple(v.shape)}: the kernel broadcasts [N] and scalars only"
+    out = value(output)
+    if not isinstance(out, torch.Tensor) or out.dtype != first.dtype:
+        return "the result's dtype is not the first input's (eager promotes)"
+    if tuple(out.shape) != tuple(first.shape):
+        return "the result's shape is not the first input's"
+    return None
