@@ -561,3 +561,21 @@ def test_shared_intermediate_left_alone_and_module_paths(launches):
     import kernelwright.compile.passes as p
 
     assert p is passes and callable(kernelwright.compile)
+
+
+def test_as_an_inductor_pre_grad_pass(launches):
+    """The same rewrite as Inductor's pre_grad_custom_pass, torch.compile called as usual."""
+
+    def fn(x, w):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+        return F.relu(h) ** 2
+
+    x, w = _leaves((3, 32), (32,))
+    report = CompileReport()
+    compiled = torch.compile(
+        fn, options={"pre_grad_custom_pass": kernelwright.compile.inductor_pass(report=report)}
+    )
+    _check_against_eager(fn, compiled, [x, w])
+    assert _summary(report) == [("rms_norm", True, "kernelwright"),
+                                ("relu_squared", True, "kernelwright")]  # fmt: skip
+    assert launches["rms_norm.fwd"] == 1 and launches["relu_squared.fwd"] == 1

@@ -8,6 +8,9 @@
 
     # the same pass, with torch.compile called yourself:
     model = torch.compile(model, backend=kernelwright.compile_backend())
+    # or as Inductor's own pre-grad pass:
+    pre_grad = kernelwright.compile.inductor_pass()
+    model = torch.compile(model, options={"pre_grad_custom_pass": pre_grad})
 
 Patterns written the way models write them (HF-style RMSNorm, and the residual add before it
 as fused add + RMSNorm; LayerNorm; `silu(gate) * up`, `gelu(gate) * up`, `relu(x) ** 2`;
@@ -32,7 +35,7 @@ from collections.abc import Callable
 from kernelwright.compile import loops
 from kernelwright.compile.passes import CompileReport, Site, log, make_backend, rewrite
 
-__all__ = ["CompileReport", "Site", "compile", "compile_backend", "rewrite"]
+__all__ = ["CompileReport", "Site", "compile", "compile_backend", "inductor_pass", "rewrite"]
 
 
 def compile_backend(
@@ -48,6 +51,29 @@ def compile_backend(
         db: the results database the selection reads (None: its default).
     """
     return make_backend(backend, report=report, db=db)
+
+
+def inductor_pass(*, report: list | None = None, db=None) -> Callable:
+    """The graph pass as an Inductor pre-grad custom pass, for those who keep Inductor as
+    torch.compile's backend and set its options themselves:
+
+        pre_grad = kernelwright.compile.inductor_pass()
+        torch.compile(model, options={"pre_grad_custom_pass": pre_grad})
+
+    Inductor runs it on each Dynamo graph before AOT autograd, where the backend runs it. Loops
+    over jagged segments are not captured this way (that happens before Dynamo, in `compile`).
+    """
+
+    counter = [0]
+
+    def kernelwright_pre_grad_pass(graph) -> None:
+        index = counter[0]
+        counter[0] += 1
+        if isinstance(report, CompileReport):
+            report.graphs = counter[0]
+        rewrite(graph.owning_module, report, graph=index, db=db)
+
+    return kernelwright_pre_grad_pass
 
 
 def compile(
