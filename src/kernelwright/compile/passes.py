@@ -28,7 +28,8 @@ import torch
 from torch.fx import GraphModule, Node
 
 from kernelwright.compile.generated import generated_matches
-from kernelwright.compile.patterns import MATCHERS, Match, value
+from kernelwright.compile.matchers import MATCHERS
+from kernelwright.compile.patterns import Match, value
 from kernelwright.compile.select import choose  # per site: which implementation, and why
 from kernelwright.runtime.device import interpreter_mode
 
