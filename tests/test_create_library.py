@@ -3,6 +3,7 @@ benchmarks/generated, the exports), and a failed gate leaves the checkout as it 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,19 +18,29 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "kwtest_relu_sq"  # a name no real op has: the test writes into this checkout
 
 
-@pytest.fixture
-def profile():
-    p = understand_source(str(ROOT / "examples" / "create" / "relu_squared.py"), NAME)
+@contextlib.contextmanager
+def _library_op(example: str, name: str):
+    """The profile of examples/create/<example>.py as op `name`; whatever the test did to the
+    checkout with it, the checkout ends as it began."""
+    p = understand_source(str(ROOT / "examples" / "create" / f"{example}.py"), name)
     package_dir, repo = L.checkout_paths()
-    paths = [package_dir / "ops" / "generated" / f"{NAME}.py",
-             repo / "tests" / "generated" / f"test_generated_{NAME}.py",
-             repo / "benchmarks" / "generated" / f"bench_{NAME}.py"]  # fmt: skip
+    paths = [package_dir / "ops" / "generated" / f"{name}.py",
+             repo / "tests" / "generated" / f"test_generated_{name}.py",
+             repo / "benchmarks" / "generated" / f"bench_{name}.py"]  # fmt: skip
     init = package_dir / "ops" / "generated" / "__init__.py"
     before = init.read_text()
-    yield p
-    for path in paths:  # whatever happened, the checkout ends as it began
-        path.unlink(missing_ok=True)
-    init.write_text(before)
+    try:
+        yield p
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        init.write_text(before)
+
+
+@pytest.fixture
+def profile():
+    with _library_op("relu_squared", NAME) as p:
+        yield p
 
 
 def test_into_library_adds_exports_and_runs_its_tests(profile, tmp_path):
@@ -77,17 +88,8 @@ DYT = "kwtest_dyt"  # as NAME: a name no real op has
 
 @pytest.fixture
 def dyt_profile():
-    p = understand_source(str(ROOT / "examples" / "create" / "dyt.py"), DYT)
-    package_dir, repo = L.checkout_paths()
-    paths = [package_dir / "ops" / "generated" / f"{DYT}.py",
-             repo / "tests" / "generated" / f"test_generated_{DYT}.py",
-             repo / "benchmarks" / "generated" / f"bench_{DYT}.py"]  # fmt: skip
-    init = package_dir / "ops" / "generated" / "__init__.py"
-    before = init.read_text()
-    yield p
-    for path in paths:
-        path.unlink(missing_ok=True)
-    init.write_text(before)
+    with _library_op("dyt", DYT) as p:
+        yield p
 
 
 def test_a_created_op_is_found_by_kernelwright_compile(dyt_profile, tmp_path):
