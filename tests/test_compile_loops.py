@@ -99,6 +99,9 @@ def test_offsets_as_a_tensor_a_count_and_a_subset(launches):
     offsets = torch.tensor([2, 5, 6, 9, 14])
     torch.testing.assert_close(new(v, offsets), by_range(v, offsets))
     assert launches[0] == 1
+    # a count past the offsets fails as the loop does
+    with pytest.raises(IndexError):
+        loops.segment_means(v, [0, 2, 4], count=3)
 
 
 def pooled_then_len(v, o):
