@@ -20,6 +20,9 @@ CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
 # file stem -> (tier, input form, closest library kernel)
 EXPECTED = {
     "relu_squared": (1, "function", "relu_squared"),
+    "hardsigmoid": (1, "function", "relu_squared"),
+    "rounding": (1, "function", "relu_squared"),
+    "hyperbolic": (1, "function", "relu_squared"),
     "swiglu": (1, "function", "swiglu"),
     "geglu_tanh": (1, "function", "geglu"),
     "gelu_exact": (1, "module", "relu_squared"),

@@ -56,8 +56,11 @@ def _pow(a: str, e, node: str) -> str:
         return f"tl.sqrt({a})"
     if e == -0.5:
         return f"tl.rsqrt({a})"
-    if e != int(e) or abs(e) > 8:
-        raise UnsupportedNode(node, f"pow with exponent {e}: only integers |n| <= 8 and ±0.5")
+    if e != int(e):  # a fractional power: NaN for a negative base, as torch.pow
+        return f"tl.exp2({e!r} * tl.log2({a}))"
+    if abs(e) > 8:  # |x|^n with the sign of x for odd n
+        sign = f"tl.where({a} < 0, -1.0, 1.0)" if int(e) % 2 else "1.0"
+        return f"({sign} * tl.exp2({e!r} * tl.log2(tl.abs({a}))))"
     n = int(abs(e))
     body = "1.0" if n == 0 else " * ".join([a] * n)
     return f"(1.0 / ({body}))" if e < 0 else f"({body})"
@@ -67,6 +70,8 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -
     """One aten node → a `tl` expression over already-named fp32 tiles (`a`: args as code)."""
     t = n.target
     base = t.rsplit(".", 1)[0] if t.count(".") >= 2 else t
+    if base.startswith("prims."):  # prims.convert_element_type: the aten op of that name
+        base = "aten." + base[len("prims.") :]
     nan = "propagate_nan=tl.PropagateNan.ALL"
     binary = {"aten.add": "+", "aten.sub": "-", "aten.mul": "*", "aten.div": "/"}
     if base in binary:
@@ -107,10 +112,15 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -
         if base == "aten.clamp_max":
             lo, hi = None, raw[1]
         out = a[0]
+        # a bound is a constant, or a tensor (clamp.Tensor and friends): then its tile
+        by_keyword = isinstance(lo, str) and len(raw) < 2 or isinstance(hi, str) and len(raw) < 3
+        if by_keyword and base != "aten.clamp_max":
+            raise UnsupportedNode(n.name, f"{t} with a tensor bound given by keyword")
         if lo is not None:
-            out = f"tl.maximum({out}, {_lit(lo)}, {nan})"
+            out = f"tl.maximum({out}, {a[1] if isinstance(lo, str) else _lit(lo)}, {nan})"
         if hi is not None:
-            out = f"tl.minimum({out}, {_lit(hi)}, {nan})"
+            code = a[1] if base == "aten.clamp_max" else a[2] if len(a) > 2 else None
+            out = f"tl.minimum({out}, {code if isinstance(hi, str) else _lit(hi)}, {nan})"
         return out
     if base in ("aten.full", "aten.scalar_tensor"):
         value = raw[1] if base == "aten.full" else raw[0]
@@ -135,7 +145,134 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -
         return f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))"
     if base == "aten.silu":
         return f"({a[0]} * tl.sigmoid({a[0]}))"
+    more = _lower_more(n, base, a, raw, kw)
+    if more is not None:
+        return more
+    if base in NOT_LOWERED:
+        raise UnsupportedNode(n.name, f"{t}: {NOT_LOWERED[base]}")
     raise UnsupportedNode(n.name, f"{t} has no Triton lowering (tier-1 table)")
+
+
+# Element-wise ops of PyTorch's core ATen set that have no lowering, and why. Every core
+# pointwise op is either lowered or listed here (tests/test_create_lowering.py enumerates them).
+_NO_LIBDEVICE = (
+    "no Triton lowering: no builtin computes it that also runs in the CPU interpreter "
+    "(libdevice is GPU-only)"
+)
+_NO_REMAINDER = (
+    "no Triton lowering: an exact remainder needs libdevice's fmod (a - b * {}(a / b) is off "
+    "by b where the quotient rounds across an integer)"
+)
+NOT_LOWERED = {
+    "aten.asin": _NO_LIBDEVICE,
+    "aten.acos": _NO_LIBDEVICE,
+    "aten.atan": _NO_LIBDEVICE,
+    "aten.atan2": _NO_LIBDEVICE,
+    "aten.fmod": _NO_REMAINDER.format("trunc"),
+    "aten.remainder": _NO_REMAINDER.format("floor"),
+}
+# Every aten packet with a lowering here (by packet name): what create's understand stage counts
+# as element-wise (tier 1). One list, next to the code it describes.
+# fmt: off
+ELEMENTWISE = frozenset([
+    "add", "sub", "mul", "div", "neg", "rsub", "exp", "exp2", "log", "log2", "log10", "log1p",
+    "expm1", "tanh", "sigmoid", "relu", "abs", "sign", "sgn", "sqrt", "rsqrt", "reciprocal",
+    "pow", "erf", "erfc", "sin", "cos", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "gt", "ge", "lt", "le",
+    "eq", "ne", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "isnan", "isinf", "floor", "ceil", "round",
+    "trunc", "masked_fill", "fill", "scalar_tensor", "full", "full_like", "zeros_like",
+    "ones_like", "_to_copy", "convert_element_type", "lift_fresh_copy", "copy", "gelu", "silu",
+    "hardtanh", "leaky_relu", "elu", "sigmoid_backward", "tanh_backward", "threshold_backward",
+])
+# fmt: on
+_INT_BITWISE = "on integer tensors: tiles are fp32, so only bool masks are lowered"
+
+
+def _mask(x: str) -> str:
+    return f"({x} != 0)"  # a mask as a tile: a comparison's int1, or a 0.0/1.0 float
+
+
+def _lower_more(n: GraphNode, base: str, a: list[str], raw: list, kw: dict) -> str | None:
+    """The rest of the core pointwise set: masks, rounding, hyperbolic, and activations the
+    core set keeps whole. None when `base` is not one of them."""
+    x = a[0] if a else ""
+    logical = {"and": "&", "or": "|", "xor": "^"}
+    for op, sym in logical.items():
+        if base in (f"aten.logical_{op}", f"aten.bitwise_{op}"):
+            if base.startswith("aten.bitwise") and not str(n.dtype).endswith("bool"):
+                raise UnsupportedNode(n.name, f"{n.target} {_INT_BITWISE}")
+            return f"({_mask(a[0])} {sym} {_mask(a[1])})"
+    if base in ("aten.logical_not", "aten.bitwise_not"):
+        if base == "aten.bitwise_not" and not str(n.dtype).endswith("bool"):
+            raise UnsupportedNode(n.name, f"{n.target} {_INT_BITWISE}")
+        return f"({x} == 0)"
+    if base in ("aten.full_like", "aten.zeros_like", "aten.ones_like", "aten.fill"):
+        value = {"aten.zeros_like": 0.0, "aten.ones_like": 1.0}.get(base)
+        value = raw[1] if value is None else value
+        if isinstance(value, str):
+            raise UnsupportedNode(n.name, f"{n.target} with a tensor fill value")
+        return f"tl.full([ROWS, BLOCK_N], {_lit(value)}, tl.float32)"
+    if base == "aten.masked_fill":
+        value = raw[2]
+        fill = a[2] if isinstance(value, str) else _lit(value)
+        return f"tl.where({_mask(a[1])}, {fill}, {x})"
+    if base == "aten.copy":
+        return a[1]  # copy(dst, src): src's values in dst's place
+    if base == "aten.erfc":
+        return f"(1.0 - tl.erf({x}))"
+    if base == "aten.sigmoid_backward":
+        return f"({a[0]} * {a[1]} * (1.0 - {a[1]}))"
+    if base == "aten.tanh_backward":
+        return f"({a[0]} * (1.0 - {a[1]} * {a[1]}))"
+    if base == "aten.threshold_backward":
+        return f"tl.where({a[1]} <= {_lit(raw[2])}, 0.0, {a[0]})"
+    if base == "aten.isnan":
+        return f"({x} != {x})"
+    if base == "aten.isinf":
+        return f'(tl.abs({x}) == float("inf"))'
+    if base in ("aten.sign", "aten.sgn"):  # torch.sign(NaN) is 0
+        return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"
+    if base in ("aten.floor", "aten.ceil"):
+        return f"tl.{base[5:]}({x})"
+    if base == "aten.trunc":
+        return f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"
+    if base == "aten.round":
+        if raw[1:] and raw[1] != 0 or kw.get("decimals", 0) != 0:
+            raise UnsupportedNode(n.name, f"{n.target} with decimals: only decimals=0")
+        r = f"tl.floor({x} + 0.5)"  # halves round to even, as torch.round
+        return f"tl.where(({r} - {x} == 0.5) & (tl.floor({r} * 0.5) * 2.0 != {r}), {r} - 1.0, {r})"
+    if base == "aten.log2":
+        return f"tl.log2({x})"
+    if base == "aten.log10":
+        return f"(tl.log({x}) * 0.4342944819032518)"
+    if base == "aten.tan":
+        return f"(tl.sin({x}) / tl.cos({x}))"
+    if base == "aten.sinh":
+        return f"((tl.exp({x}) - tl.exp(-{x})) * 0.5)"
+    if base == "aten.cosh":
+        return f"((tl.exp({x}) + tl.exp(-{x})) * 0.5)"
+    if base == "aten.asinh":  # odd: computed on |x| (no cancellation for large negative x)
+        return f"tl.where({x} < 0, -1.0, 1.0) * tl.log(tl.abs({x}) + tl.sqrt({x} * {x} + 1.0))"
+    if base == "aten.acosh":
+        return f"tl.log({x} + tl.sqrt({x} * {x} - 1.0))"
+    if base == "aten.atanh":
+        return f"(0.5 * tl.log((1.0 + {x}) / (1.0 - {x})))"
+    if base == "aten.hardtanh":
+        lo = raw[1] if len(raw) > 1 else kw.get("min_val", -1.0)
+        hi = raw[2] if len(raw) > 2 else kw.get("max_val", 1.0)
+        nan = "propagate_nan=tl.PropagateNan.ALL"
+        return f"tl.minimum(tl.maximum({x}, {_lit(lo)}, {nan}), {_lit(hi)}, {nan})"
+    if base == "aten.leaky_relu":
+        slope = raw[1] if len(raw) > 1 else kw.get("negative_slope", 0.01)
+        return f"tl.where({x} > 0, {x}, {x} * {_lit(slope)})"
+    if base == "aten.elu":
+        alpha = raw[1] if len(raw) > 1 else kw.get("alpha", 1.0)
+        scale = raw[2] if len(raw) > 2 else kw.get("scale", 1.0)
+        in_scale = raw[3] if len(raw) > 3 else kw.get("input_scale", 1.0)
+        neg = f"{_lit(alpha)} * (tl.exp({x} * {_lit(in_scale)}) - 1.0)"
+        return f"({_lit(scale)} * tl.where({x} > 0, {x}, {neg}))"
+    return None
 
 
 @dataclass(frozen=True)

@@ -39,21 +39,9 @@ from kernelwright.profiles.kernel import (
     TensorSpec,
 )
 from kernelwright.workflows.create.load import Reference, load_reference
+from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED
 from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
 
-# Ops with a lowering in the element-wise templates (by aten packet name).
-# fmt: off
-ELEMENTWISE = frozenset([
-    "add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log2", "log1p", "expm1", "tanh",
-    "sigmoid", "relu", "abs", "sign", "sqrt", "rsqrt", "reciprocal", "pow", "erf", "erfc",
-    "sin", "cos", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "gt", "ge",
-    "lt", "le", "eq", "ne", "logical_and", "logical_or", "logical_not", "isnan", "isinf",
-    "floor", "ceil", "round", "trunc", "fmod", "remainder", "masked_fill", "fill",
-    "scalar_tensor", "full", "full_like", "zeros_like", "ones_like", "_to_copy",
-    "convert_element_type", "lift_fresh_copy", "copy", "sigmoid_backward", "tanh_backward",
-    "threshold_backward", "bitwise_not", "bitwise_and", "bitwise_or"
-])
-# fmt: on
 # Views that keep the [rows, cols] layout: broadcasts and unit-dim reshapes.
 # fmt: off
 VIEWS = frozenset([
@@ -69,8 +57,9 @@ LAYOUT = frozenset(["permute", "transpose", "t"])
 # in bf16; reductions accumulate error with the row length).
 # fmt: off
 TRANSCENDENTAL = frozenset([
-    "exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "sigmoid", "erf", "erfc", "rsqrt",
-    "sqrt", "pow", "reciprocal", "sin", "cos"
+    "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf", "erfc",
+    "rsqrt", "sqrt", "pow", "reciprocal", "sin", "cos", "tan", "sinh", "cosh", "asinh", "acosh",
+    "atanh", "gelu", "silu", "elu"
 ])
 # fmt: on
 
@@ -138,6 +127,8 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
             if op in LAYOUT:
                 layout = layout or (node, where)
                 continue
+            if f"aten.{op}" in NOT_LOWERED:
+                raise _Stop(_label(node), f"{where} op {op}: {NOT_LOWERED[f'aten.{op}']}")
             raise _Stop(
                 _label(node),
                 f"{where} op {op} is not element-wise, a view or a one-dim reduction: no "

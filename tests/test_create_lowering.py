@@ -1,0 +1,197 @@
+"""create's element-wise lowering table against PyTorch's own op set: every pointwise op of the
+core ATen IR is lowered or refused with a reason, and each lowering computes torch's values
+(run through Triton, on the interpreter on CPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from kernelwright.profiles.kernel import GraphNode
+from kernelwright.workflows.create.lowering import (
+    _IDENTITY,
+    ELEMENTWISE,
+    NOT_LOWERED,
+    UnsupportedNode,
+    _lower,
+)
+
+
+def _core_pointwise() -> dict[str, list[str]]:
+    """{"aten.name": [overloads]} for every op PyTorch tags core and pointwise."""
+    found: dict[str, list[str]] = {}
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None or not hasattr(packet, "overloads"):
+            continue
+        for ov in packet.overloads():
+            tags = getattr(getattr(packet, ov), "tags", ())
+            if torch.Tag.core in tags and torch.Tag.pointwise in tags:
+                found.setdefault(f"aten.{name}", []).append(ov)
+    return found
+
+
+def _try(base: str, ov: str) -> str | Exception:
+    """`_lower` of the overload with tensor arguments named a, b, c and scalars 0.5."""
+    schema = getattr(getattr(torch.ops.aten, base[5:]), ov)._schema
+    code, raw = [], []
+    for arg in schema.arguments:
+        if arg.kwarg_only or arg.has_default_value():
+            continue  # the required positional arguments only
+        typ = str(arg.type)
+        if "Tensor" in typ:
+            name = "abc"[len([c for c in code if c in "abc"])]
+            code.append(name)
+            raw.append(name)
+        elif "bool" in typ:
+            code.append("0.0")
+            raw.append(False)
+        else:
+            code.append("0.5")
+            raw.append(0.5)
+    dtype = "torch.bool" if "bitwise" in base or "logical" in base else "torch.float32"
+    node = GraphNode(name="n", op="call_function", target=f"{base}.{ov}", args=raw, dtype=dtype)
+    try:
+        return _lower(node, code, raw, {})
+    except UnsupportedNode as e:
+        return e
+
+
+def test_every_core_pointwise_op_is_lowered_or_refused_with_a_reason():
+    ops = _core_pointwise()
+    assert len(ops) > 50  # the enumeration itself works
+    missing = []
+    for base, overloads in sorted(ops.items()):
+        if any(f"{base}.{ov}" in _IDENTITY for ov in overloads):
+            continue
+        results = [_try(base, ov) for ov in overloads]
+        if any(isinstance(r, str) for r in results):
+            continue
+        if base in NOT_LOWERED:
+            assert all(NOT_LOWERED[base] in str(r) for r in results), results
+            continue
+        missing.append(f"{base}: {results[0]}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_element_wise_list_is_what_lowers():
+    """understand's tier-1 list (lowering.ELEMENTWISE) names only ops `_lower` lowers."""
+    not_lowered = []
+    for name in sorted(ELEMENTWISE):
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:  # a prims op (convert_element_type): lowered by its target's name
+            assert _lower(GraphNode(name="n", op="call_function",
+                                    target=f"prims.{name}.default", args=["a", "torch.float32"]),
+                          ["a"], ["a", "torch.float32"], {})  # fmt: skip
+            continue
+        overloads = packet.overloads()
+        if any(f"aten.{name}.{ov}" in _IDENTITY for ov in overloads):
+            continue
+        if not any(isinstance(_try(f"aten.{name}", ov), str) for ov in overloads):
+            not_lowered.append(name)
+    assert not not_lowered
+
+
+# (expression builder over tile names, torch function, input domain)
+CASES = {
+    "sign": ("aten.sign.default", torch.sign, (-3, 3)),
+    "floor": ("aten.floor.default", torch.floor, (-5, 5)),
+    "ceil": ("aten.ceil.default", torch.ceil, (-5, 5)),
+    "trunc": ("aten.trunc.default", torch.trunc, (-5, 5)),
+    "round": ("aten.round.default", torch.round, (-5, 5)),
+    "log2": ("aten.log2.default", torch.log2, (0.1, 9)),
+    "log10": ("aten.log10.default", torch.log10, (0.1, 9)),
+    "tan": ("aten.tan.default", torch.tan, (-1.2, 1.2)),
+    "sinh": ("aten.sinh.default", torch.sinh, (-4, 4)),
+    "cosh": ("aten.cosh.default", torch.cosh, (-4, 4)),
+    "asinh": ("aten.asinh.default", torch.asinh, (-30, 30)),
+    "acosh": ("aten.acosh.default", torch.acosh, (1, 30)),
+    "atanh": ("aten.atanh.default", torch.atanh, (-0.95, 0.95)),
+    "erfc": ("aten.erfc.default", torch.erfc, (-2, 2)),
+    "isnan": ("aten.isnan.default", lambda x: torch.isnan(x).float(), (-1, 1)),
+    "isinf": ("aten.isinf.default", lambda x: torch.isinf(x).float(), (-1, 1)),
+    "hardtanh": ("aten.hardtanh.default", torch.nn.functional.hardtanh, (-3, 3)),
+    "leaky_relu": ("aten.leaky_relu.default", torch.nn.functional.leaky_relu, (-3, 3)),
+    "elu": ("aten.elu.default", torch.nn.functional.elu, (-3, 3)),
+    "logical_not": ("aten.logical_not.default", lambda x: (x == 0).float(), (-1, 1)),
+    "pow_2.5": ("aten.pow.Tensor_Scalar", lambda x: torch.pow(x, 2.5), (-2, 3)),
+    "pow_11": ("aten.pow.Tensor_Scalar", lambda x: torch.pow(x, 11), (-1.5, 1.5)),
+    "pow_-3.5": ("aten.pow.Tensor_Scalar", lambda x: torch.pow(x, -3.5), (0.2, 3)),
+}
+_EXPONENTS = {"pow_2.5": 2.5, "pow_11": 11, "pow_-3.5": -3.5}
+
+_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def apply(x_ptr, y_ptr, out_ptr, n, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs = tl.arange(0, BLOCK_N)[None, :]
+    mask = offs < n
+    a = tl.load(x_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+    b = tl.load(y_ptr + offs, mask=mask, other=1.0).to(tl.float32)
+    out = {expr}
+    tl.store(out_ptr + offs, (out * 1.0).to(tl.float32), mask=mask)
+"""
+
+
+def _run(expr: str, x: torch.Tensor, y: torch.Tensor, tmp_path) -> torch.Tensor:
+    path = tmp_path / f"k{abs(hash(expr))}.py"
+    path.write_text(_KERNEL.format(expr=expr))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = torch.full_like(x, float("nan"))
+    module.apply[(1,)](x, y, out, x.numel(), ROWS=1, BLOCK_N=triton_block(x.numel()))
+    return out
+
+
+def triton_block(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lowering_computes_torch_values(case, tmp_path):
+    target, fn, (lo, hi) = CASES[case]
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(200, generator=gen) * (hi - lo) + lo).to(DEVICE)
+    if case in ("round",):  # exact halves: torch rounds them to even
+        x[:10] = torch.tensor([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, 4.5, 0.0, -0.0])
+    if case in ("isnan", "isinf", "sign", "hardtanh"):
+        x[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    raw = ["a", _EXPONENTS[case]] if case in _EXPONENTS else ["a"]
+    node = GraphNode(name="n", op="call_function", target=target, args=raw, dtype="torch.float32")
+    code = ["a"] + [repr(float(v)) for v in raw[1:]]
+    got = _run(_lower(node, code, raw, {}), x, x, tmp_path)
+    torch.testing.assert_close(got, fn(x).float(), atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["and", "or", "xor"])
+def test_mask_logic(op, tmp_path):
+    x = torch.tensor([0.0, 1.0, 0.0, 1.0], device=DEVICE)
+    y = torch.tensor([0.0, 0.0, 1.0, 1.0], device=DEVICE)
+    for base in (f"aten.logical_{op}.default", f"aten.bitwise_{op}.Tensor"):
+        node = GraphNode(name="n", op="call_function", target=base, args=["a", "b"],
+                         dtype="torch.bool")  # fmt: skip
+        got = _run(_lower(node, ["(a > 0.5)", "b"], ["a", "b"], {}), x, y, tmp_path)
+        want = getattr(torch, f"logical_{op}")(x.bool(), y.bool()).float()
+        torch.testing.assert_close(got, want)
+
+
+def test_refusals_name_the_reason():
+    node = GraphNode(name="n", op="call_function", target="aten.bitwise_and.Tensor",
+                     args=["a", "b"], dtype="torch.int64")  # fmt: skip
+    with pytest.raises(UnsupportedNode, match="only bool masks"):
+        _lower(node, ["a", "b"], ["a", "b"], {})
+    node = GraphNode(name="n", op="call_function", target="aten.atan.default", args=["a"])
+    with pytest.raises(UnsupportedNode, match="libdevice"):
+        _lower(node, ["a"], ["a"], {})
+    node = GraphNode(name="n", op="call_function", target="aten.round.decimals", args=["a", 2])
+    with pytest.raises(UnsupportedNode, match="decimals"):
+        _lower(node, ["a", "2.0"], ["a", 2], {})
+    assert math.isfinite(len(NOT_LOWERED))
