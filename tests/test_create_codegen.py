@@ -180,6 +180,23 @@ def test_unsupported_node_stops_the_workflow(tmp_path):
     assert not (tmp_path / "runs" / "atan_gen" / "pkg").exists()
 
 
+def test_a_generator_failure_stops_instead_of_crashing(tmp_path, monkeypatch):
+    """No input may end in a traceback: a failure inside the generator (a RecursionError on a
+    deep graph, a bug) stops the workflow with the reason and keeps the traceback in a log."""
+    from kernelwright.workflows.create import run as R
+
+    def deep(profile, **kw):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(R, "render", deep)
+    path = capture("relu_gen", torch.relu, (4, 8)).save(tmp_path / "relu.yaml")
+    result = R.create(None, from_profile=path, runs=tmp_path / "runs")
+    assert result.stage == "stopped" and "RecursionError" in result.message
+    log = tmp_path / "runs" / "relu_gen" / "generator_error.log"
+    assert "maximum recursion depth" in log.read_text()
+    assert "RecursionError" in result.report.read_text()
+
+
 def test_cli_create_yes_relu_squared(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     start = time.perf_counter()

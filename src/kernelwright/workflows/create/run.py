@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,16 @@ def create(
         reviewed.write(profile, profile_path)
         report = _report(profile, workdir, None, f"stopped: {e}")
         return CreateResult(profile, workdir, "stopped", report=report, message=str(e))
+    except Exception as e:  # noqa: BLE001  a generator bug (RecursionError, ...): a stop, not a crash
+        log = workdir / "generator_error.log"
+        log.write_text(traceback.format_exc())
+        message = (
+            f"the generator failed on this profile ({type(e).__name__}: "
+            f"{str(e).strip()[:200]}); its traceback is in {log}. This is a kernelwright bug: "
+            "please report it with the profile"
+        )
+        report = _report(profile, workdir, None, f"stopped: {message}")
+        return CreateResult(profile, workdir, "stopped", report=report, message=message)
 
     from kernelwright.workflows.create.verify import benchmark, verify
 
