@@ -145,6 +145,8 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -
         return f"({x} * 0.5 * (1.0 + tl.erf({x} * 0.7071067811865476)))"
     if base == "aten.silu":
         return f"({a[0]} * tl.sigmoid({a[0]}))"
+    if base in _TEMPLATES:
+        return _TEMPLATES[base].format(*a)
     more = _lower_more(n, base, a, raw, kw)
     if more is not None:
         return more
@@ -189,6 +191,30 @@ ELEMENTWISE = frozenset([
 _INT_BITWISE = "on integer tensors: tiles are fp32, so only bool masks are lowered"
 
 
+# One-line lowerings over the node's tiles ({0}, {1}: its tensor arguments in order).
+_TEMPLATES = {
+    "aten.erfc": "(1.0 - tl.erf({0}))",
+    "aten.isnan": "({0} != {0})",
+    "aten.isinf": '(tl.abs({0}) == float("inf"))',
+    "aten.sign": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",  # sign(NaN) is 0
+    "aten.sgn": "tl.where({0} > 0, 1.0, tl.where({0} < 0, -1.0, 0.0))",
+    "aten.floor": "tl.floor({0})",
+    "aten.ceil": "tl.ceil({0})",
+    "aten.trunc": "tl.where({0} < 0, tl.ceil({0}), tl.floor({0}))",
+    "aten.log2": "tl.log2({0})",
+    "aten.log10": "(tl.log({0}) * 0.4342944819032518)",
+    "aten.tan": "(tl.sin({0}) / tl.cos({0}))",
+    "aten.sinh": "((tl.exp({0}) - tl.exp(-{0})) * 0.5)",
+    "aten.cosh": "((tl.exp({0}) + tl.exp(-{0})) * 0.5)",
+    # odd: computed on |x| (no cancellation for large negative x)
+    "aten.asinh": "tl.where({0} < 0, -1.0, 1.0) * tl.log(tl.abs({0}) + tl.sqrt({0} * {0} + 1.0))",
+    "aten.acosh": "tl.log({0} + tl.sqrt({0} * {0} - 1.0))",
+    "aten.atanh": "(0.5 * tl.log((1.0 + {0}) / (1.0 - {0})))",
+    "aten.sigmoid_backward": "({0} * {1} * (1.0 - {1}))",  # (grad, y)
+    "aten.tanh_backward": "({0} * (1.0 - {1} * {1}))",  # (grad, y)
+}
+
+
 def _mask(x: str) -> str:
     return f"({x} != 0)"  # a mask as a tile: a comparison's int1, or a 0.0/1.0 float
 
@@ -219,45 +245,13 @@ def _lower_more(n: GraphNode, base: str, a: list[str], raw: list, kw: dict) -> s
         return f"tl.where({_mask(a[1])}, {fill}, {x})"
     if base == "aten.copy":
         return a[1]  # copy(dst, src): src's values in dst's place
-    if base == "aten.erfc":
-        return f"(1.0 - tl.erf({x}))"
-    if base == "aten.sigmoid_backward":
-        return f"({a[0]} * {a[1]} * (1.0 - {a[1]}))"
-    if base == "aten.tanh_backward":
-        return f"({a[0]} * (1.0 - {a[1]} * {a[1]}))"
     if base == "aten.threshold_backward":
         return f"tl.where({a[1]} <= {_lit(raw[2])}, 0.0, {a[0]})"
-    if base == "aten.isnan":
-        return f"({x} != {x})"
-    if base == "aten.isinf":
-        return f'(tl.abs({x}) == float("inf"))'
-    if base in ("aten.sign", "aten.sgn"):  # torch.sign(NaN) is 0
-        return f"tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"
-    if base in ("aten.floor", "aten.ceil"):
-        return f"tl.{base[5:]}({x})"
-    if base == "aten.trunc":
-        return f"tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"
     if base == "aten.round":
         if raw[1:] and raw[1] != 0 or kw.get("decimals", 0) != 0:
             raise UnsupportedNode(n.name, f"{n.target} with decimals: only decimals=0")
         r = f"tl.floor({x} + 0.5)"  # halves round to even, as torch.round
         return f"tl.where(({r} - {x} == 0.5) & (tl.floor({r} * 0.5) * 2.0 != {r}), {r} - 1.0, {r})"
-    if base == "aten.log2":
-        return f"tl.log2({x})"
-    if base == "aten.log10":
-        return f"(tl.log({x}) * 0.4342944819032518)"
-    if base == "aten.tan":
-        return f"(tl.sin({x}) / tl.cos({x}))"
-    if base == "aten.sinh":
-        return f"((tl.exp({x}) - tl.exp(-{x})) * 0.5)"
-    if base == "aten.cosh":
-        return f"((tl.exp({x}) + tl.exp(-{x})) * 0.5)"
-    if base == "aten.asinh":  # odd: computed on |x| (no cancellation for large negative x)
-        return f"tl.where({x} < 0, -1.0, 1.0) * tl.log(tl.abs({x}) + tl.sqrt({x} * {x} + 1.0))"
-    if base == "aten.acosh":
-        return f"tl.log({x} + tl.sqrt({x} * {x} - 1.0))"
-    if base == "aten.atanh":
-        return f"(0.5 * tl.log((1.0 + {x}) / (1.0 - {x})))"
     if base == "aten.hardtanh":
         lo = raw[1] if len(raw) > 1 else kw.get("min_val", -1.0)
         hi = raw[2] if len(raw) > 2 else kw.get("max_val", 1.0)
