@@ -51,6 +51,7 @@ from kernelwright.workflows.create.lowering import (  # noqa: F401  (Unsupported
     _refs,
     _users,
 )
+from kernelwright.workflows.create.pattern import pattern_of
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -430,7 +431,7 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     name = profile.name
     ctx["pattern"] = None
     if library:
-        ctx["pattern"] = _pattern(profile)
+        ctx["pattern"] = pattern_of(profile)
         ctx.update(module=f"{LIBRARY_PACKAGE}.{name}", namespace="kernelwright_generated")
         return {
             f"ops/generated/{name}.py": env.get_template("op.py.j2").render(**ctx),
@@ -446,19 +447,6 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         f"{name}/test_{name}.py": env.get_template("test.py.j2").render(**ctx),
         f"{name}/bench_{name}.py": env.get_template("bench.py.j2").render(**ctx),
     }
-
-
-def _pattern(profile: KernelProfile) -> str | None:
-    """The reference as written, for kernelwright.compile's generated pass (create/pattern.py);
-    None where it has none or can no longer be loaded."""
-    from kernelwright.workflows.create.load import ReferenceError, load_reference
-    from kernelwright.workflows.create.pattern import pattern_source
-
-    try:
-        ref = load_reference(profile.source, name=profile.name)
-    except (ReferenceError, OSError, ImportError):
-        return None
-    return pattern_source(ref, f"{profile.name}_pattern")
 
 
 _SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",

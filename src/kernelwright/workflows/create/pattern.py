@@ -109,3 +109,15 @@ def pattern_source(ref: Reference, name: str) -> str | None:
     fdef.body = [*ast.parse("\n".join(_IMPORTS)).body, *fdef.body]
     ast.fix_missing_locations(fdef)
     return ast.unparse(fdef)
+
+
+def pattern_of(profile) -> str | None:
+    """`<op>_pattern` for a profile's reference (loaded again from its source), or None where
+    it has none or the source can no longer be loaded."""
+    from kernelwright.workflows.create.load import ReferenceError, load_reference
+
+    try:
+        ref = load_reference(profile.source, name=profile.name)
+    except (ReferenceError, OSError, ImportError):
+        return None
+    return pattern_source(ref, f"{profile.name}_pattern")
