@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--full", action="store_true", help="each profile's whole sweep")
     ap.add_argument("--no-bench", action="store_true", help="phase 1 only: generate and test")
+    ap.add_argument(
+        "--bench-only", action="store_true", help="phase 2 only, on an earlier phase 1's --out"
+    )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "create-corpus")))
     args = ap.parse_args()
 
@@ -62,10 +65,16 @@ def main() -> None:
     only = {s for s in args.only.split(",") if s}
     refs = sorted(p for p in CORPUS.glob("*.py") if not only or p.stem in only)
 
-    print(f"phase 1: create --yes --bench none for {len(refs)} references", flush=True)
     status: dict[str, tuple[int, str, float]] = {}
+    if args.bench_only:  # what phase 1 verified: the workspaces holding a package
+        for ref in refs:
+            pkg = runs / "kernelwright-runs" / "create" / ref.stem / "pkg" / ref.stem
+            status[ref.stem] = (0, "verified earlier", 0.0) if pkg.is_dir() else (2, "", 0.0)
+    else:
+        print(f"phase 1: create --yes --bench none for {len(refs)} references", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, rc, last, secs in pool.map(lambda p: phase1(p, runs), refs):
+        for name, rc, last, secs in pool.map(lambda p: phase1(p, runs),
+                                             [] if args.bench_only else refs):  # fmt: skip
             status[name] = (rc, last, secs)
             verdict = {0: "verified", 2: "stopped (tier 3)"}.get(rc, f"FAILED rc={rc}")
             print(f"  {name:22s} {verdict:18s} {secs:5.1f}s  {last}", flush=True)
@@ -121,6 +130,10 @@ def main() -> None:
             f"{geomean([s['vs_compile'] for s in sel]):.2f}x | {worst['vs_compile']:.2f}x "
             f"({worst['op']}, {worst['shape']}) |"
         )
+    counts = [sum(rc == 0 for rc, _, _ in status.values()),
+              sum(rc == 2 for rc, _, _ in status.values()), len(failed)]  # fmt: skip
+    lines += ["", f"{len(status)} references: {counts[0]} verified, {counts[1]} stopped with "
+              f"a reason (tier 3), {counts[2]} failed"]  # fmt: skip
     lines += ["", "| reference | phase 1 | seconds |", "|---|---|---|"]
     lines += [f"| {n} | {'rc=' + str(rc)} {last} | {s:.0f} |" for n, (rc, last, s) in
               status.items()]  # fmt: skip

@@ -29,6 +29,32 @@ def test_input_shapes_follow_the_broadcast_kind():
     assert B.input_shape(B.BenchInput("r", "row", (4, 8, 1), False), 5, 7) == (5, 1)
 
 
+def test_a_row_of_other_dims_runs_at_the_traced_rank():
+    # a channel norm: [N, C, H, W] reduced over C; a loss: every dim reduced
+    chan = B.Layout((2, 12, 6, 10), (1,), ("full",), long_rows=True)
+    assert chan.full(600, 12) == (10, 12, 6, 10) and chan.row_len(chan.full(600, 12)) == 12
+    w = B.BenchInput("w", "col", (12, 1, 1), True)
+    assert B.input_shape(w, 600, 12, chan) == (12, 1, 1)
+    assert B.input_shape(B.BenchInput("x", "full", (2, 12, 6, 10), True), 600, 12, chan) == (
+        10, 12, 6, 10)  # fmt: skip
+    loss = B.Layout((4, 8, 96), (0, 1, 2), ("row",))
+    assert math.prod(loss.full(8, 4096)) == 8 * 4096  # one row of every element
+    spec = B.make_spec("mse", lambda *a: a[0], None, [B.BenchInput("x", "full", (4, 8, 96), True)],
+                       1, POINTS, layout=loss)  # fmt: skip
+    # forward: read x, write one scalar
+    assert spec.bytes({"rows": 8, "cols": 4096}, torch.bfloat16, "forward") == 8 * 4096 * 2 + 2
+    # a per-row target index traced as [rows] (cross-entropy's): int64, drawn within the row
+    ce = B.Layout((32, 96), (1,), ("row",))
+    t = B.BenchInput("target", "row", (32,), False, "int")
+    assert B.input_shape(t, 5, 7, ce) == (5,)
+    spec = B.make_spec("ce", lambda *a: a[0], None, [B.BenchInput("x", "full", (32, 96), True), t],
+                       1, POINTS, layout=ce)  # fmt: skip
+    got = spec.make_inputs({"rows": 50, "cols": 7}, torch.float32, "cpu")["target"]
+    assert got.dtype == torch.int64 and got.shape == (50,) and got.min() >= 0 and got.max() < 7
+    # row kernels that take long rows get a long-row point in the quick sweep
+    assert [s.values for s in B._quick(POINTS, long_rows=True)][1] == (B.LONG_ROW,)
+
+
 def test_profile_points_become_sweeps():
     sweeps = B._sweeps(POINTS)
     assert [(s.name, s.values, dict(s.fixed)) for s in sweeps] == [

@@ -1,4 +1,4 @@
-"""Cumulative sum over the last dim. Tier 3 (a scan): the create workflow must stop cleanly."""
+"""Cumulative sum over the last dim. Tier 2 (a scan along the row)."""
 
 import torch
 

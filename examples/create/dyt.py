@@ -1,7 +1,7 @@
 """Dynamic Tanh (DyT, "Transformers without Normalization"): y = gamma * tanh(alpha*x) + beta.
 
 A scalar `alpha` and per-feature `gamma`, `beta`: element-wise forward, but the parameters'
-gradients reduce over rows, so it is tier 2. Module form.
+gradients reduce over rows. Tier 2, module form.
 """
 
 import torch

@@ -1,5 +1,5 @@
 """Inverse hyperbolic sine of a scaled input plus a cosh term, as in some learned feature
-transforms (asinh compresses large magnitudes like a signed log). Function form."""
+transforms (asinh compresses large magnitudes like a signed log). Tier 1, function form."""
 
 import torch
 

@@ -1,5 +1,5 @@
 """Rounding and sign: a straight-through quantizer's forward, round(x * 4) / 4 plus a sign
-term (both have zero gradient almost everywhere). Function form."""
+term (both have zero gradient almost everywhere). Tier 1, function form."""
 
 import torch
 

@@ -103,7 +103,9 @@ class KernelProfile(YamlProfile):
     unsupported_reason: str | None = None
     inputs: list[TensorSpec] = Field(default_factory=list)
     outputs: list[TensorSpec] = Field(default_factory=list)
-    reduction_dim: int | None = None  # tier 2: the reduced dim of the main input (-1 = last)
+    # tier 2: the dims of the main input every row reduction reduces, negative (-1 = the last);
+    # one dim, or several adjacent ones (a norm over [C, H, W], a loss over every dim)
+    reduction_dims: list[int] = Field(default_factory=list)
     forward: Graph = Field(default_factory=Graph)
     backward: Graph = Field(default_factory=Graph)
     # readable gradient formulas, one per differentiable input: "dx = dy * 2 * relu(x)"
@@ -126,6 +128,21 @@ class KernelProfile(YamlProfile):
     benchmark_sweep: list[dict[str, int]] = Field(default_factory=list)
     repairs: list[Repair] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_reduction_dim(cls, data):
+        # profiles written before reductions over several dims existed hold one dim
+        if isinstance(data, dict) and "reduction_dim" in data:
+            data = dict(data)
+            dim = data.pop("reduction_dim")
+            data.setdefault("reduction_dims", [] if dim is None else [dim])
+        return data
+
+    @property
+    def reduction_dim(self) -> int | None:
+        """The innermost reduced dim (negative), None for no row reduction."""
+        return self.reduction_dims[-1] if self.reduction_dims else None
 
     @model_validator(mode="after")
     def _tier3_says_why(self):

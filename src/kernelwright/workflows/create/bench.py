@@ -11,7 +11,9 @@ as the hand-written ops. Providers:
 
 Shapes are the kernel's [rows, cols] view: a full-size input is [rows, cols], a per-row one
 [rows, 1], a per-feature one [cols] (with the reference's leading singleton dims), a scalar
-keeps the reference's shape.
+keeps the reference's shape. A kernel whose row is several dims, or not the last one (a norm
+over channels, a loss over every dim), runs at the traced rank instead (`Layout`): the rows go
+into the first kept dim, the row's length into the last reduced dim.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kernelwright.bench.specs import BenchSpec, Provider, Sweep, compiled
 # quick runs (the create workflow's default on a GPU): the reference sweep's default token
 # count and its largest one, at the profile's column count
 QUICK_ROWS = (8192, 32768)
+LONG_ROW, LONG_ROW_COUNT = 393216, 1024  # 768 MiB in bf16
 
 
 @dataclass(frozen=True)
@@ -40,18 +43,61 @@ class BenchInput:
     broadcast: str  # "full" | "row" | "col" | "scalar"
     example_shape: tuple[int, ...]
     requires_grad: bool
-    dtype: str = "same"  # "same" (the benchmark dtype) | "fp32"
+    dtype: str = "same"  # "same" (the benchmark dtype) | "fp32" | "int" (a column index)
 
 
-def input_shape(spec: BenchInput, rows: int, cols: int) -> tuple[int, ...]:
+@dataclass(frozen=True)
+class Layout:
+    """The kernel's row in the reference's tensors: the traced shape of the main input, the
+    reduced dims (non-negative; the last dim alone for element-wise and last-dim kernels) and
+    each output's kind ("full", "row" one value per row, "row1" the same kept as size 1)."""
+
+    traced: tuple[int, ...]
+    block: tuple[int, ...]
+    out_kinds: tuple[str, ...] = ("full",)
+    long_rows: bool = False  # a row kernel that runs rows longer than one program holds
+
+    @property
+    def classic(self) -> bool:
+        return self.block == (len(self.traced) - 1,)
+
+    def full(self, rows: int, cols: int) -> tuple[int, ...]:
+        if self.classic:
+            return (rows, cols)
+        shape = list(self.traced)
+        kept = [d for d in range(len(shape)) if d not in self.block]
+        if kept:  # the rows into the first kept dim
+            shape[kept[0]] = max(1, rows // math.prod(shape[d] for d in kept[1:]))
+        else:  # every dim is reduced (a loss): one row of rows * cols elements
+            cols = rows * cols
+        shape[self.block[-1]] = max(1, cols // math.prod(shape[d] for d in self.block[:-1]))
+        return tuple(shape)
+
+    def row_len(self, full: Sequence[int]) -> int:
+        return full[-1] if self.classic else math.prod(full[d] for d in self.block)
+
+
+def input_shape(
+    spec: BenchInput, rows: int, cols: int, layout: Layout | None = None
+) -> tuple[int, ...]:
     ex = spec.example_shape
+    if layout is None or layout.classic:
+        if spec.broadcast == "full":
+            return (rows, cols)
+        if spec.broadcast == "row":  # [rows, 1], or [rows] when traced without the row's dim
+            dropped = layout is not None and len(ex) == len(layout.traced) - 1
+            return (rows,) if dropped else (rows, 1)
+        if spec.broadcast == "col":
+            return (1,) * max(len(ex) - 1, 0) + (cols,)
+        return ex  # scalar: () or all ones
+    full = layout.full(rows, cols)
     if spec.broadcast == "full":
-        return (rows, cols)
-    if spec.broadcast == "row":
-        return (rows, 1)
-    if spec.broadcast == "col":
-        return (1,) * max(len(ex) - 1, 0) + (cols,)
-    return ex  # scalar: () or all ones
+        return full
+    if spec.broadcast in ("row", "col"):  # 1 on the other dims, at the traced rank
+        kept = spec.broadcast == "row"
+        size = tuple(1 if (d in layout.block) == kept else s for d, s in enumerate(full))
+        return size[len(size) - len(ex) :]
+    return ex
 
 
 def _sweeps(points: Sequence[dict[str, int]]) -> tuple[Sweep, ...]:
@@ -73,9 +119,12 @@ def _sweeps(points: Sequence[dict[str, int]]) -> tuple[Sweep, ...]:
     return tuple(sweeps)
 
 
-def _quick(points: Sequence[dict[str, int]]) -> tuple[Sweep, ...]:
+def _quick(points: Sequence[dict[str, int]], long_rows: bool = False) -> tuple[Sweep, ...]:
     cols = max(set(p["cols"] for p in points), key=lambda c: sum(q["cols"] == c for q in points))
-    return (Sweep("rows", QUICK_ROWS, {"cols": cols}),)
+    sweeps = (Sweep("rows", QUICK_ROWS, {"cols": cols}),)
+    if long_rows:  # rows of 393,216 columns (a long-context softmax): the looped kernels
+        sweeps += (Sweep("cols", (LONG_ROW,), {"rows": LONG_ROW_COUNT}),)
+    return sweeps
 
 
 def make_spec(
@@ -87,16 +136,23 @@ def make_spec(
     points: Sequence[dict[str, int]],
     *,
     reference_error: str = "",
+    layout: Layout | None = None,
 ) -> BenchSpec:
     """A harness spec for the generated `fn` against `reference` (the user's code)."""
     names = tuple(i.name for i in inputs)
+    kinds = layout.out_kinds if layout is not None else ("full",) * n_outputs
 
     def make_inputs(shape, dtype, device, *, seed: int = 0):
         gen = torch.Generator(device=device).manual_seed(seed)
         out = {}
+        full = layout.full(shape["rows"], shape["cols"]) if layout else None
         for i in inputs:
             dt = torch.float32 if i.dtype == "fp32" else dtype
-            s = input_shape(i, shape["rows"], shape["cols"])
+            s = input_shape(i, shape["rows"], shape["cols"], layout)
+            if i.dtype == "int":  # a column of the row
+                n = layout.row_len(full) if layout else shape["cols"]
+                out[i.name] = torch.randint(0, n, s, device=device, generator=gen)
+                continue
             out[i.name] = torch.randn(s, dtype=dt, device=device, generator=gen)
         return out
 
@@ -106,8 +162,11 @@ def make_spec(
         # writes one gradient per differentiable input. full = both.
         rows, cols = shape["rows"], shape["cols"]
         size = torch.empty((), dtype=dtype).element_size()
-        ins = [math.prod(input_shape(i, rows, cols)) * size for i in inputs]
-        out = rows * cols * size * n_outputs
+        ins = [math.prod(input_shape(i, rows, cols, layout)) * (8 if i.dtype == "int" else size)
+               for i in inputs]  # fmt: skip
+        full = math.prod(layout.full(rows, cols)) if layout else rows * cols
+        per_row = full // (layout.row_len(layout.full(rows, cols)) if layout else cols)
+        out = sum((full if k == "full" else per_row) * size for k in kinds)
         fwd = sum(ins) + out
         bwd = sum(ins) + out + sum(b for b, i in zip(ins, inputs, strict=True) if i.requires_grad)
         return {"forward": fwd, "backward": bwd, "full": fwd + bwd}[mode]
@@ -139,7 +198,7 @@ def make_spec(
         grad_inputs=tuple(i.name for i in inputs if i.requires_grad),
         bytes=nbytes,
         sweeps=_sweeps(points),
-        quick_sweeps=_quick(points),
+        quick_sweeps=_quick(points, layout is not None and layout.long_rows),
         interpreter_sweeps=tiny,
         backward_through=tuple(range(n_outputs)),
         notes={
@@ -174,6 +233,7 @@ def run(
     dtype: torch.dtype = torch.bfloat16,
     hide_host: bool = True,
     on_row: Callable[[BenchRow], None] | None = None,
+    layout: Layout | None = None,
 ) -> list[BenchRow]:
     """Measure forward, backward and forward+backward of every provider over the sweep.
 
@@ -185,7 +245,8 @@ def run(
             f"bench_{name}: timings need a CUDA GPU (the interpreter's times mean nothing)"
         )
     reference, error = load_user_reference(source)
-    spec = make_spec(name, fn, reference, inputs, n_outputs, points, reference_error=error)
+    spec = make_spec(name, fn, reference, inputs, n_outputs, points, reference_error=error,
+                     layout=layout)  # fmt: skip
     ctx = make_context(hide_host=hide_host)
     rows = run_spec(spec, dtype=dtype, quick=quick, ctx=ctx, on_row=on_row)
     record(rows, source="create", run_id=new_run_id())  # the results database
@@ -200,6 +261,7 @@ def main(
     points: Sequence[dict[str, int]],
     source: str,
     argv: Sequence[str] | None = None,
+    layout: Layout | None = None,
 ) -> None:
     """The generated bench file's command line: [--full] [--source S] [--csv PATH]."""
     import argparse
@@ -218,7 +280,7 @@ def main(
         print(f"{row.shape} {row.mode:8s} {row.provider:14s} {ms}", flush=True)
 
     rows = run(name, fn, inputs, n_outputs, points, args.source, quick=not args.full,
-               hide_host=not args.with_host, on_row=progress)  # fmt: skip
+               hide_host=not args.with_host, on_row=progress, layout=layout)  # fmt: skip
     write_csv(rows, args.csv)
     print_summary(rows)
     print(f"wrote {args.csv}")

@@ -34,7 +34,9 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
+from kernelwright.workflows.create import staged
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
+    _ARG_REDUCE,
     _CONSTS,
     _FLOAT_DTYPES,
     _IDENTITY,
@@ -80,25 +82,83 @@ class _Emitter:
                 f"{len(profile.inputs)} profile inputs; re-run Understand",
             )
         main = next((i for i in profile.inputs if i.broadcast == "full"), profile.inputs[0])
-        self.full = list(main.example_shape)  # the traced [..., N] shape of the main input
+        self.full = list(main.example_shape)  # the traced shape of the main input
         self.rank = len(self.full)
-        # a row kernel iff some reduction runs over the last dim (parameter-gradient sums over
-        # the rows alone stay trailing sums of an element-wise kernel, as for DyT)
+        # the row: the reduced dims (non-negative, ascending; the last dim without reductions);
+        # the kernel sees every tensor as [rows, cols] with these dims as cols, moved last by
+        # the launcher when they are not the trailing dims
+        self.reducing = bool(profile.reduction_dims)
+        self.block = sorted({d % self.rank for d in profile.reduction_dims or [-1]})
+        self.trailing = self.block == list(range(self.rank - len(self.block), self.rank))
+        self.row_n = 1
+        for d in self.block:
+            self.row_n *= self.full[d]
+        # a row kernel iff some reduction runs over the row (parameter-gradient sums over the
+        # rows alone stay trailing sums of an element-wise kernel, as for DyT)
         self.row = any(self.reduce_kind(n) == "row" for n in self.fwd + self.bwd)
         # the profile's decision: intermediates the forward stores and the backward loads (as
         # s_<name>); everything else the backward recomputes from the inputs
         self.stored = {t.name: t for t in profile.stored}
+        # set by staged.plan while it emits: a row reduction's var -> the lines loading its
+        # row values from the launcher's buffer (None: reductions are computed in place)
+        self.loads: dict[str, list[str]] | None = None
+
+    @property
+    def shaped_ph(self) -> list[str]:
+        """The inputs that broadcast to the full shape (not per-row ones traced as [...])."""
+        dropped = self.rank - len(self.block)
+        return [
+            ph
+            for ph, s in zip(self.f_ph, self.p.inputs, strict=True)
+            if not (s.broadcast == "row" and len(s.example_shape) == dropped)
+        ]
+
+    @property
+    def classic(self) -> bool:
+        """The row is the last dim alone: shapes of any rank share the kernel."""
+        return self.block == [self.rank - 1]
+
+    @property
+    def kept(self) -> list[int]:
+        return [d for d in range(self.rank) if d not in self.block]
+
+    @property
+    def n_expr(self) -> str:
+        """The runtime row length in the reference, from its `_shape`."""
+        if self.classic:
+            return "_shape[-1]"
+        return "(" + " * ".join(f"_shape[{d}]" for d in self.block) + ")"
+
+    def _shape(self, name) -> list[int] | None:
+        node = self.fwd_by.get(name) or self.bwd_by.get(name)
+        return node.shape if node is not None else None
+
+    def row_shape(self, keepdim: bool) -> list[int]:
+        """The traced shape of one value per row: reduced dims dropped, or kept as 1."""
+        if keepdim:
+            return [1 if d in self.block else s for d, s in enumerate(self.full)]
+        return [s for d, s in enumerate(self.full) if d not in self.block]
+
+    def row_dims(self, dims) -> bool:
+        """Whether `dims` (an int or a list, any sign) are the row's dims."""
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        return self.rank > 0 and sorted({d % self.rank for d in dims}) == self.block
 
     def reduce_kind(self, n: GraphNode) -> str | None:
-        """'row' (over the last dim only), 'rows' (other dims: a trailing sum), None."""
+        """'row' (over the row's dims), 'rows' (other dims: a trailing sum), None."""
         if n.op != "call_function" or n.target not in _REDUCE:
             return None
         dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        if not self.rank:
+            return "rows"
         if n.target == "aten.sum.default" or not dims:
-            return "rows"  # every dim: summed to the input's shape by the launcher
-        dims = [dims] if isinstance(dims, int) else list(dims)
-        norm = sorted({d % self.rank if self.rank else 0 for d in dims})
-        return "row" if self.rank and norm == [self.rank - 1] else "rows"
+            norm = list(range(self.rank))  # every dim
+        else:
+            dims = [dims] if isinstance(dims, int) else list(dims)
+            norm = sorted({d % self.rank for d in dims})
+        if norm == self.block and (self.reducing or n.target != "aten.sum.default"):
+            return "row"
+        return "rows"  # summed to the input's shape by the launcher
 
     def _arg(self, x, prefix: str, names: set[str], alias: dict[str, str]) -> str:
         if isinstance(x, str) and x in names:
@@ -117,8 +177,26 @@ class _Emitter:
             and isinstance(x, int)
             and not isinstance(x, bool)
             and self.rank > 0
-            and x == self.full[-1]
+            and x == self.row_n
         )
+
+    def n_frac(self, n: GraphNode, x) -> int | None:
+        """k when the float `x` is k / (the traced row length), |k| = 1..4: a constant folded from
+        a mean's backward (mse_loss's 2 / N), the runtime k / N in a row kernel."""
+        if not (self.row and isinstance(x, float) and n.target.rsplit(".", 1)[0] in
+                ("aten.mul", "aten.div") and self.row_n > 8):  # fmt: skip
+            return None
+        k = round(x * self.row_n)
+        return k if 1 <= abs(k) <= 4 and abs(x * self.row_n - k) < 1e-9 * abs(k) else None
+
+    def n1_frac(self, n: GraphNode, x) -> int | None:
+        """k when `x` is k / (N - 1): the unbiased variance's folded 2 / (N - 1)."""
+        if self.n_frac(n, x) is not None or not self.row or self.row_n <= 8:
+            return None
+        if not isinstance(x, float) or n.target.rsplit(".", 1)[0] not in ("aten.mul", "aten.div"):
+            return None
+        k = round(x * (self.row_n - 1))
+        return k if 1 <= abs(k) <= 4 and abs(x * (self.row_n - 1) - k) < 1e-9 * abs(k) else None
 
     def fwd_needed(self, roots: list[str], stop: frozenset[str] = frozenset()) -> list[GraphNode]:
         """The forward nodes computing `roots`, in graph order; `stop`: values already at hand
@@ -135,9 +213,11 @@ class _Emitter:
             stack.extend(_refs(n.args, names) + _refs(list(n.kwargs.values()), names))
         return [n for n in self.fwd if n.name in need and n.op != "output"]
 
-    def _reduce(self, n: GraphNode, a: str, prefix: str) -> list[str]:
+    def _reduce(self, n: GraphNode, a: str, prefix: str, code: list[str]) -> list[str]:
         """A last-dim reduction of the [ROWS, BLOCK_N] tile `a` → [ROWS, 1] line(s)."""
         out = prefix + n.name
+        if self.loads is not None:
+            return self.loads.get(out, [])
         base = n.target.rsplit(".", 1)[0]
 
         def red(op: str, v: str) -> str:
@@ -149,38 +229,92 @@ class _Emitter:
             return [f"{out} = {red('sum', a)} / N"]
         if base in ("aten.amax", "aten.amin"):
             return [f"{out} = {red(base[-3:], a)}"]
-        # var_mean: (var, mean), two-pass over the row in registers (no cancellation)
+        if n.target in _ARG_REDUCE or base in ("aten.argmax", "aten.argmin"):
+            # (values, indices); the first index of the extreme value, as torch
+            op = _ARG_REDUCE.get(n.target) or base[-3:]
+            arg = f"tl.arg{op}(tl.where(cmask, {a}, {_NEUTRAL[op]}), axis=1)[:, None]"
+            if base in ("aten.argmax", "aten.argmin"):
+                return [f"{out} = {arg}"]
+            return [f"{out}_0 = {red(op, a)}", f"{out}_1 = {arg}"]
+        if base == "aten.cumsum":  # a scan along the row: the padding adds nothing
+            return [f"{out} = tl.cumsum(tl.where(cmask, {a}, 0.0), axis=1)"]
+        if base == "aten.gather":  # one value per row at its target column
+            if list(n.shape or []) != self.row_shape(True):
+                raise UnsupportedNode(n.name, "a gather of more than one value per row")
+            return [f"{out} = {red('sum', f'tl.where(cols == {code[2]}, {a}, 0.0)')}"]
+        # var_mean: (var, mean), two-pass over the row in registers (no cancellation); var
+        # alone the same, named <out>
         corr = n.kwargs.get("correction", 1)
         corr = 1 if corr is None else corr
+        var = out if base == "aten.var" else f"{out}_0"
         return [
             f"{out}_1 = {red('sum', a)} / N",
             f"{out}_c = {a} - {out}_1",
-            f"{out}_0 = {red('sum', f'{out}_c * {out}_c')} / (N - {_lit(corr)})",
+            f"{var} = {red('sum', f'{out}_c * {out}_c')} / (N - {_lit(corr)})",
         ]
 
     def emit(self, nodes: list[GraphNode], prefix: str, alias: dict[str, str]) -> list[str]:
         names = {n.name for n in nodes} | set(alias)
         by = {n.name: n for n in nodes}
         lines = []
+        # a flip along the row is not a tile operation: flip(v) is kept as "v reversed" and
+        # only a scan (cumsum(flip(u)) is flip(u's reversed cumsum)) or another flip may read it
+        flipped: dict[str, str] = {}
         for n in nodes:
             if n.op != "call_function":
                 continue
-            code = ["N" if self._is_n(n, x) else self._arg(x, prefix, names, alias) for x in n.args]
+            code = [
+                "N" if self._is_n(n, x)
+                else f"({self.n_frac(n, x)}.0 / N)" if self.n_frac(n, x)
+                else f"({self.n1_frac(n, x)}.0 / (N - 1.0))" if self.n1_frac(n, x)
+                else self._arg(x, prefix, names, alias)
+                for x in n.args
+            ]  # fmt: skip
+            out = prefix + n.name
+            if n.target == "aten.flip.default":
+                if not self.row_dims(n.args[1]):
+                    raise UnsupportedNode(n.name, f"a flip over dims {n.args[1]}: only the row")
+                if code[0] in flipped:  # flip(flip(u)) = u
+                    lines.append(f"{out} = {flipped[code[0]]}")
+                else:
+                    flipped[out] = code[0]
+                continue
+            if n.target == "aten.cumsum.default" and code[0] in flipped:
+                lines.append(f"{out}_r = tl.cumsum(tl.where(cmask, {flipped[code[0]]}, 0.0), "
+                             "axis=1, reverse=True)")  # fmt: skip
+                flipped[out] = f"{out}_r"
+                continue
+            if any(c in flipped for c in code):
+                raise UnsupportedNode(n.name, "a flipped row read by anything but a scan or a flip")
             kind = self.reduce_kind(n)
             if kind == "row":
-                lines.extend(self._reduce(n, code[0], prefix))
+                lines.extend(self._reduce(n, code[0], prefix, code))
                 continue
-            if n.target == "getitem":  # an element of var_mean's (var, mean)
+            if (
+                n.target == "getitem"
+            ):  # an element of var_mean's (var, mean) or max's (value, index)
                 src = by.get(n.args[0])
-                if src is None or src.target != "aten.var_mean.correction" or not self.row:
-                    raise UnsupportedNode(n.name, "getitem of anything but a last-dim var_mean")
+                pairs = ("aten.var_mean.correction", *_ARG_REDUCE)
+                if src is None or src.target not in pairs or not self.row:
+                    raise UnsupportedNode(
+                        n.name, "getitem of anything but a row's var_mean or max/min"
+                    )
                 lines.append(f"{prefix}{n.name} = {code[0]}_{int(n.args[1])}")
                 continue
             if kind == "rows" and n.target not in _SUM:
                 raise UnsupportedNode(
                     n.name, f"{n.target} over dims {n.args[1:2]}: only the last dim is reduced"
                 )
-            if n.target in _IDENTITY or n.target in _SUM:
+            if n.target.startswith("aten.scatter") and (
+                not self.row or list(self._shape(n.args[2]) or []) != self.row_shape(True)
+            ):
+                raise UnsupportedNode(n.name, f"{n.target} of more than one value per row")
+            if n.target == "aten.scatter.src":
+                # scatter(base, dim, index, src): src at each row's index column, base elsewhere
+                expr = f"tl.where(cols == {code[2]}, {code[3]}, {code[0]})"
+            elif n.target == "aten.scatter_add.default":
+                expr = f"({code[0]} + tl.where(cols == {code[2]}, {code[3]}, 0.0))"
+            elif n.target in _IDENTITY or n.target in _SUM:
                 expr = code[0]
             else:
                 expr = _lower(n, code, list(n.args), dict(n.kwargs), self.row)
@@ -206,9 +340,9 @@ class _Emitter:
             shape = self.fwd_by[name].shape
             if shape == self.full:
                 kinds.append("full")
-            elif self.row and shape == self.full[:-1]:
+            elif self.row and shape == self.row_shape(False):
                 kinds.append("row")
-            elif self.row and shape == self.full[:-1] + [1]:
+            elif self.row and shape == self.row_shape(True):
                 kinds.append("row1")
             else:
                 raise UnsupportedNode(
@@ -286,6 +420,10 @@ class _Emitter:
                         f"{n.target} over rows feeding {bad or 'a gradient'}: a cross-row "
                         "reduction inside the kernel (tier 3)",
                     )
+        self.bwd_groups = [
+            (self.fwd_needed(recompute, frozenset(self.stored)), "f_", loaded),
+            (bwd_nodes, "b_", alias),
+        ]
         body = fwd_lines + self.emit(bwd_nodes, "b_", alias)
         text = "\n".join(body + [v or "" for v in values])
         needed = {i for i, ph in enumerate(self.f_ph) if f"f_{ph}" in text}
@@ -334,9 +472,9 @@ def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
         shape = list(o.example_shape)
         if not em.row or shape == em.full:
             kinds.append("full")
-        elif shape == em.full[:-1]:
+        elif shape == em.row_shape(False):
             kinds.append("row")
-        elif shape == em.full[:-1] + [1]:
+        elif shape == em.row_shape(True):
             kinds.append("row1")
         else:
             raise UnsupportedNode(
@@ -347,6 +485,7 @@ def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
 
 # a stored intermediate's torch dtype in the generated op (None: the first input's dtype)
 _ST_DTYPES = {"bool": "torch.bool", "fp32": "torch.float32", "same": "None"}
+_OUT_DTYPES = {"torch.int64": "torch.int64", "torch.bool": "torch.bool"}
 
 
 def _camel(name: str) -> str:
@@ -386,8 +525,41 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     red = [g is not None and spec.broadcast in ("col", "scalar")
            for g, spec in zip(grads, profile.inputs, strict=True)]  # fmt: skip
     used_fwd = {i for i, ph in enumerate(em.f_ph) if f"f_{ph}" in "\n".join(fwd_body + fwd_outs)}
+    looped = []
+    if em.row:
+        f_nodes = em.fwd_needed(_output_args(em.fwd)[: len(profile.outputs)])
+        outs = [{"kind": k, "value": v} for k, v in zip(out_kinds, fwd_outs, strict=True)]
+        g_outs = [{"kind": "full", "value": g} for g in grads if g is not None]
+        plans = [("fwd", [(f_nodes, "f_", {})], outs, sorted(used_fwd), 0)]
+        if has_bwd:
+            plans.append(("bwd", em.bwd_groups, g_outs, sorted(needed), len(fwd_outs)))
+        for kind, groups, kouts, used, n_dys in plans:
+            try:
+                looped.append(staged.kernels(em, kind, groups, [o["value"] for o in kouts],
+                                             used, em.f_ph, n_dys, kouts))  # fmt: skip
+            except UnsupportedNode as e:  # rows up to BLOCK_N still run; longer ones raise
+                looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
+    # rows longer than BLOCK_N run (the looped kernels exist and store nothing)
+    looped_ok = all(not fb["unsupported"] for fb in looped) and not profile.stored
     ctx = {
         "p": profile,
+        **_test_shapes(em, looped_ok),
+        "looped_ok": looped_ok,
+        "looped": looped,
+        # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
+        "dropped": [
+            int(s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block))
+            for s in profile.inputs
+        ],  # fmt: skip
+        "neutral": _NEUTRAL,
+        "combine": staged.COMBINE,
+        "classic": em.classic,
+        "trailing": em.trailing,
+        "block": em.block,
+        "kept": em.kept,
+        "rank": em.rank,
+        "perm": em.kept + em.block,
+        "full": em.full,
         "cls": _camel(profile.name),
         "inputs": [i.name for i in profile.inputs],
         "specs": profile.inputs,
@@ -411,6 +583,11 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "cfg": _config(profile, em.row),
         "row": em.row,
         "out_kinds": out_kinds,
+        # an output's torch dtype when it is not the first input's (max/argmax indices)
+        "out_dtypes": [
+            _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
+            for o in _output_args(em.fwd)[: len(profile.outputs)]
+        ],  # fmt: skip
         # stored intermediates (profile.stored): extra forward outputs the backward loads
         "stored": profile.stored,
         "st_kinds": st_kinds,
@@ -449,9 +626,37 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     }
 
 
+def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]:
+    """Test shapes at the traced rank, for a row of several or other dims than the last: the
+    traced shape, odd sizes, a row longer than one program holds; on a GPU, many rows and a
+    row of about 393,216 elements."""
+    full = list(em.full)
+    last = em.block[-1]
+
+    def longer(shape: list[int], cols: int) -> tuple[int, ...]:
+        out = [min(s, 2) if d not in em.block else s for d, s in enumerate(shape)]
+        n = 1
+        for d in em.block:
+            n *= out[d]
+        out[last] = out[last] * -(-cols // n)
+        return tuple(out)
+
+    shapes = [tuple(full), tuple(s + 1 if s > 1 else s for s in full)]
+    if em.row and looped:
+        shapes.append(longer(full, MAX_ROW + 1))
+    gpu = []
+    if em.kept:
+        big = list(full)
+        big[em.kept[0]] *= 64
+        gpu.append(tuple(big))
+    if em.row and looped:
+        gpu.append(longer(full, 393216))
+    return {"test_shapes": shapes, "gpu_shapes": gpu}
+
+
 _SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",
               "aten._unsafe_view.default"}  # fmt: skip
-_DIM_OPS = {"aten.squeeze.dim", "aten.squeeze.dims"}
+_DIM_OPS = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.flip.default"}
 
 
 def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
@@ -462,7 +667,9 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     """
     lines = []
     if em.row:
-        lines.append(f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.f_ph)})")
+        lines.append(
+            f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.shaped_ph)})"
+        )
     outs = _output_args(em.fwd)[: len(profile.outputs)]
     # what only the backward saves is not part of the reference
     lines += _eager_lines(profile, em, em.fwd_needed(outs), set(em.fwd_by), em.row)
@@ -481,9 +688,10 @@ def _ref_grad_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     saved = [ph for ph in b_ph if ph not in em.f_ph and ph in em.fwd_by]
     tangents = [ph for ph in b_ph if ph not in em.f_ph and ph not in em.fwd_by]
     lines = [
-        f"{', '.join(em.f_ph)}{',' if len(em.f_ph) == 1 else ''} = [t.float() for t in inputs]",
+        f"{', '.join(em.f_ph)}{',' if len(em.f_ph) == 1 else ''} = "
+        "[t.float() if t.is_floating_point() else t for t in inputs]",
         f"_device = {em.f_ph[0]}.device",
-        f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.f_ph)})",
+        f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.shaped_ph)})",
     ]
     lines += _eager_lines(profile, em, em.fwd_needed(saved), set(em.fwd_by), True)
     lines += [f"{t} = dys[{k}].float()" for k, t in enumerate(tangents)]
@@ -508,15 +716,30 @@ def _eager_lines(
         for ph, spec in inputs.items():  # a parameter's gradient viewed back to its shape
             if v == list(spec.example_shape) and spec.broadcast != "full":
                 return f"list({ph}.shape)"
-        if v == em.full[:-1]:
+        if not em.classic:  # a row of several or other dims: tests keep the traced rank
+            if v == em.row_shape(False):
+                return "[" + ", ".join(f"_shape[{d}]" for d in em.kept) + "]"
+            if v == em.row_shape(True):
+                return "[" + ", ".join("1" if d in em.block else f"_shape[{d}]"
+                                       for d in range(em.rank)) + "]"  # fmt: skip
+            if v == [em.full[d] if d in em.block else 1 for d in range(em.rank)]:
+                return "[" + ", ".join(f"_shape[{d}]" if d in em.block else "1"
+                                       for d in range(em.rank)) + "]"  # fmt: skip
+            if v == [em.row_n]:
+                return f"[{em.n_expr}]"
+            if v == [*em.row_shape(False), em.row_n]:
+                return "[" + ", ".join([f"_shape[{d}]" for d in em.kept] + [em.n_expr]) + "]"
+        elif v == em.full[:-1]:
             return "list(_shape[:-1])"
-        if v == em.full[:-1] + [1]:
+        elif v == em.full[:-1] + [1]:
             return "[*_shape[:-1], 1]"
-        if em.rank and v == [1] * (em.rank - 1) + em.full[-1:]:
+        elif em.rank and v == [1] * (em.rank - 1) + em.full[-1:]:
             return "[*([1] * (len(_shape) - 1)), _shape[-1]]"
         raise UnsupportedNode(node, f"shape {v} is not the input's, its rows' or rows x 1")
 
     def dims_expr(d) -> str:
+        if not em.classic:
+            return conv(d)  # the traced rank: the traced dims hold
         # the traced last dim's index → -1, every leading dim → all but the last at any rank
         if isinstance(d, (list, tuple)):
             norm = sorted({x % em.rank for x in d}) if em.rank else []
@@ -536,6 +759,7 @@ def _eager_lines(
             return _lit(v)  # repr() gives a bare `inf`
         return repr(v)
 
+    shapes = {m.name: m.shape for m in em.fwd + em.bwd}
     lines = []
     for n in nodes:
         if n.op != "call_function":
@@ -545,12 +769,26 @@ def _eager_lines(
             continue
         conv_args = []
         for i, v in enumerate(n.args):
-            if rewrite and i == 1 and n.target in _SHAPE_OPS:
+            if rewrite and (i == 1 and n.target in _SHAPE_OPS
+                            or i == 0 and n.target == "aten.full.default"):  # fmt: skip
                 conv_args.append(shape_expr(v, n.name))
+            elif (
+                rewrite
+                and em.classic
+                and i == 1
+                and n.target == "aten.unsqueeze.default"
+                and v == em.rank - 1
+                and len(shapes.get(n.args[0]) or []) == em.rank - 1
+            ):
+                conv_args.append("-1")  # a per-row value [...] given back its row dim
             elif rewrite and i == 1 and (n.target in _REDUCE or n.target in _DIM_OPS):
                 conv_args.append(dims_expr(v))
             elif em._is_n(n, v):
-                conv_args.append("_shape[-1]")
+                conv_args.append(em.n_expr)
+            elif em.n_frac(n, v):
+                conv_args.append(f"({em.n_frac(n, v)} / {em.n_expr})")
+            elif em.n1_frac(n, v):
+                conv_args.append(f"({em.n1_frac(n, v)} / ({em.n_expr} - 1))")
             else:
                 conv_args.append(conv(v))
         args = ", ".join(conv_args)

@@ -17,8 +17,12 @@ _IDENTITY = {
 }  # fmt: skip
 _SUM = {"aten.sum.dim_IntList", "aten.sum.default"}
 # reductions a row kernel lowers when they run over the last dim only
-_REDUCE = _SUM | {"aten.mean.dim", "aten.amax.default", "aten.amin.default",
-                  "aten.var_mean.correction"}  # fmt: skip
+_REDUCE = _SUM | {"aten.mean.dim", "aten.mean.default", "aten.amax.default", "aten.amin.default",
+                  "aten.var_mean.correction", "aten.var.correction", "aten.max.dim",
+                  "aten.min.dim", "aten.argmax.default", "aten.argmin.default",
+                  "aten.gather.default", "aten.cumsum.default"}  # fmt: skip
+# a row's values (and their indices) at max/min: getitem 0 is the value, 1 the index
+_ARG_REDUCE = {"aten.max.dim": "max", "aten.min.dim": "min"}
 # padding of a row tile is replaced by the reduction's neutral element before reducing
 _NEUTRAL = {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")'}
 # the widest row a row kernel holds in registers (the library norms' one-program limit);

@@ -50,7 +50,15 @@ VIEWS = frozenset([
 ])
 # fmt: on
 # Reductions: the dims are args[1] (absent or [] = every dim).
-REDUCTIONS = frozenset(["sum", "mean", "amax", "amin", "prod", "var", "var_mean"])
+# fmt: off
+REDUCTIONS = frozenset([
+    "sum", "mean", "amax", "amin", "prod", "var", "var_mean", "max", "min", "argmax", "argmin",
+    "gather",  # one value per row picked by a target index (args[1]: the dim)
+    "cumsum",  # a scan along the row (args[1]: the dim)
+])
+# fmt: on
+# The inverse of gather (its backward): a row written at a per-row index, a select per element.
+ROW_INDEXED = frozenset(["scatter", "scatter_add", "flip"])  # flip: a reversed scan's halves
 # Layout changes: a different memory walk per element, not lowered by the row templates.
 LAYOUT = frozenset(["permute", "transpose", "t"])
 # Precision-sensitive: computed in fp32 whatever the input dtype (transcendentals lose digits
@@ -122,7 +130,9 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
     for graph, where in ((fwd, "forward"), (bwd, "backward")):
         for node in _calls(graph):
             op = _op(node)
-            if op in ELEMENTWISE or op in VIEWS or op in REDUCTIONS or op == "getitem":
+            if op in ELEMENTWISE or op in VIEWS or op in REDUCTIONS or op in ROW_INDEXED:
+                continue
+            if op == "getitem":
                 continue
             if op in LAYOUT:
                 layout = layout or (node, where)
@@ -142,35 +152,48 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
         )
 
 
-def _reduction_dim(fwd: Graph, main_rank: int) -> int | None:
-    """The one dim every forward reduction reduces (negative index), or None without any."""
+def _reduction_dims(fwd: Graph, main_rank: int) -> list[int]:
+    """The dims every forward reduction reduces (negative, ascending), [] without any.
+
+    One dim anywhere, or a run of adjacent dims (a norm over [C, H, W], a loss over every dim):
+    the kernel sees the main input as [rows, cols] with the reduced dims as the row.
+    """
     shapes = {n.name: n.shape for n in fwd.nodes}
-    found: set[int] = set()
+    found: set[tuple[int, ...]] = set()
     for node in _calls(fwd):
         if _op(node) not in REDUCTIONS:
             continue
         rank = len(shapes.get(node.args[0]) or [])
         dims = _reduced_dims(node, shapes)
-        if len(dims) != 1 or rank < 1:
+        if 0 < rank < main_rank:
             raise _Stop(
                 _label(node),
-                f"forward reduction over dims {dims} of a rank-{rank} tensor: tier 2 reduces "
-                "over one dim only",
+                f"forward reduction of a rank-{rank} value of the rank-{main_rank} input: a "
+                "second reduction over rows (tier 2 reduces one set of dims)",
             )
-        found.add(dims[0] - rank)  # negative: counts from the last dim
+        if rank < 1 or not dims:
+            raise _Stop(_label(node), f"forward reduction of a rank-{rank} tensor: nothing to tile")
+        if dims != list(range(dims[0], dims[-1] + 1)):
+            raise _Stop(
+                _label(node),
+                f"forward reduction over dims {dims} of a rank-{rank} tensor: the reduced dims "
+                "must be adjacent (one run of dims)",
+            )
+        found.add(tuple(d - rank for d in dims))  # negative: counts from the last dim
     if len(found) > 1:
         raise _Stop(
             _label(next(n for n in _calls(fwd) if _op(n) in REDUCTIONS)),
-            f"forward reductions over different dims {sorted(found)}: tier 2 has one",
+            f"forward reductions over different dims {sorted(found)}: tier 2 reduces one set",
         )
-    dim = found.pop() if found else None
-    if dim is not None and -dim > main_rank:
-        raise _Stop("reduction", f"reduction over dim {dim}, which the main input lacks")
-    return dim
+    dims = list(found.pop()) if found else []
+    if dims and -dims[0] > main_rank:
+        raise _Stop("reduction", f"reduction over dims {dims}, which the main input lacks")
+    return dims
 
 
-def _check_bwd_reductions(bwd: Graph, feature: int) -> None:
-    """Backward reductions: one dim, or all rows down to a per-feature / scalar gradient."""
+def _check_bwd_reductions(bwd: Graph, block: list[int]) -> None:
+    """Backward reductions: the row's dims, one dim, or all rows down to a per-feature or
+    scalar gradient."""
     shapes = {n.name: n.shape for n in bwd.nodes}
     for node in _calls(bwd):
         if _op(node) not in REDUCTIONS:
@@ -178,18 +201,20 @@ def _check_bwd_reductions(bwd: Graph, feature: int) -> None:
         rank = len(shapes.get(node.args[0]) or [])
         dims = _reduced_dims(node, shapes)
         kept = [d for d in range(rank) if d not in dims]
-        # e.g. sum(dy * x_hat, [0, 1]) -> dW [N]: every dim but the feature dim
-        if len(dims) == 1 or not kept or kept == [feature % rank]:
+        row = sorted(d % rank for d in block) if rank else []
+        # e.g. sum(dy * x_hat, [0, 1]) -> dW [N]: every dim but the feature dims
+        if len(dims) == 1 or dims == row or not kept or kept == row:
             continue
         raise _Stop(
             _label(node),
-            f"backward reduction over dims {dims} keeps dims {kept}: neither one dim nor all "
-            "rows down to a per-feature gradient",
+            f"backward reduction over dims {dims} keeps dims {kept}: neither the row's dims nor "
+            "all rows down to a per-feature gradient",
         )
 
 
-def _broadcast(shape: list[int], main: list[int], feature: int) -> str | None:
-    """How `shape` spans the main input's [rows, cols] view; None for other patterns."""
+def _broadcast(shape: list[int], main: list[int], block: list[int]) -> str | None:
+    """How `shape` spans the main input's [rows, cols] view (cols: the `block` dims, negative);
+    None for other patterns."""
     rank = len(main)
     if shape == main:
         return "full"
@@ -198,16 +223,16 @@ def _broadcast(shape: list[int], main: list[int], feature: int) -> str | None:
         numel *= s
     if numel == 1:
         return "scalar"
-    f = feature % rank
-    # one value per row with the reduced dim dropped (keepdim=False outputs)
-    if len(shape) == rank - 1 and shape == main[:f] + main[f + 1 :]:
+    cols = {d % rank for d in block}
+    # one value per row with the reduced dims dropped (keepdim=False outputs)
+    if len(shape) == rank - len(cols) and shape == [m for d, m in enumerate(main) if d not in cols]:
         return "row"
     if len(shape) > rank:
         return None
     padded = [1] * (rank - len(shape)) + list(shape)
-    if all(p == (main[d] if d == f else 1) for d, p in enumerate(padded)):
+    if all(p == (main[d] if d in cols else 1) for d, p in enumerate(padded)):
         return "col"
-    if padded[f] == 1 and all(p == main[d] for d, p in enumerate(padded) if d != f):
+    if all(p == (1 if d in cols else main[d]) for d, p in enumerate(padded)):
         return "row"
     return None
 
@@ -332,7 +357,7 @@ def _upcast(fwd: Graph, bwd: Graph) -> list[str]:
         op = _op(node)
         if op in TRANSCENDENTAL:
             entry = f"{op}: transcendental"
-        elif op in REDUCTIONS and op not in {"amax", "amin"}:
+        elif op in REDUCTIONS and op not in {"amax", "amin", "max", "min", "argmax", "argmin"}:
             entry = f"{op}: reduction, accumulated in fp32"
         else:
             continue
@@ -526,11 +551,11 @@ def understand(
         if not main:
             raise _Stop("inputs", "the main input is a scalar: nothing to tile")
         _check_ops(fwd, bwd)
-        reduction_dim = _reduction_dim(fwd, len(main))
-        feature = reduction_dim if reduction_dim is not None else -1
-        _check_bwd_reductions(bwd, feature % len(main))
+        reduction_dims = _reduction_dims(fwd, len(main))
+        block = reduction_dims or [-1]
+        _check_bwd_reductions(bwd, block)
         for spec in inputs + outputs:
-            b = _broadcast(spec.example_shape, main, feature)
+            b = _broadcast(spec.example_shape, main, block)
             if b is None:
                 raise _Stop(
                     spec.name,
@@ -554,13 +579,17 @@ def understand(
     per_feature = [s.name for s in inputs if s.requires_grad and s.broadcast in ("col", "scalar")]
     if not reductions:
         tier, reason = 1, "element-wise only (forward and backward)"
-    elif reduction_dim is not None:
-        tier, reason = 2, f"element-wise plus reductions over dim {reduction_dim}"
+    elif reduction_dims:
+        dims = reduction_dims[0] if len(reduction_dims) == 1 else reduction_dims
+        tier, reason = (
+            2,
+            f"element-wise plus reductions over dim{'s' * (len(reduction_dims) > 1)} {dims}",
+        )
     else:
         tier = 2
         grads = ", ".join(per_feature) or "broadcast inputs"
         reason = f"element-wise forward; the gradients of {grads} reduce over rows"
-    if reduction_dim is not None and per_feature:
+    if reduction_dims and per_feature:
         reason += f"; gradients of {', '.join(per_feature)} reduce over rows"
     profile = KernelProfile(
         **common,
@@ -568,7 +597,7 @@ def understand(
         tier_reason=reason,
         inputs=inputs,
         outputs=outputs,
-        reduction_dim=reduction_dim,
+        reduction_dims=reduction_dims,
         closest_kernel=_closest(tier, ops, inputs, fwd),
         launch=_launch(op_name, tier),
         benchmark_sweep=_sweep(tier),

@@ -1,0 +1,15 @@
+"""KL divergence of log_softmax(x) against target probabilities, 'batchmean'. Tier 3.
+
+Stops at aten.amax: reductions over two sets of dims (the row's log_softmax, then everything).
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def kl_div_loss(logits, target):
+    return F.kl_div(torch.log_softmax(logits, dim=-1), target, reduction="batchmean")
+
+
+def get_inputs():
+    return [torch.randn(16, 96), torch.softmax(torch.randn(16, 96), dim=-1)]

@@ -1,0 +1,14 @@
+"""One value per row with take_along_dim: y[r] = x[r, idx[r]]. Tier 3.
+
+Stops at aten.remainder: take_along_dim wraps negative indices with an exact remainder.
+"""
+
+import torch
+
+
+def take_along_dim_rows(x, idx):
+    return torch.take_along_dim(x, idx.unsqueeze(-1), dim=-1).squeeze(-1)
+
+
+def get_inputs():
+    return [torch.randn(4, 8, 96), torch.randint(0, 96, (4, 8))]

@@ -1,0 +1,229 @@
+"""Looped row kernels: rows longer than one program holds in registers, and reductions over
+every dim (a loss returning a scalar is one row of every element).
+
+The row is cut into chunks on separate programs, so a single long row still fills the GPU. The
+reductions are ordered by level: one whose input needs no other reduction is level 1, one that
+needs a level-1 value is level 2 (softmax: amax, then the sum of exp(x - max)). Each level is
+one launch of a partial kernel: every program walks its chunk in BLOCK_N tiles, recomputing the
+element-wise work from the inputs, and writes one fp32 partial per reduction; the launcher
+combines each row's partials in a fixed order (sum, max or min over the chunk axis, then the
+mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
+mean, then the centered sum of squares — so there is no cancellation. The last launch computes
+the outputs (or gradients) tile by tile from the inputs and the row values.
+
+This module turns the emitter's node lowering into the line lists of those kernels; the
+template assembles them (templates/staged.py.j2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelwright.profiles.kernel import GraphNode
+from kernelwright.workflows.create.lowering import _NEUTRAL, UnsupportedNode, _refs
+
+# the combine op of each reduction target, by aten name (var_mean is split in two slots)
+_COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.amin": "min"}
+
+
+@dataclass
+class Slot:
+    """One row value: a reduction (or half of a var_mean) held as fp32 per row."""
+
+    var: str  # its name in kernel code (f_amax, f_var_mean_1, ...)
+    op: str  # how partials combine: "sum", "max" or "min"
+    arg: str  # the reduced tile's expression
+    post: str  # applied by the launcher after combining: "", " / n" or " / (n - c)"
+    level: int
+
+
+@dataclass
+class Stage:
+    level: int
+    slots: list[int]  # the slots this launch computes (indices into Plan.slots)
+    lines: list[str] = field(default_factory=list)  # the tile loop's body, then accumulation
+
+
+@dataclass
+class Plan:
+    slots: list[Slot]
+    stages: list[Stage]
+    final: list[str]  # the output kernel's body: every row value is loaded
+
+
+class _Item:
+    def __init__(self, node: GraphNode, group: int, var: str, deps: list[str]):
+        self.node, self.group, self.var, self.deps = node, group, var, deps
+
+
+def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: list[str]) -> Plan:
+    """The staged kernels for the node groups (nodes, prefix, alias) the one-tile kernel emits
+    in that order; `roots`: the code names the last kernel needs (outputs or gradients)."""
+    items: list[_Item] = []
+    for g, (nodes, prefix, alias) in enumerate(groups):
+        names = {n.name for n in nodes} | set(alias)
+        for n in nodes:
+            if n.op != "call_function":
+                continue
+            refs = _refs(list(n.args), names) + _refs(list(n.kwargs.values()), names)
+            items.append(_Item(n, g, prefix + n.name, [alias.get(r, prefix + r) for r in refs]))
+    by_var = {it.var: it for it in items}
+    level: dict[str, int] = {}
+    slots: list[Slot] = []
+    owned: dict[str, list[int]] = {}  # reduction var -> its slots
+    for it in items:
+        n = it.node
+        base = max((level.get(d, 0) for d in it.deps), default=0)
+        if em.reduce_kind(n) == "row":
+            arg = it.deps[0] if it.deps else None
+            if arg is None:
+                raise UnsupportedNode(n.name, "a reduction of a constant")
+            aten = n.target.rsplit(".", 1)[0]
+            if aten == "aten.cumsum":
+                raise UnsupportedNode(n.name, "a scan: the looped kernels carry no prefix yet")
+            if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
+                raise UnsupportedNode(
+                    n.name, f"{n.target}: the looped kernels combine values, not their indices"
+                )
+            if aten == "aten.gather":
+                owned[it.var] = [len(slots)]
+                pick = f"tl.where(cols == {it.deps[1]}, {arg}, 0.0)"
+                slots.append(Slot(it.var, "sum", pick, "", base + 1))
+                level[it.var] = base + 1
+                continue
+            if aten in ("aten.var_mean", "aten.var"):
+                corr = n.kwargs.get("correction", 1)
+                corr = 1 if corr is None else corr
+                mean = Slot(f"{it.var}_1", "sum", arg, " / n", base + 1)
+                name = it.var if aten == "aten.var" else f"{it.var}_0"
+                var = Slot(
+                    name, "sum", f"({arg} - {it.var}_1) * ({arg} - {it.var}_1)",
+                    f" / (n - {float(corr)!r})", base + 2,
+                )  # fmt: skip
+                owned[it.var] = [len(slots), len(slots) + 1]
+                slots += [mean, var]
+                level[mean.var], level[var.var] = mean.level, var.level
+                level[it.var] = var.level
+                continue
+            post = " / n" if aten == "aten.mean" else ""
+            owned[it.var] = [len(slots)]
+            slots.append(Slot(it.var, _COMBINE[aten], arg, post, base + 1))
+            level[it.var] = base + 1
+            continue
+        if n.target == "getitem" and it.deps:
+            level[it.var] = level.get(f"{it.deps[0]}_{int(n.args[1])}", base)
+            continue
+        level[it.var] = base
+
+    def needed(start: list[str], k: int | None) -> set[str]:
+        """Vars to emit for `start`: reductions are loaded (slots below level k), and walked
+        through only when they own a slot of level k."""
+        need: set[str] = set()
+        stack = list(start)
+        while stack:
+            v = stack.pop()
+            it = by_var.get(v)
+            if it is None or v in need:
+                continue
+            need.add(v)
+            if it.var in owned:
+                if k is not None and any(slots[j].level == k for j in owned[it.var]):
+                    stack.extend(it.deps)
+                continue
+            stack.extend(it.deps)
+        return need
+
+    def body(need: set[str], k: int | None) -> list[str]:
+        loads: dict[str, list[str]] = {}
+        for var, js in owned.items():
+            loads[var] = [
+                f"{slots[j].var} = tl.load(red_ptr + {j} * M + rows, mask=rmask, other=0.0)"
+                for j in js if k is None or slots[j].level < k
+            ]  # fmt: skip
+        lines: list[str] = []
+        em.loads = loads
+        try:
+            for nodes, prefix, alias in groups:
+                chosen = [n for n in nodes
+                          if n.op == "placeholder" or prefix + n.name in need]  # fmt: skip
+                lines += em.emit(chosen, prefix, alias)
+        finally:
+            em.loads = None
+        return lines
+
+    depth = max((s.level for s in slots), default=0)
+    stages = []
+    for k in range(1, depth + 1):
+        mine = [j for j, s in enumerate(slots) if s.level == k]
+        start = [v for j in mine for v in (by_var[_owner(slots[j].var, owned)].var,)]
+        lines = body(needed(start, k), k)
+        for t, j in enumerate(mine):
+            s = slots[j]
+            tile = (
+                f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), {_NEUTRAL[s.op]})"
+            )
+            red = f"tl.{s.op}({tile}, axis=1)[:, None]"
+            if s.op == "sum":
+                lines.append(f"acc{t} += {red}")
+            else:
+                fn = "maximum" if s.op == "max" else "minimum"
+                lines.append(f"acc{t} = tl.{fn}(acc{t}, {red})")
+        stages.append(Stage(k, mine, lines))
+    final = body(needed(roots, None), None)
+    return Plan(slots, stages, final)
+
+
+def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
+    """The reduction var a slot belongs to (var_mean's slots are <var>_1 and <var>_0, var's
+    <var>_1 and <var>)."""
+    if slot_var in owned:
+        return slot_var
+    return slot_var.rsplit("_", 1)[0]
+
+
+# how the launcher combines a slot's partials over the chunk axis
+COMBINE = {"sum": "sum", "max": "amax", "min": "amin"}
+
+
+def kernels(
+    em,
+    kind: str,
+    groups,
+    roots: list[str],
+    used: list[int],
+    ph: list[str],
+    n_dys: int,
+    outs: list[dict],
+) -> dict:
+    """The template's view of one direction's looped kernels ("fwd" or "bwd"): `used` are the
+    input indices the launcher's `ins` list holds, in order; `outs` the stored values."""
+    import re
+
+    p = plan(em, groups, roots)
+
+    def reads(lines: list[str]) -> dict:
+        text = "\n".join(lines)
+        ins = [
+            (i, pos) for pos, i in enumerate(used) if re.search(rf"\bf_{re.escape(ph[i])}\b", text)
+        ]
+        dys = [d for d in range(n_dys) if re.search(rf"\bdy_{d}\b", text)]
+        return {"ins": ins, "dys": dys}
+
+    parts = []
+    for st in p.stages:
+        slots = []
+        for t, j in enumerate(st.slots):
+            s = p.slots[j]
+            slots.append((t, {"var": s.var, "op": s.op, "post": s.post, "index": j}))
+        parts.append({"level": st.level, "lines": st.lines, "slots": slots, **reads(st.lines)})
+    last_text = p.final + [o["value"] for o in outs]
+    last = {"lines": p.final, **reads(last_text)}
+    return {
+        "kind": kind,
+        "unsupported": None,
+        "parts": parts,
+        "last": last,
+        "outs": outs,
+        "n_slots": max(1, len(p.slots)),
+        "max_slots": max((len(st.slots) for st in p.stages), default=1),
+    }
