@@ -545,6 +545,7 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "p": profile,
         **_test_shapes(em, looped_ok),
         "looped_ok": looped_ok,
+        "scan": any(n.target == "aten.cumsum.default" for n in em.fwd + em.bwd),
         "looped": looped,
         # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
         "dropped": [
