@@ -56,6 +56,7 @@ class Layout:
     block: tuple[int, ...]
     out_kinds: tuple[str, ...] = ("full",)
     long_rows: bool = False  # a row kernel that runs rows longer than one program holds
+    float_outs: tuple[int, ...] | None = None  # the outputs a backward runs through (not indices)
 
     @property
     def classic(self) -> bool:
@@ -200,7 +201,11 @@ def make_spec(
         sweeps=_sweeps(points),
         quick_sweeps=_quick(points, layout is not None and layout.long_rows),
         interpreter_sweeps=tiny,
-        backward_through=tuple(range(n_outputs)),
+        backward_through=(
+            layout.float_outs
+            if layout and layout.float_outs is not None
+            else tuple(range(n_outputs))
+        ),  # fmt: skip
         notes={
             "torch": "the reference from the profile's source, eager, in the benchmark dtype",
             "torch_compile": "the same reference under torch.compile (static shapes)",

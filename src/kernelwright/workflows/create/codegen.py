@@ -539,12 +539,18 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
                                              used, em.f_ph, n_dys, kouts))  # fmt: skip
             except UnsupportedNode as e:  # rows up to BLOCK_N still run; longer ones raise
                 looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
+    # an output's torch dtype when it is not the first input's (max/argmax indices)
+    out_dtypes = [
+        _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
+        for o in _output_args(em.fwd)[: len(profile.outputs)]
+    ]
     # rows longer than BLOCK_N run (the looped kernels exist and store nothing)
     looped_ok = all(not fb["unsupported"] for fb in looped) and not profile.stored
     ctx = {
         "p": profile,
         **_test_shapes(em, looped_ok),
         "looped_ok": looped_ok,
+        "float_outs": [k for k, d in enumerate(out_dtypes) if d == "None"],
         "scan": any(n.target == "aten.cumsum.default" for n in em.fwd + em.bwd),
         "looped": looped,
         # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
@@ -584,11 +590,7 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "cfg": _config(profile, em.row),
         "row": em.row,
         "out_kinds": out_kinds,
-        # an output's torch dtype when it is not the first input's (max/argmax indices)
-        "out_dtypes": [
-            _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
-            for o in _output_args(em.fwd)[: len(profile.outputs)]
-        ],  # fmt: skip
+        "out_dtypes": out_dtypes,
         # stored intermediates (profile.stored): extra forward outputs the backward loads
         "stored": profile.stored,
         "st_kinds": st_kinds,
