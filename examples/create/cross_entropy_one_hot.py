@@ -1,6 +1,7 @@
 """Per-row one-hot cross-entropy: y[r] = -sum(one_hot(t[r]) * log_softmax(x[r])). Tier 3.
 
-Stops at aten.any: one_hot's range check reduces a bool tensor.
+Stops at aten.any (one_hot's range check reduces a bool tensor; on the CPU) or aten.arange
+(the index grid it compares against; on a GPU).
 """
 
 import torch
