@@ -227,3 +227,27 @@ def test_missing_sources():
         load_reference("just_a_name")
     with pytest.raises(ReferenceError, match="cannot import"):
         load_reference("no_such_pkg_xyz.mod:fn")
+
+
+def test_a_reduction_over_the_rows_values_becomes_the_tail(tmp_path):
+    # cross-entropy's mean over rows: the kernel computes each row's loss (the head, traced
+    # again on its own), the mean runs after it in PyTorch
+    p = profile_of("cross_entropy_mean")
+    assert p.tier == 2 and p.reduction_dims == [-1]
+    assert [(s.name, s.example_shape, s.broadcast) for s in p.outputs] == [("y", [32], "row")]
+    assert [n.target for n in p.tail.nodes if n.op == "call_function"] == [
+        "aten.mean.default", "aten.neg.default"]  # fmt: skip
+    assert any(n.startswith("tail (PyTorch") and "mean(row0)" in n for n in p.notes)
+    assert KernelProfile.from_yaml(p.to_yaml()).tail == p.tail
+    # a tail that reads the traced row count as a constant would be wrong at other sizes
+    path = _write(tmp_path, "rows_baked.py", """
+        import torch
+
+        def rows_baked(x):
+            return x.pow(2).sum(-1).sum() / 4
+
+        def get_inputs():
+            return [torch.randn(4, 96)]
+        """)  # fmt: skip
+    baked = understand(str(path))
+    assert baked.tier == 3 and "row count 4" in baked.unsupported_reason

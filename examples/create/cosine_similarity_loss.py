@@ -1,7 +1,5 @@
-"""Cosine-similarity loss: y = 1 - mean_r(cos(a[r, :], b[r, :])), one scalar. Tier 3.
-
-Stops at aten.mean: a second reduction, the mean over the rows' similarities.
-"""
+"""Cosine-similarity loss: y = 1 - mean_r(cos(a[r, :], b[r, :])), one scalar. Tier 2 (the
+mean over the rows' similarities is the profile's tail)."""
 
 import torch
 import torch.nn.functional as F

@@ -108,6 +108,10 @@ class KernelProfile(YamlProfile):
     reduction_dims: list[int] = Field(default_factory=list)
     forward: Graph = Field(default_factory=Graph)
     backward: Graph = Field(default_factory=Graph)
+    # after a reduction over the rows' values (cross-entropy's mean): the ops from there on,
+    # over the kernel's per-row outputs (placeholders row0, row1, ... in output order), run
+    # in PyTorch after the kernel; empty when the kernel's outputs are the reference's
+    tail: Graph = Field(default_factory=Graph)
     # readable gradient formulas, one per differentiable input: "dx = dy * 2 * relu(x)"
     gradients: list[str] = Field(default_factory=list)
     # torch.compile's choice, a record from the trace (the generator reads `stored` instead):

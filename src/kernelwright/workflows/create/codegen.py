@@ -596,6 +596,8 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "st_kinds": st_kinds,
         "st_dtypes": [_ST_DTYPES[t.dtype] for t in profile.stored],
         "ref_lines": _ref_lines(profile, em),
+        "tail_lines": _tail_lines(profile, em) if profile.tail.nodes else [],
+        "tail_args": [n.name for n in profile.tail.nodes if n.op == "placeholder"],
         "ref_grad_lines": _ref_grad_lines(profile, em) if has_bwd else [],
         "params": [i for i in profile.inputs if i.role == "parameter"],
         "args": [i for i in profile.inputs if i.role != "parameter"],
@@ -677,9 +679,21 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     # what only the backward saves is not part of the reference
     lines += _eager_lines(profile, em, em.fwd_needed(outs), set(em.fwd_by), em.row)
     lines.append("return " + ", ".join(outs))
+    if profile.tail.nodes:  # the rows' values go on through the tail
+        lines[-1] = f"return {profile.name}_tail({', '.join(outs)})"
     if em.row and not any("_shape" in ln for ln in lines[1:]):
         lines.pop(0)  # no shape rewritten: keep the reference free of an unused name
     return lines
+
+
+def _tail_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
+    """The tail (profile.tail) as eager aten calls in fp32 over the kernel's per-row outputs."""
+    nodes = profile.tail.nodes
+    names = {n.name for n in nodes}
+    calls = [n for n in nodes if n.op == "call_function"]
+    lines = [f"_device = {nodes[0].name}.device"]
+    lines += _eager_lines(profile, em, calls, names, False, row_consts=False)
+    return lines + ["return " + ", ".join(str(o) for o in _output_args(nodes))]
 
 
 def _ref_grad_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
@@ -706,7 +720,12 @@ def _ref_grad_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
 
 
 def _eager_lines(
-    profile: KernelProfile, em: _Emitter, nodes: list[GraphNode], names: set[str], rewrite: bool
+    profile: KernelProfile,
+    em: _Emitter,
+    nodes: list[GraphNode],
+    names: set[str],
+    rewrite: bool,
+    row_consts: bool = True,
 ) -> list[str]:
     """One eager `torch.ops.aten` call per graph node, in fp32. With `rewrite`, the traced
     shapes, reduced dims and row length are expressed through the runtime `_shape`."""
@@ -786,11 +805,11 @@ def _eager_lines(
                 conv_args.append("-1")  # a per-row value [...] given back its row dim
             elif rewrite and i == 1 and (n.target in _REDUCE or n.target in _DIM_OPS):
                 conv_args.append(dims_expr(v))
-            elif em._is_n(n, v):
+            elif row_consts and em._is_n(n, v):
                 conv_args.append(em.n_expr)
-            elif em.n_frac(n, v):
+            elif row_consts and em.n_frac(n, v):
                 conv_args.append(f"({em.n_frac(n, v)} / {em.n_expr})")
-            elif em.n1_frac(n, v):
+            elif row_consts and em.n1_frac(n, v):
                 conv_args.append(f"({em.n1_frac(n, v)} / ({em.n_expr} - 1))")
             else:
                 conv_args.append(conv(v))

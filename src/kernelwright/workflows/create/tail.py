@@ -89,8 +89,14 @@ def split(
     if not all(isinstance(o, str) and o in tail for o in outs):
         raise TailError("output", "an output is not computed from the rows' reduction")
     nodes = [n for n in forward.nodes if n.name in tail]
+    rows = 1
+    for d in by[starts[0].args[0]].shape or []:
+        rows *= d
     for n in nodes:
         op = short_name(n.target)
+        consts = [a for a in n.args if isinstance(a, (int, float)) and not isinstance(a, bool)]
+        if rows > 1 and any(c == rows or (c and abs(c * rows - 1) < 1e-9) for c in consts):
+            raise TailError(n.name, f"the traced row count {rows} is baked into {n.target}")
         if op in _TAIL_REDUCTIONS:
             dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
             rank = len(by[n.args[0]].shape or [])
@@ -175,3 +181,23 @@ def head_reference(ref: Reference, forward: Graph, head_outs: list[str]) -> Refe
         example_inputs=list(ref.example_inputs) + list(ref.params),
         function=head,
     )
+
+
+def rename(graph: Graph, head_outs: list[str]) -> Graph:
+    """The tail with its inputs named row0, row1, ... (the kernel's outputs, in order)."""
+    names = {h: f"row{i}" for i, h in enumerate(head_outs)}
+
+    def ren(a: Any) -> Any:
+        if isinstance(a, list):
+            return [ren(x) for x in a]
+        return names.get(a, a) if isinstance(a, str) else a
+
+    nodes = []
+    for n in graph.nodes:
+        nodes.append(n.model_copy(update={
+            "name": names.get(n.name, n.name),
+            "target": names.get(n.target, n.target) if n.op == "placeholder" else n.target,
+            "args": ren(list(n.args)),
+            "kwargs": {k: ren(v) for k, v in n.kwargs.items()},
+        }))  # fmt: skip
+    return Graph(nodes=nodes)

@@ -38,6 +38,7 @@ from kernelwright.profiles.kernel import (
     StoredTensor,
     TensorSpec,
 )
+from kernelwright.workflows.create import tail
 from kernelwright.workflows.create.load import Reference, load_reference
 from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED
 from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
@@ -534,6 +535,24 @@ def understand(
 
     inputs, outputs = _specs(ref, traced)
     main = inputs[_main_index(inputs)].example_shape
+    tail_graph, tail_stop = Graph(), None
+    starts = tail.tail_start(traced.forward, len(main), REDUCTIONS)
+    if starts:  # a reduction over the rows' values: the kernel computes the rows (the head)
+        try:
+            head_outs, tail_graph = tail.split(
+                traced.forward, starts, ELEMENTWISE, len(traced.output_names)
+            )
+            head = trace(tail.head_reference(ref, traced.forward, head_outs))
+            tail_graph = tail.rename(tail_graph, head_outs)
+            notes.append(
+                "tail (PyTorch, after the kernel, on its per-row outputs): "
+                + "; ".join(f"{o} = {formula(tail_graph, o)}" for o in traced.output_names)
+            )
+            traced = head
+            inputs, outputs = _specs(ref, traced)
+        except (tail.TailError, TraceError) as e:
+            tail_graph = Graph()
+            tail_stop = (getattr(e, "node", "tail"), getattr(e, "reason", str(e)))
     fwd, bwd = traced.forward, traced.backward
     ops = {_op(n) for n in _calls(fwd) + _calls(bwd)}
     common = dict(
@@ -550,6 +569,8 @@ def understand(
     try:
         if not main:
             raise _Stop("inputs", "the main input is a scalar: nothing to tile")
+        if tail_stop:
+            raise _Stop(*tail_stop)
         _check_ops(fwd, bwd)
         reduction_dims = _reduction_dims(fwd, len(main))
         block = reduction_dims or [-1]
@@ -598,6 +619,7 @@ def understand(
         inputs=inputs,
         outputs=outputs,
         reduction_dims=reduction_dims,
+        tail=tail_graph,
         closest_kernel=_closest(tier, ops, inputs, fwd),
         launch=_launch(op_name, tier),
         benchmark_sweep=_sweep(tier),
