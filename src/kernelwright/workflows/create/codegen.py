@@ -102,6 +102,8 @@ class _Emitter:
         # set by staged.plan while it emits: a row reduction's var -> the lines loading its
         # row values from the launcher's buffer (None: reductions are computed in place)
         self.loads: dict[str, list[str]] | None = None
+        # and a scan's carry into the current tile (the sum of the row before it), by var
+        self.carry: dict[str, str] = {}
 
     @property
     def shaped_ph(self) -> list[str]:
@@ -280,8 +282,9 @@ class _Emitter:
                     flipped[out] = code[0]
                 continue
             if n.target == "aten.cumsum.default" and code[0] in flipped:
+                carry = f" + {self.carry[out]}" if out in self.carry else ""
                 lines.append(f"{out}_r = tl.cumsum(tl.where(cmask, {flipped[code[0]]}, 0.0), "
-                             "axis=1, reverse=True)")  # fmt: skip
+                             f"axis=1, reverse=True){carry}")  # fmt: skip
                 flipped[out] = f"{out}_r"
                 continue
             if any(c in flipped for c in code):

@@ -8,8 +8,11 @@ one launch of a partial kernel: every program walks its chunk in BLOCK_N tiles, 
 element-wise work from the inputs, and writes one fp32 partial per reduction; the launcher
 combines each row's partials in a fixed order (sum, max or min over the chunk axis, then the
 mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
-mean, then the centered sum of squares — so there is no cancellation. The last launch computes
-the outputs (or gradients) tile by tile from the inputs and the row values.
+mean, then the centered sum of squares — so there is no cancellation. A scan (cumsum) stores
+each tile's total; the launcher turns the totals into each tile's carry (an exclusive prefix,
+or suffix for a flipped row) and every later kernel scans its tile and adds the carry. The
+last launch computes the outputs (or gradients) tile by tile from the inputs and the row
+values.
 
 This module turns the emitter's node lowering into the line lists of those kernels; the
 template assembles them (templates/staged.py.j2).
@@ -35,6 +38,8 @@ class Slot:
     arg: str  # the reduced tile's expression
     post: str  # applied by the launcher after combining: "", " / n" or " / (n - c)"
     level: int
+    reverse: bool = False  # a scan from the row's end (cumsum of a flipped row)
+    scan: int = -1  # a scan's index among the scans: its tile totals, then carries
 
 
 @dataclass
@@ -80,7 +85,17 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 raise UnsupportedNode(n.name, "a reduction of a constant")
             aten = n.target.rsplit(".", 1)[0]
             if aten == "aten.cumsum":
-                raise UnsupportedNode(n.name, "a scan: the looped kernels carry no prefix yet")
+                # per tile of the row: its total, then (launcher) the exclusive prefix of the
+                # totals before it — or after it, for a flipped row — added to the tile's scan
+                u, reverse, src = arg, False, by_var.get(arg)
+                while src is not None and src.node.target == "aten.flip.default" and src.deps:
+                    u, reverse = src.deps[0], not reverse  # flip(flip(v)) is v
+                    src = by_var.get(u)
+                owned[it.var] = [len(slots)]
+                n_scans = sum(1 for s in slots if s.op == "scan")
+                slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans))
+                level[it.var] = base + 1
+                continue
             if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
                 raise UnsupportedNode(
                     n.name, f"{n.target}: the looped kernels combine values, not their indices"
@@ -127,28 +142,43 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 continue
             need.add(v)
             if it.var in owned:
-                if k is not None and any(slots[j].level == k for j in owned[it.var]):
-                    stack.extend(it.deps)
+                mine = k is not None and any(slots[j].level == k for j in owned[it.var])
+                if mine or any(slots[j].op == "scan" for j in owned[it.var]):
+                    stack.extend(it.deps)  # a scan's tile is scanned again where it is read
                 continue
             stack.extend(it.deps)
         return need
 
     def body(need: set[str], k: int | None) -> list[str]:
         loads: dict[str, list[str]] = {}
+        carry: dict[str, str] = {}
         for var, js in owned.items():
+            ready = [j for j in js if k is None or slots[j].level < k]
             loads[var] = [
                 f"{slots[j].var} = tl.load(red_ptr + {j} * M + rows, mask=rmask, other=0.0)"
-                for j in js if k is None or slots[j].level < k
+                for j in ready if slots[j].op != "scan"
             ]  # fmt: skip
+            for j in ready:
+                s = slots[j]
+                if s.op == "scan":
+                    carry[var] = (
+                        f"tl.load(scan_ptr + ({s.scan} * M + rows) * TILES + tile, mask=rmask, "
+                        "other=0.0)"
+                    )
+                    if not s.reverse:
+                        loads[var] = [
+                            f"{var} = tl.cumsum(tl.where(cmask, {s.arg}, 0.0), axis=1) + "
+                            f"{carry[var]}"
+                        ]
         lines: list[str] = []
-        em.loads = loads
+        em.loads, em.carry = loads, carry
         try:
             for nodes, prefix, alias in groups:
                 chosen = [n for n in nodes
                           if n.op == "placeholder" or prefix + n.name in need]  # fmt: skip
                 lines += em.emit(chosen, prefix, alias)
         finally:
-            em.loads = None
+            em.loads, em.carry = None, {}
         return lines
 
     depth = max((s.level for s in slots), default=0)
@@ -157,7 +187,15 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
         mine = [j for j, s in enumerate(slots) if s.level == k]
         start = [v for j in mine for v in (by_var[_owner(slots[j].var, owned)].var,)]
         lines = body(needed(start, k), k)
-        for t, j in enumerate(mine):
+        for j in mine:
+            s = slots[j]
+            if s.op == "scan":  # the tile's total, for the launcher's carries
+                total = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), 0.0)"
+                lines.append(
+                    f"tl.store(scan_ptr + ({s.scan} * M + rows) * TILES + tile, "
+                    f"tl.sum({total}, axis=1)[:, None], mask=rmask)"
+                )
+        for t, j in enumerate(j for j in mine if slots[j].op != "scan"):
             s = slots[j]
             tile = (
                 f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), {_NEUTRAL[s.op]})"
@@ -211,11 +249,16 @@ def kernels(
 
     parts = []
     for st in p.stages:
-        slots = []
-        for t, j in enumerate(st.slots):
+        slots, scans = [], []
+        for j in st.slots:
             s = p.slots[j]
-            slots.append((t, {"var": s.var, "op": s.op, "post": s.post, "index": j}))
-        parts.append({"level": st.level, "lines": st.lines, "slots": slots, **reads(st.lines)})
+            info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse}
+            if s.op == "scan":
+                scans.append((s.scan, info))
+            else:
+                slots.append((len(slots), info))
+        parts.append({"level": st.level, "lines": st.lines, "slots": slots, "scans": scans,
+                      **reads(st.lines)})  # fmt: skip
     last_text = p.final + [o["value"] for o in outs]
     last = {"lines": p.final, **reads(last_text)}
     return {
@@ -225,5 +268,8 @@ def kernels(
         "last": last,
         "outs": outs,
         "n_slots": max(1, len(p.slots)),
-        "max_slots": max((len(st.slots) for st in p.stages), default=1),
+        "max_slots": max(
+            (sum(1 for j in st.slots if p.slots[j].op != "scan") for st in p.stages), default=1
+        ),
+        "n_scans": sum(1 for s in p.slots if s.op == "scan"),
     }
