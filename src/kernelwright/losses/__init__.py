@@ -1,0 +1,29 @@
+"""Post-training losses on one fused log-prob primitive (issue 35, in progress).
+
+    from kernelwright.losses import fused_linear_logprobs, sequence_logprobs, dpo_loss, grpo_loss
+
+`fused_linear_logprobs` gives each token's log-probability of its target under
+softmax((hidden @ weight.T + bias) / temperature) without the [tokens, vocab] logits (chunked,
+on the fused linear cross-entropy kernels). Each loss is a short function of log-probs kept in
+this package, once: preference losses in `preference.py`, policy-gradient losses in `rl.py`.
+"""
+
+from kernelwright.losses.logprobs import (
+    fused_linear_logprobs,
+    fused_linear_logprobs_ref,
+    sequence_logprobs,
+)
+from kernelwright.losses.preference import DPO_LOSS_TYPES, cpo_loss, dpo_loss, simpo_loss
+from kernelwright.losses.rl import GRPO_LOSS_TYPES, grpo_loss
+
+__all__ = [
+    "DPO_LOSS_TYPES",
+    "GRPO_LOSS_TYPES",
+    "cpo_loss",
+    "dpo_loss",
+    "fused_linear_logprobs",
+    "fused_linear_logprobs_ref",
+    "grpo_loss",
+    "sequence_logprobs",
+    "simpo_loss",
+]

@@ -1,0 +1,201 @@
+"""kernelwright.losses: the fused log-prob primitive against the unfused logits, and each loss
+against its paper's formula written out here independently (values and gradients)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICE
+
+from kernelwright.losses import (
+    DPO_LOSS_TYPES,
+    cpo_loss,
+    dpo_loss,
+    fused_linear_logprobs,
+    fused_linear_logprobs_ref,
+    grpo_loss,
+    sequence_logprobs,
+    simpo_loss,
+)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_linear_logprobs_matches_the_unfused_logits(temperature, with_bias):
+    g = torch.Generator().manual_seed(0)
+    T, H, V = 37, 16, 53
+    hidden = torch.randn(2, T, H, generator=g).to(DEVICE).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.3).to(DEVICE).requires_grad_()
+    bias = torch.randn(V, generator=g).to(DEVICE).requires_grad_() if with_bias else None
+    target = torch.randint(0, V, (2, T), generator=g).to(DEVICE)
+    target[0, :5] = -100  # prompt tokens: no log-prob
+    kw = dict(bias=bias, temperature=temperature)
+    got = fused_linear_logprobs(hidden, weight, target, chunk_size=16, **kw)
+    want = fused_linear_logprobs_ref(hidden, weight, target, **kw)
+    assert got.shape == target.shape and got.dtype == torch.float32
+    assert (got[0, :5] == 0).all() and (got[:, 5:] < 0).all()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    dy = torch.randn(got.shape, generator=g).to(DEVICE)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    got_g, want_g = torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy)
+    for a, b in zip(got_g, want_g, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_linear_logprobs_rejects_a_bad_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        fused_linear_logprobs(torch.randn(2, 4), torch.randn(5, 4), torch.zeros(2).long(),
+                              temperature=0.0)  # fmt: skip
+
+
+def test_sequence_logprobs_sum_and_mean_over_the_mask():
+    lp = torch.tensor([[-1.0, -2.0, -4.0], [-0.5, -0.5, -9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert sequence_logprobs(lp, mask).tolist() == [-3.0, -0.5]
+    assert sequence_logprobs(lp, mask, average=True).tolist() == [-1.5, -0.5]
+
+
+def _logps(n: int = 7, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, generator=g) * 4 - 30).requires_grad_() for _ in range(4)]
+
+
+def _neg_log_sigmoid(z: torch.Tensor) -> torch.Tensor:
+    # written out, not F.logsigmoid: log(1 + exp(-z)), stable for either sign
+    return torch.where(z > 0, torch.log1p(torch.exp(-z)), -z + torch.log1p(torch.exp(z)))
+
+
+@pytest.mark.parametrize("loss_type", DPO_LOSS_TYPES)
+@pytest.mark.parametrize("eps", [0.0, 0.15])
+def test_dpo_loss_types_follow_their_formulas(loss_type, eps):
+    c, r, rc, rr = _logps()
+    beta = 0.3
+    losses, chosen_rw, rejected_rw = dpo_loss(c, r, rc, rr, beta=beta, loss_type=loss_type,
+                                              label_smoothing=eps)  # fmt: skip
+    h = (c - r) - (rc - rr)  # the implicit reward margin over the reference
+    want = {
+        "sigmoid": (1 - eps) * _neg_log_sigmoid(beta * h) + eps * _neg_log_sigmoid(-beta * h),
+        "robust": ((1 - eps) * _neg_log_sigmoid(beta * h) - eps * _neg_log_sigmoid(-beta * h))
+        / (1 - 2 * eps),
+        "hinge": torch.clamp(1 - beta * h, min=0),
+        "ipo": (h - 1 / (2 * beta)) ** 2,
+    }[loss_type]
+    torch.testing.assert_close(losses, want)
+    torch.testing.assert_close(chosen_rw, beta * (c - rc).detach())
+    torch.testing.assert_close(rejected_rw, beta * (r - rr).detach())
+    got = torch.autograd.grad(losses.sum(), [c, r, rc, rr])
+    ref = torch.autograd.grad(want.sum(), [c, r, rc, rr])
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_dpo_reference_free_is_a_zero_reference():
+    c, r, _, _ = _logps(seed=1)
+    free, _, _ = dpo_loss(c, r, beta=0.5)
+    zero, _, _ = dpo_loss(c, r, torch.zeros(7), torch.zeros(7), beta=0.5)
+    torch.testing.assert_close(free, zero)
+
+
+def test_dpo_says_what_is_wrong():
+    c, r, rc, rr = _logps()
+    with pytest.raises(ValueError, match="loss_type"):
+        dpo_loss(c, r, rc, rr, loss_type="sigmoids")
+    with pytest.raises(ValueError, match="both reference"):
+        dpo_loss(c, r, rc, None)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        dpo_loss(c, r, rc, rr, label_smoothing=0.5)
+    with pytest.raises(ValueError, match="share a shape"):
+        dpo_loss(c, r[:3], rc, rr)
+
+
+def test_simpo_and_cpo_follow_their_formulas():
+    c, r, _, _ = _logps(seed=2)
+    losses, _, _ = simpo_loss(c / 10, r / 10, beta=2.0, gamma=0.5)
+    torch.testing.assert_close(losses, _neg_log_sigmoid(2.0 * (c - r) / 10 - 0.5))
+    losses, cw, _ = cpo_loss(c, r, beta=0.1, label_smoothing=0.1)
+    want = 0.9 * _neg_log_sigmoid(0.1 * (c - r)) + 0.1 * _neg_log_sigmoid(-0.1 * (c - r))
+    torch.testing.assert_close(losses, want)
+    torch.testing.assert_close(cw, 0.1 * c.detach())
+
+
+def _grpo_batch():
+    logps = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([1.0, -2.0])
+    return logps, mask, adv
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "kw", "want"),
+    [
+        # on-policy (ratio 1): per token -A; row 0 has two tokens of -1, row 1 three of +2
+        ("grpo", {}, ((-2 / 2) + (6 / 3)) / 2),
+        ("bnpo", {}, (-2 + 6) / 5),
+        ("dr_grpo", {"max_completion_length": 4}, (-2 + 6) / (2 * 4)),
+        ("dapo", {}, (-2 + 6) / 5),
+        ("dapo", {"num_items_in_batch": 10}, (-2 + 6) / 10),
+    ],
+)
+def test_grpo_loss_types_normalise_as_documented(loss_type, kw, want):
+    logps, mask, adv = _grpo_batch()
+    loss, metrics = grpo_loss(logps, adv, mask, loss_type=loss_type, **kw)
+    assert loss.item() == pytest.approx(want)
+    assert metrics["clip_ratio"].item() == 0.0
+    # on-policy (ratio 1) the gradient is the advantage-weighted score, -A per token, times
+    # the same normalisation; masked tokens get none
+    (grad,) = torch.autograd.grad(loss, [logps])
+    m = mask.float()
+    weight = {
+        "grpo": 1 / (m.sum(-1, keepdim=True) * 2),
+        "bnpo": torch.tensor(1 / 5),
+        "dr_grpo": torch.tensor(1 / 8),
+        "dapo": torch.tensor(1 / kw.get("num_items_in_batch", 5)),
+    }[loss_type]
+    torch.testing.assert_close(grad, -adv[:, None] * weight * m)
+
+
+def test_grpo_clipping_and_kl_follow_the_formula():
+    logps, mask, adv = _grpo_batch()
+    old = logps.detach() + torch.tensor([[0.5, -0.5, 0.0], [0.3, -0.3, 0.1]])
+    ref = logps.detach() + 0.2
+    beta, lo, hi = 0.05, 0.2, 0.28
+    loss, metrics = grpo_loss(logps, adv, mask, old_logps=old, ref_logps=ref, beta=beta,
+                              epsilon_low=lo, epsilon_high=hi, loss_type="bnpo")  # fmt: skip
+    ratio = torch.exp(logps - old)
+    a = adv[:, None]
+    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - lo, 1 + hi) * a)
+    d = ref - logps
+    kl = torch.exp(d) - d - 1
+    m = mask.float()
+    want = ((-surrogate + beta * kl) * m).sum() / m.sum()
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(metrics["kl"], (kl * m).sum().detach() / m.sum())
+    clipped = ((ratio < 1 - lo) & (a < 0)) | ((ratio > 1 + hi) & (a > 0))
+    torch.testing.assert_close(metrics["clip_ratio"], (clipped.float() * m).sum() / m.sum())
+    assert 0 < metrics["clip_ratio"].item() < 1
+    g1 = torch.autograd.grad(loss, [logps])[0]
+    g2 = torch.autograd.grad(want, [logps])[0]
+    torch.testing.assert_close(g1, g2)
+
+
+def test_grpo_sequence_level_ratio_is_one_per_sequence():
+    logps, mask, adv = _grpo_batch()
+    old = logps.detach() + torch.tensor([[0.5, -0.1, 9.0], [0.3, -0.3, 0.1]])  # 9: masked
+    loss, _ = grpo_loss(logps, adv, mask, old_logps=old, importance_sampling_level="sequence",
+                        loss_type="grpo", epsilon_low=10.0)  # fmt: skip
+    m = mask.float()
+    seq = torch.exp(((logps - old) * m).sum(-1) / m.sum(-1))  # the masked mean log-ratio
+    want = ((-(seq * adv)[:, None] * m).sum(-1) / m.sum(-1)).mean()
+    torch.testing.assert_close(loss, want)
+
+
+def test_grpo_says_what_is_wrong():
+    logps, mask, adv = _grpo_batch()
+    with pytest.raises(ValueError, match="ref_logps"):
+        grpo_loss(logps, adv, mask, beta=0.1)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo_loss(logps, adv, mask, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo_loss(logps, adv, mask, loss_type="ppo")
+    with pytest.raises(ValueError, match=r"\[B, T\]"):
+        grpo_loss(logps[0], adv, mask)
