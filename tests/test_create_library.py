@@ -132,3 +132,36 @@ def test_a_created_op_is_found_by_kernelwright_compile(dyt_profile, tmp_path):
     torch.testing.assert_close(out, want_out)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
+
+
+def test_a_created_op_joins_bench_optimize_and_the_registry(profile, tmp_path):
+    """The lifecycle chain on one created op: create --into-library, then the registry lists
+    it with its launch table and benchmark, `get_spec` builds that benchmark, and the optimize
+    workflow runs on it (a dry run: interpreter correctness, placeholder timings) and proposes
+    a table without touching the op's module."""
+    from kernelwright import registry
+    from kernelwright.bench.specs import get_spec
+    from kernelwright.workflows.optimize import OptimizeOptions, optimize
+
+    result = L.into_library(profile, tmp_path / "log")
+    assert result.passed, result.log[-2000:]
+    entry = registry.get(NAME)
+    assert entry.generated and entry.table == f"kernelwright.ops.generated.{NAME}"
+    module_file = Path(entry.load().__file__)
+    before = module_file.read_bytes()
+    assert set(entry.load().TABLE) == {"fwd", "bwd"}
+    spec = get_spec(NAME)
+    assert spec.op == NAME and spec.dims == ("rows", "cols")
+    assert [p.name for p in spec.providers] == ["kernelwright", "torch", "torch_compile"]
+
+    shapes = [{"rows": 16, "cols": 256}, {"rows": 16, "cols": 1024}]
+    run = optimize(OptimizeOptions(NAME, yes=True, workspace=tmp_path / "ws", max_variants=2,
+                                   dry_run=True, gpu="hopper", shapes=shapes))  # fmt: skip
+    assert run.stage == "done", run
+    first = run.records[0]
+    assert first.strategy == "launch_sweep" and first.smoke_passed  # matched its reference
+    assert "rel-err" in first.smoke_detail and first.verdict == "accepted"
+    # the proposal is the op's module with TABLE rewritten for the tuned architecture
+    proposed = (run.workspace / "proposed_table.py").read_text()
+    assert '"hopper": [' in proposed and f"def {entry.function}(" in proposed
+    assert module_file.read_bytes() == before  # a dry run writes nothing into the library

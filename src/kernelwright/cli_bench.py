@@ -96,8 +96,8 @@ def bench(
     from kernelwright.bench.specs import get_spec
 
     console = make_console()
-    if op == "all":
-        specs = list(SPECS.values())
+    if op == "all":  # the library's ops, then those `create --into-library` added
+        specs = list(SPECS.values()) + [get_spec(e.name) for e in registry.entries() if e.generated]
     else:
         try:
             specs = [get_spec(op)]

@@ -75,13 +75,14 @@ def get(name: str) -> OpEntry:
 
 
 def benchmarked() -> list[str]:
-    """The benchmark spec names the ops declare, in registry order."""
-    return [e.bench for e in ENTRIES if e.bench]
+    """The benchmark spec names the ops declare, in registry order (created ops last)."""
+    return [e.bench for e in entries() if e.bench]
 
 
 def tuned() -> list[str]:
-    """The ops with a launch-config table (what the optimize workflow can retune)."""
-    return [e.name for e in ENTRIES if e.table]
+    """The ops with a launch-config table (what the optimize workflow can retune), created
+    ops included."""
+    return [e.name for e in entries() if e.table]
 
 
 def hf_activations() -> dict[str, str]:

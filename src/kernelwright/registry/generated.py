@@ -43,6 +43,10 @@ def entry_of(path: Path, package: str) -> OpEntry | None:
         function=functions[0] if functions else name,
         module_class=classes[0] if classes else None,
         tests=f"tests/generated/test_generated_{name}.py",
+        # the module holds its launch table (TABLE) and its benchmark (BENCH): `optimize` and
+        # `bench` take a created op as they take the library's
+        table=f"{package}.{name}",
+        bench=name,
         generated=True,
     )
 

@@ -141,6 +141,11 @@ def get_spec(op: str) -> BenchSpec:
     """The benchmark spec named `op`; an unknown name says which ops have one."""
     if op in SPECS:
         return SPECS[op]
+    created = {e.name: e for e in registry.entries() if e.generated}
+    if op in created:  # an op `create --into-library` added: its module declares its benchmark
+        from kernelwright.bench.created import spec_of
+
+        return spec_of(created[op])
     if op in registry.names():
         raise registry.UnknownOpError(
             f"{op} has no benchmark spec (its registry entry names none); ops with one: "
