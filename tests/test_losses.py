@@ -11,6 +11,7 @@ from kernelwright.losses import (
     DPO_LOSS_TYPES,
     cpo_loss,
     dpo_loss,
+    fused_linear_distill,
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
     grpo_loss,
@@ -199,3 +200,52 @@ def test_grpo_says_what_is_wrong():
         grpo_loss(logps, adv, mask, loss_type="ppo")
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         grpo_loss(logps[0], adv, mask)
+
+
+def _trl_style_divergence(s_logits, t_logits, beta, temperature):
+    # F.kl_div(input, target, log_target=True) = exp(target) * (target - input)
+    import torch.nn.functional as F
+
+    s = torch.log_softmax(s_logits / temperature, -1)
+    t = torch.log_softmax(t_logits / temperature, -1)
+    if beta == 0:
+        return F.kl_div(s, t, reduction="none", log_target=True).sum(-1)
+    if beta == 1:
+        return F.kl_div(t, s, reduction="none", log_target=True).sum(-1)
+    b = torch.tensor(beta)
+    m = torch.logsumexp(torch.stack([s + torch.log(1 - b), t + torch.log(b)]), dim=0)
+    kl_t = F.kl_div(m, t, reduction="none", log_target=True).sum(-1)
+    kl_s = F.kl_div(m, s, reduction="none", log_target=True).sum(-1)
+    return beta * kl_t + (1 - beta) * kl_s
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("reduction", ["batchmean", "sum"])
+def test_fused_linear_distill_matches_the_unfused_divergence(beta, reduction):
+    g = torch.Generator().manual_seed(3)
+    B, T, Hs, Ht, V = 2, 19, 16, 24, 41
+    hs = torch.randn(B, T, Hs, generator=g).requires_grad_()
+    ws = (torch.randn(V, Hs, generator=g) * 0.3).requires_grad_()
+    bs = torch.randn(V, generator=g).requires_grad_()
+    ht, wt = torch.randn(B, T, Ht, generator=g), torch.randn(V, Ht, generator=g) * 0.3
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[:, :4] = -100  # the prompt
+    got = fused_linear_distill(hs, ws, ht, wt, labels, student_bias=bs, beta=beta,
+                               temperature=0.8, reduction=reduction, chunk_size=7)  # fmt: skip
+    per_token = _trl_style_divergence(hs @ ws.T + bs, ht @ wt.T, beta, 0.8)
+    keep = labels != -100
+    want = per_token[keep].sum() / (keep.sum() if reduction == "batchmean" else 1)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(got * 1.7, [hs, ws, bs]),
+                    torch.autograd.grad(want * 1.7, [hs, ws, bs]), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_linear_distill_says_what_is_wrong():
+    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match="beta"):
+        fused_linear_distill(h, w, h, w, beta=1.5)
+    with pytest.raises(ValueError, match="vocabularies"):
+        fused_linear_distill(h, w, h, torch.randn(6, 4))
+    with pytest.raises(ValueError, match="reduction"):
+        fused_linear_distill(h, w, h, w, reduction="mean")

@@ -5,9 +5,11 @@
 `fused_linear_logprobs` gives each token's log-probability of its target under
 softmax((hidden @ weight.T + bias) / temperature) without the [tokens, vocab] logits (chunked,
 on the fused linear cross-entropy kernels). Each loss is a short function of log-probs kept in
-this package, once: preference losses in `preference.py`, policy-gradient losses in `rl.py`.
+this package, once: preference losses in `preference.py`, policy-gradient losses in `rl.py`,
+distillation (forward/reverse KL, generalized JSD on two lm_heads) in `distill.py`.
 """
 
+from kernelwright.losses.distill import fused_linear_distill
 from kernelwright.losses.logprobs import (
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
@@ -21,6 +23,7 @@ __all__ = [
     "GRPO_LOSS_TYPES",
     "cpo_loss",
     "dpo_loss",
+    "fused_linear_distill",
     "fused_linear_logprobs",
     "fused_linear_logprobs_ref",
     "grpo_loss",
