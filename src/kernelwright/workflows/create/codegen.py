@@ -14,13 +14,17 @@ profile says), the autograd Function saves them with only the inputs the backwar
 (`s_<name>`) instead of recomputing them. With nothing stored (the default) the files are
 exactly those generated before `stored` existed.
 
-Tier 2 (reductions over the last dim: norms, softmax, logsumexp, row losses) takes the same
-path with one program per ROWS rows holding each row whole (BLOCK_N = next_power_of_2(N)):
-sum/mean/amax/amin/var_mean over the last dim become `tl.sum/max/min(..., axis=1)[:, None]` on
-the padded tile, the padding replaced by the reduction's neutral element first. Per-row values
-stay [ROWS, 1] tiles and broadcast against the row; per-row outputs store one value per row. A
-per-feature parameter's gradient (a sum over rows) is written per element in fp32 and summed by
-the launcher in PyTorch (`sum_to_size`), exactly like a broadcast input of tier 1.
+Tier 2 (work along the row: norms, softmax, logsumexp, losses, argmax, gather, cumsum) takes
+the same path with one program per ROWS rows holding each row whole (BLOCK_N =
+next_power_of_2(N)): a reduction over the row becomes `tl.sum/max/min/argmax(..., axis=1)` on
+the padded tile, the padding replaced by the reduction's neutral element first; cumsum is
+`tl.cumsum` along it. Per-row values stay [ROWS, 1] tiles and broadcast against the row;
+per-row outputs store one value per row. The row is the profile's `reduction_dims`: the last
+dim, or other dims the launcher moves last (PERM) and several dims flattened into one. Rows
+longer than a table row's block_n take the looped kernels (staged.py). A per-feature
+parameter's gradient (a sum over rows) is accumulated per program in fp32 and the launcher sums
+the partial rows, like a broadcast input of tier 1. Launch configs come from the module's
+`TABLE` (the library's table form, which `kernelwright optimize` rewrites).
 
 Generation is a pure function of the profile: same profile, byte-identical files. A node
 without a lowering raises `UnsupportedNode` naming it — never a kernel we cannot verify.

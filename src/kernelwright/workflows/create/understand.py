@@ -2,12 +2,16 @@
 
 Tiers, decided from the traced aten graphs (forward and backward):
 - 1: element-wise only — any number of inputs, broadcast full / per-row / per-feature / scalar;
-- 2: element-wise plus reductions over ONE dim of the main input (the "reduction dim"), and
-  per-feature (or scalar) parameters whose gradients reduce over all rows — the pattern of
-  rms_norm's dW, which the kernel accumulates per program;
-- 3: anything else: matmul/conv, scans, gather/scatter/index, sort, reductions over several
-  dims in the forward, layout changes (permute), data-dependent control flow (tracing fails).
-  The profile names the node that stops it and why; no code is generated.
+- 2: element-wise plus work along ONE set of adjacent dims of the main input (the row: the
+  last dim, another dim, trailing dims or every dim, `reduction_dims`) — reductions (sum,
+  mean, amax/amin, var, max/min with indices, argmax/argmin), a gather/scatter of one value
+  per row by an index input, cumsum (reversed through flips) — and per-feature (or scalar)
+  parameters whose gradients reduce over all rows (rms_norm's dW, accumulated per program).
+  A reduction over the rows' values after that (cross-entropy's mean) becomes the profile's
+  tail, run in PyTorch after the kernel (tail.py);
+- 3: anything else: matmul/conv, sort/topk, cumprod, reductions over two different sets of
+  dims, layout changes (permute), data-dependent control flow (tracing fails). The profile
+  names the node that stops it and why; no code is generated.
 
 The closest library kernel (the pattern the generator follows) is picked by a fixed rule:
 tier 2 — an integer input → cross_entropy; exp and log → log_softmax; exp → softmax; a mean
