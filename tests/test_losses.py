@@ -15,6 +15,8 @@ from kernelwright.losses import (
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
     grpo_loss,
+    kto_loss,
+    orpo_loss,
     sequence_logprobs,
     simpo_loss,
 )
@@ -249,3 +251,35 @@ def test_fused_linear_distill_says_what_is_wrong():
         fused_linear_distill(h, w, h, torch.randn(6, 4))
     with pytest.raises(ValueError, match="reduction"):
         fused_linear_distill(h, w, h, w, reduction="mean")
+
+
+def test_orpo_follows_its_formula():
+    g = torch.Generator().manual_seed(4)
+    c = (-torch.rand(6, generator=g) * 3 - 0.05).requires_grad_()  # mean log-probs < 0
+    r = (-torch.rand(6, generator=g) * 3 - 0.05).requires_grad_()
+    losses, cw, rw, log_odds = orpo_loss(c, r, beta=0.2)
+    odds = lambda lp: torch.exp(lp) / (1 - torch.exp(lp))  # noqa: E731  p / (1 - p)
+    want_lo = torch.log(odds(c) / odds(r))
+    torch.testing.assert_close(log_odds, want_lo.detach())
+    want = 0.2 * _neg_log_sigmoid(want_lo)
+    torch.testing.assert_close(losses, want)
+    torch.testing.assert_close(cw, 0.2 * c.detach())
+    for a, b in zip(torch.autograd.grad(losses.sum(), [c, r]),
+                    torch.autograd.grad(want.sum(), [c, r]), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b)
+
+
+def test_kto_follows_its_formula():
+    c, r, rc, rr = _logps(n=5, seed=5)
+    losses, cw, rw = kto_loss(c, r[:3], rc, rr[:3], kl=torch.tensor(0.4), beta=0.3,
+                              desirable_weight=1.5, undesirable_weight=0.7)  # fmt: skip
+    z = 0.4
+    want = torch.cat([1.5 * (1 - torch.sigmoid(0.3 * ((c - rc) - z))),
+                      0.7 * (1 - torch.sigmoid(0.3 * (z - (r[:3] - rr[:3]))))])  # fmt: skip
+    torch.testing.assert_close(losses, want)
+    torch.testing.assert_close(rw, 0.3 * (r[:3] - rr[:3]).detach())
+    # a negative KL estimate counts as 0, and the estimate gets no gradient
+    kl = torch.tensor(-1.0, requires_grad=True)
+    zero, _, _ = kto_loss(c, r, rc, rr, kl=kl)
+    torch.testing.assert_close(zero, kto_loss(c, r, rc, rr, kl=0.0)[0])
+    assert torch.autograd.grad(zero.sum(), [kl], allow_unused=True)[0] is None

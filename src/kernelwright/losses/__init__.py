@@ -15,7 +15,14 @@ from kernelwright.losses.logprobs import (
     fused_linear_logprobs_ref,
     sequence_logprobs,
 )
-from kernelwright.losses.preference import DPO_LOSS_TYPES, cpo_loss, dpo_loss, simpo_loss
+from kernelwright.losses.preference import (
+    DPO_LOSS_TYPES,
+    cpo_loss,
+    dpo_loss,
+    kto_loss,
+    orpo_loss,
+    simpo_loss,
+)
 from kernelwright.losses.rl import GRPO_LOSS_TYPES, grpo_loss
 
 __all__ = [
@@ -27,6 +34,8 @@ __all__ = [
     "fused_linear_logprobs",
     "fused_linear_logprobs_ref",
     "grpo_loss",
+    "kto_loss",
+    "orpo_loss",
     "sequence_logprobs",
     "simpo_loss",
 ]

@@ -10,6 +10,11 @@ trainer does (a mean over pairs). Definitions as TRL states them:
   (Azar et al. 2023). Rewards: β·(pi - ref).
 - SimPO (Meng et al. 2024): -log σ(β·(avg_c - avg_r) - γ), mean log-probs, no reference.
 - CPO (Xu et al. 2024): -log σ(β·(pi_c - pi_r)); the trainer adds α·NLL of the chosen.
+- ORPO (Hong et al. 2024), on mean log-probs: log_odds = (c - r) - (log(1 - e^c) - log(1 -
+  e^r)); the term -β·log σ(log_odds) is added to the NLL of the chosen.
+- KTO (Ethayarajh et al. 2024), unpaired: desirable 1 - σ(β·(logratio - z)), undesirable
+  1 - σ(β·(z - logratio)), weighted, with z the reference-KL estimate clamped at 0 (no
+  gradient); rewards β·logratio.
 """
 
 from __future__ import annotations
@@ -93,3 +98,44 @@ def cpo_loss(
     _check("cpo_loss", chosen_logps, rejected_logps)
     losses = _sigmoid_mix(beta * (chosen_logps - rejected_logps), label_smoothing)
     return losses, beta * chosen_logps.detach(), beta * rejected_logps.detach()
+
+
+def orpo_loss(
+    chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, *, beta: float = 0.1
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ORPO's odds-ratio term per pair (add it to the chosen NLL), the rewards, and the log
+    odds ratio. Mean log-probs must be < 0 (a probability below one)."""
+    _check("orpo_loss", chosen_avg_logps, rejected_avg_logps)
+    log_odds = (chosen_avg_logps - rejected_avg_logps) - (
+        torch.log1p(-torch.exp(chosen_avg_logps)) - torch.log1p(-torch.exp(rejected_avg_logps))
+    )
+    losses = -beta * F.logsigmoid(log_odds)
+    return (losses, beta * chosen_avg_logps.detach(), beta * rejected_avg_logps.detach(),
+            log_odds.detach())  # fmt: skip
+
+
+def kto_loss(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    kl: torch.Tensor | float = 0.0,
+    *,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """KTO on unpaired examples: [desirable] and [undesirable] sequence log-probs with their
+    reference's, `kl` the batch's reference-KL estimate (a scalar). Returns the losses (the
+    desirable ones, then the undesirable ones) and the two rewards."""
+    _check("kto_loss", chosen_logps, ref_chosen_logps)
+    _check("kto_loss", rejected_logps, ref_rejected_logps)
+    z = torch.as_tensor(kl, dtype=chosen_logps.dtype, device=chosen_logps.device)
+    z = z.detach().clamp(min=0)
+    chosen_ratio = chosen_logps - ref_chosen_logps
+    rejected_ratio = rejected_logps - ref_rejected_logps
+    losses = torch.cat([
+        desirable_weight * (1 - torch.sigmoid(beta * (chosen_ratio - z))),
+        undesirable_weight * (1 - torch.sigmoid(beta * (z - rejected_ratio))),
+    ])  # fmt: skip
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
