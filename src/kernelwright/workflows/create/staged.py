@@ -10,7 +10,9 @@ combines each row's partials in a fixed order (sum, max or min over the chunk ax
 mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
 mean, then the centered sum of squares — so there is no cancellation. A scan (cumsum) stores
 each tile's total; the launcher turns the totals into each tile's carry (an exclusive prefix,
-or suffix for a flipped row) and every later kernel scans its tile and adds the carry. The
+or suffix for a flipped row) and every later kernel scans its tile and adds the carry. An
+argmax/argmin keeps each chunk's extreme and the column where it first occurs; the launcher
+takes the first chunk at the row's extreme (torch's tie rule). The
 last launch computes the outputs (or gradients) tile by tile from the inputs and the row
 values.
 
@@ -97,9 +99,18 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 level[it.var] = base + 1
                 continue
             if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
-                raise UnsupportedNode(
-                    n.name, f"{n.target}: the looped kernels combine values, not their indices"
-                )
+                # the index of the first extreme value: each chunk keeps its extreme and the
+                # column where it first occurs; the launcher takes the first chunk's at the
+                # row's extreme (max/min also keep the value, as a plain slot)
+                op = "max" if aten in ("aten.max", "aten.argmax") else "min"
+                paired = aten in ("aten.max", "aten.min")
+                index_var = f"{it.var}_1" if paired else it.var
+                owned[it.var] = [len(slots)] + ([len(slots) + 1] if paired else [])
+                slots.append(Slot(index_var, "arg" + op, arg, "", base + 1))
+                if paired:
+                    slots.append(Slot(f"{it.var}_0", op, arg, "", base + 1))
+                level[it.var] = base + 1
+                continue
             if aten == "aten.gather":
                 owned[it.var] = [len(slots)]
                 pick = f"tl.where(cols == {it.deps[1]}, {arg}, 0.0)"
@@ -197,11 +208,21 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 )
         for t, j in enumerate(j for j in mine if slots[j].op != "scan"):
             s = slots[j]
+            base_op = s.op[3:] if s.op.startswith("arg") else s.op
             tile = (
-                f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), {_NEUTRAL[s.op]})"
+                f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), "
+                f"{_NEUTRAL[base_op]})"
             )
-            red = f"tl.{s.op}({tile}, axis=1)[:, None]"
-            if s.op == "sum":
+            red = f"tl.{base_op}({tile}, axis=1)[:, None]"
+            if s.op.startswith("arg"):  # a tile's extreme replaces the chunk's only if beyond it
+                better = ">" if base_op == "max" else "<"
+                lines += [
+                    f"ext{t} = {red}",
+                    f"at{t} = start + tl.arg{base_op}({tile}, axis=1)[:, None]",
+                    f"idx{t} = tl.where(ext{t} {better} acc{t}, at{t}, idx{t})",
+                    f"acc{t} = tl.where(ext{t} {better} acc{t}, ext{t}, acc{t})",
+                ]
+            elif s.op == "sum":
                 lines.append(f"acc{t} += {red}")
             else:
                 fn = "maximum" if s.op == "max" else "minimum"
@@ -219,8 +240,9 @@ def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
     return slot_var.rsplit("_", 1)[0]
 
 
-# how the launcher combines a slot's partials over the chunk axis
-COMBINE = {"sum": "sum", "max": "amax", "min": "amin"}
+# how the launcher combines a slot's partials over the chunk axis (arg slots: the chunk holding
+# the first extreme, read from the index partials)
+COMBINE = {"sum": "sum", "max": "amax", "min": "amin", "argmax": "argmax", "argmin": "argmin"}
 
 
 def kernels(
@@ -272,4 +294,5 @@ def kernels(
             (sum(1 for j in st.slots if p.slots[j].op != "scan") for st in p.stages), default=1
         ),
         "n_scans": sum(1 for s in p.slots if s.op == "scan"),
+        "has_arg": any(s.op.startswith("arg") for s in p.slots),
     }
