@@ -45,6 +45,32 @@ def test_fused_linear_logprobs_matches_the_unfused_logits(temperature, with_bias
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_logprobs_with_entropy_match_the_unfused_logits(with_bias):
+    g = torch.Generator().manual_seed(6)
+    T, H, V = 23, 16, 47
+    hidden = torch.randn(2, T, H, generator=g).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.3).requires_grad_()
+    bias = torch.randn(V, generator=g).requires_grad_() if with_bias else None
+    target = torch.randint(0, V, (2, T), generator=g)
+    target[1, :6] = -100
+    kw = dict(bias=bias, temperature=0.9, return_entropy=True)
+    logps, ent = fused_linear_logprobs(hidden, weight, target, chunk_size=10, **kw)
+    want_l, want_e = fused_linear_logprobs_ref(hidden, weight, target, **kw)
+    torch.testing.assert_close(logps, want_l, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, want_e, atol=1e-5, rtol=1e-5)
+    assert (ent > 0).all() and (logps[1, :6] == 0).all()
+    # the plain path gives the same log-probs
+    plain = fused_linear_logprobs(hidden, weight, target, bias=bias, temperature=0.9)
+    torch.testing.assert_close(logps, plain, atol=1e-5, rtol=1e-5)
+    dl, de = torch.randn(logps.shape, generator=g), torch.randn(ent.shape, generator=g)
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    got = torch.autograd.grad((logps * dl).sum() + (ent * de).sum(), params)
+    want = torch.autograd.grad((want_l * dl).sum() + (want_e * de).sum(), params)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_fused_linear_logprobs_rejects_a_bad_temperature():
     with pytest.raises(ValueError, match="temperature"):
         fused_linear_logprobs(torch.randn(2, 4), torch.randn(5, 4), torch.zeros(2).long(),
