@@ -309,3 +309,60 @@ def test_kto_follows_its_formula():
     zero, _, _ = kto_loss(c, r, rc, rr, kl=kl)
     torch.testing.assert_close(zero, kto_loss(c, r, rc, rr, kl=0.0)[0])
     assert torch.autograd.grad(zero.sum(), [kl], allow_unused=True)[0] is None
+
+
+class _Head(torch.nn.Module):
+    """A policy's lm_head and its GRPO loss: what DDP wraps in a training step."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        self.lm_head.weight.data.copy_(weight)
+
+    def forward(self, hidden, target, advantages, num_items):
+        logps = fused_linear_logprobs(hidden, self.lm_head.weight, target)
+        mask = target != -100
+        loss, _ = grpo_loss(logps, advantages, mask, loss_type="dapo", num_items_in_batch=num_items)
+        return loss
+
+
+def _ddp_rank(rank: int, world: int, init: str, data: dict, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        model = DistributedDataParallel(_Head(data["weight"]))
+        rows = slice(rank * 2, rank * 2 + 2)  # two completions per rank
+        # DDP averages gradients over ranks: each rank normalises by the global token count
+        # divided by the world size, so the mean is the global batch's gradient
+        n = data["target"].ne(-100).sum().item() / world
+        loss = model(data["hidden"][rows], data["target"][rows], data["adv"][rows], n)
+        loss.backward()
+        torch.save(model.module.lm_head.weight.grad, f"{out}/grad_{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_grpo_gradient_under_ddp_equals_the_global_batch(tmp_path):
+    # 2 CPU processes (gloo): the all-reduced gradient of the per-rank losses is the gradient of
+    # the loss over the whole batch, with dapo's num_items_in_batch normalisation
+    import torch.multiprocessing as mp
+
+    g = torch.Generator().manual_seed(7)
+    V, H, T = 29, 8, 11
+    target = torch.randint(0, V, (4, T), generator=g)
+    target[0, 7:] = -100
+    target[3, 2:] = -100  # ranks see different token counts
+    data = {
+        "weight": torch.randn(V, H, generator=g) * 0.3,
+        "hidden": torch.randn(4, T, H, generator=g),
+        "target": target,
+        "adv": torch.randn(4, generator=g),
+    }
+    mp.spawn(_ddp_rank, args=(2, str(tmp_path / "init"), data, str(tmp_path)), nprocs=2)
+    whole = _Head(data["weight"])
+    whole(data["hidden"], target, data["adv"], target.ne(-100).sum().item()).backward()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"grad_{rank}.pt")
+        torch.testing.assert_close(got, whole.lm_head.weight.grad, atol=1e-6, rtol=1e-5)

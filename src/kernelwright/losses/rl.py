@@ -8,7 +8,8 @@ k3 estimator KL = exp(ref - logp) - (ref - logp) - 1. The variants differ in nor
 - "bnpo": the sum over every token / the number of tokens in the batch;
 - "dr_grpo": the sum / (sequences × max_completion_length) (no length bias);
 - "dapo": the sum / `num_items_in_batch` (the active tokens of the whole global batch, as
-  gradient accumulation and data parallelism need; default: this batch's).
+  gradient accumulation needs; default: this batch's). Under DDP, which averages gradients
+  over ranks, pass the global count divided by the world size.
 """
 
 from __future__ import annotations
