@@ -53,7 +53,7 @@ def create(
     force: bool = False,
 ) -> CreateResult:
     """save_policy: which intermediates the backward loads instead of recomputing ("recompute"
-    or "min-bytes", see understand.plan_stored); None keeps a resumed profile's `stored` as
+    or "min-bytes", see stored.plan_stored); None keeps a resumed profile's `stored` as
     reviewed and means "recompute" for a new one.
 
     An edited workspace profile.yaml is never overwritten unless `force`: the new profile goes
@@ -63,7 +63,7 @@ def create(
         if name:
             profile.name = name
         if save_policy is not None:
-            from kernelwright.workflows.create.understand import plan_stored
+            from kernelwright.workflows.create.stored import plan_stored
 
             plan_stored(profile, save_policy)
     elif source is None:
