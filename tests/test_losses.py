@@ -12,6 +12,7 @@ from kernelwright.losses import (
     cpo_loss,
     dpo_loss,
     fused_linear_distill,
+    fused_linear_logprob_stats,
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
     grpo_loss,
@@ -20,6 +21,7 @@ from kernelwright.losses import (
     sequence_logprobs,
     simpo_loss,
 )
+from kernelwright.losses.logprobs import logits_ref  # noqa: E402
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -49,26 +51,129 @@ def test_fused_linear_logprobs_matches_the_unfused_logits(temperature, with_bias
 def test_logprobs_with_entropy_match_the_unfused_logits(with_bias):
     g = torch.Generator().manual_seed(6)
     T, H, V = 23, 16, 47
-    hidden = torch.randn(2, T, H, generator=g).requires_grad_()
-    weight = (torch.randn(V, H, generator=g) * 0.3).requires_grad_()
-    bias = torch.randn(V, generator=g).requires_grad_() if with_bias else None
-    target = torch.randint(0, V, (2, T), generator=g)
+    hidden = torch.randn(2, T, H, generator=g).to(DEVICE).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.3).to(DEVICE).requires_grad_()
+    bias = torch.randn(V, generator=g).to(DEVICE).requires_grad_() if with_bias else None
+    target = torch.randint(0, V, (2, T), generator=g).to(DEVICE)
     target[1, :6] = -100
     kw = dict(bias=bias, temperature=0.9, return_entropy=True)
     logps, ent = fused_linear_logprobs(hidden, weight, target, chunk_size=10, **kw)
     want_l, want_e = fused_linear_logprobs_ref(hidden, weight, target, **kw)
     torch.testing.assert_close(logps, want_l, atol=1e-5, rtol=1e-5)
+    want_e = torch.where(target != -100, want_e, 0.0)  # ignored tokens are not computed
     torch.testing.assert_close(ent, want_e, atol=1e-5, rtol=1e-5)
-    assert (ent > 0).all() and (logps[1, :6] == 0).all()
+    assert (ent[1, :6] == 0).all() and (ent[1, 6:] > 0).all() and (logps[1, :6] == 0).all()
     # the plain path gives the same log-probs
     plain = fused_linear_logprobs(hidden, weight, target, bias=bias, temperature=0.9)
     torch.testing.assert_close(logps, plain, atol=1e-5, rtol=1e-5)
-    dl, de = torch.randn(logps.shape, generator=g), torch.randn(ent.shape, generator=g)
+    dl, de = (torch.randn(logps.shape, generator=g).to(DEVICE) for _ in range(2))
     params = [hidden, weight] + ([bias] if with_bias else [])
     got = torch.autograd.grad((logps * dl).sum() + (ent * de).sum(), params)
     want = torch.autograd.grad((want_l * dl).sum() + (want_e * de).sum(), params)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _stats_ref(hidden, weight, target, bias, **kw):
+    z = logits_ref(hidden, weight, bias, **kw)
+    logp = z.log_softmax(-1)
+    keep = target != -100
+    first_max = z.argmax(-1) == target
+    zero = torch.zeros((), dtype=z.dtype)
+    return dict(
+        entropy=torch.where(keep, -(logp.exp() * logp).sum(-1), zero),
+        log_sum_sq_probs=torch.where(keep, torch.logsumexp(2 * logp, -1), zero),
+        mean_logits=torch.where(keep, z.mean(-1), zero),
+        is_top1=first_max & keep,
+    )
+
+
+@pytest.mark.parametrize(
+    "V, kw",
+    [
+        (53, dict(temperature=0.8)),
+        (53, dict(softcap=3.0, temperature=0.7, logit_scale=1.5)),
+        (4099, dict(softcap=30.0)),  # two vocabulary blocks: the online statistics rescale
+    ],
+)
+def test_logprob_stats_match_the_unfused_logits(V, kw):
+    g = torch.Generator().manual_seed(V)
+    T, H = (19, 16) if V < 100 else (5, 8)
+    hidden = torch.randn(T, H, generator=g).to(DEVICE).requires_grad_()
+    weight = torch.randn(V, H, generator=g).to(DEVICE).requires_grad_()
+    bias = torch.randn(V, generator=g).to(DEVICE).requires_grad_()
+    target = torch.randint(0, V, (T,), generator=g).to(DEVICE)
+    target[:2] = -100
+    # one target that is its row's argmax, so is_top1 is not all False
+    with torch.no_grad():
+        target[3] = logits_ref(hidden, weight, bias, **kw)[3].argmax()
+    st = fused_linear_logprob_stats(hidden, weight, target, bias=bias, chunk_size=7, **kw)
+    want_l = fused_linear_logprobs_ref(hidden, weight, target, bias=bias, **kw)
+    want = _stats_ref(hidden, weight, target, bias, **kw)
+    torch.testing.assert_close(st.log_probs, want_l, atol=2e-5, rtol=1e-5)
+    for name, w in want.items():
+        got = getattr(st, name)
+        if name == "is_top1":
+            assert got.dtype == torch.bool and got[3] and (got == w).all()
+        else:
+            torch.testing.assert_close(got, w, atol=2e-5, rtol=1e-5, msg=name)
+    # the plain path (no statistics) and the stats path agree
+    plain = fused_linear_logprobs(hidden, weight, target, bias=bias, **kw)
+    torch.testing.assert_close(plain, want_l, atol=2e-5, rtol=1e-5)
+    dl, de = torch.randn(T, generator=g).to(DEVICE), torch.randn(T, generator=g).to(DEVICE)
+    params = [hidden, weight, bias]
+    got = torch.autograd.grad(
+        (st.log_probs * dl).sum() + (st.entropy * de).sum(), params, retain_graph=True
+    )
+    ref = torch.autograd.grad(
+        (want_l * dl).sum() + (want["entropy"] * de).sum(), params, retain_graph=True
+    )
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # only the log-probs' gradient, and only the entropy's
+    for loss, ref_loss in ((st.log_probs * dl, want_l * dl),):
+        a = torch.autograd.grad(loss.sum(), hidden, retain_graph=True)[0]
+        b = torch.autograd.grad(ref_loss.sum(), hidden, retain_graph=True)[0]
+        torch.testing.assert_close(a, b,
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
+    a = torch.autograd.grad((st.entropy * de).sum(), weight)[0]
+    b = torch.autograd.grad((want["entropy"] * de).sum(), weight)[0]
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_logprob_stats_in_bf16_under_autocast_match_fp32_logits():
+    g = torch.Generator().manual_seed(3)
+    T, H, V = 24, 32, 77
+    hidden = torch.randn(T, H, generator=g).to(DEVICE).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.2).to(DEVICE, torch.bfloat16).requires_grad_()
+    target = torch.randint(0, V, (T,), generator=g).to(DEVICE)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        st = fused_linear_logprob_stats(hidden, weight, target, outputs=("entropy",),
+                                        accum_dtype=torch.float32)  # fmt: skip
+    # the reference rounds the matmul's inputs as autocast does, then works in fp32
+    want_l, want_e = fused_linear_logprobs_ref(hidden.bfloat16(), weight, target,
+                                               return_entropy=True)  # fmt: skip
+    assert st.log_probs.dtype == torch.float32 and st.mean_logits is None
+    torch.testing.assert_close(st.log_probs, want_l, atol=3e-2, rtol=1e-2)
+    torch.testing.assert_close(st.entropy, want_e, atol=3e-2, rtol=1e-2)
+    gh, gw = torch.autograd.grad((st.log_probs + st.entropy).sum(), [hidden, weight])
+    rh, rw = torch.autograd.grad((want_l + want_e).sum(), [hidden, weight])
+    assert gh.dtype == torch.float32 and gw.dtype == torch.bfloat16
+    torch.testing.assert_close(gh, rh, atol=5e-2, rtol=5e-2)
+    torch.testing.assert_close(gw.float(), rw.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_logprob_stats_say_what_is_wrong():
+    h, w, t = torch.randn(3, 4).to(DEVICE), torch.randn(5, 4).to(DEVICE), torch.tensor([0, 1, 2])
+    t = t.to(DEVICE)
+    with pytest.raises(ValueError, match="unknown outputs"):
+        fused_linear_logprob_stats(h, w, t, outputs=("entropy", "perplexity"))
+    with pytest.raises(ValueError, match="outside"):
+        fused_linear_logprob_stats(h, w, torch.tensor([0, 5, 1]).to(DEVICE))
+    with pytest.raises(ValueError, match="target shape"):
+        fused_linear_logprob_stats(h, w, torch.tensor([0, 1]).to(DEVICE))
+    with pytest.raises(ValueError, match="softcap"):
+        fused_linear_logprobs(h, w, t, softcap=0.0)
 
 
 def test_fused_linear_logprobs_rejects_a_bad_temperature():
@@ -252,11 +357,12 @@ def _trl_style_divergence(s_logits, t_logits, beta, temperature):
 def test_fused_linear_distill_matches_the_unfused_divergence(beta, reduction):
     g = torch.Generator().manual_seed(3)
     B, T, Hs, Ht, V = 2, 19, 16, 24, 41
-    hs = torch.randn(B, T, Hs, generator=g).requires_grad_()
-    ws = (torch.randn(V, Hs, generator=g) * 0.3).requires_grad_()
-    bs = torch.randn(V, generator=g).requires_grad_()
-    ht, wt = torch.randn(B, T, Ht, generator=g), torch.randn(V, Ht, generator=g) * 0.3
-    labels = torch.randint(0, V, (B, T), generator=g)
+    hs = torch.randn(B, T, Hs, generator=g).to(DEVICE).requires_grad_()
+    ws = (torch.randn(V, Hs, generator=g) * 0.3).to(DEVICE).requires_grad_()
+    bs = torch.randn(V, generator=g).to(DEVICE).requires_grad_()
+    ht = torch.randn(B, T, Ht, generator=g).to(DEVICE)
+    wt = (torch.randn(V, Ht, generator=g) * 0.3).to(DEVICE)
+    labels = torch.randint(0, V, (B, T), generator=g).to(DEVICE)
     labels[:, :4] = -100  # the prompt
     got = fused_linear_distill(hs, ws, ht, wt, labels, student_bias=bs, beta=beta,
                                temperature=0.8, reduction=reduction, chunk_size=7)  # fmt: skip
@@ -266,7 +372,44 @@ def test_fused_linear_distill_matches_the_unfused_divergence(beta, reduction):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     for a, b in zip(torch.autograd.grad(got * 1.7, [hs, ws, bs]),
                     torch.autograd.grad(want * 1.7, [hs, ws, bs]), strict=True):  # fmt: skip
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+def test_fused_linear_distill_over_several_vocabulary_blocks_and_in_bf16(beta):
+    # V > one block of the kernel (the online log-sum-exps rescale); then the same in bf16
+    # under autocast against fp32 logits of the bf16-rounded inputs
+    g = torch.Generator().manual_seed(11)
+    N, H, V = 6, 8, 4103
+    hs = torch.randn(N, H, generator=g).to(DEVICE).requires_grad_()
+    ws = torch.randn(V, H, generator=g).to(DEVICE).requires_grad_()
+    ht, wt = torch.randn(N, H, generator=g).to(DEVICE), torch.randn(V, H, generator=g).to(DEVICE)
+    labels = torch.randint(0, V, (N,), generator=g).to(DEVICE)
+    labels[0] = -100
+    got = fused_linear_distill(hs, ws, ht, wt, labels, beta=beta, temperature=1.3)
+    keep = labels != -100
+    want = _trl_style_divergence(hs @ ws.T, ht @ wt.T, beta, 1.3)[keep].mean()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(torch.autograd.grad(got, [hs, ws]), torch.autograd.grad(want, [hs, ws]),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+        got = fused_linear_distill(hs, ws, ht, wt, labels, beta=beta, temperature=1.3)
+    bf = [x.bfloat16().float() for x in (hs, ws, ht, wt)]
+    want = _trl_style_divergence(bf[0] @ bf[1].T, bf[2] @ bf[3].T, beta, 1.3)[keep].mean()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=0.05, rtol=0.05)
+    gh = torch.autograd.grad(got, hs)[0]
+    assert gh.dtype == torch.float32 and torch.isfinite(gh).all() and gh.abs().sum() > 0
+
+
+def test_fused_linear_distill_with_every_token_ignored_is_a_differentiable_zero():
+    hs = torch.randn(4, 8).to(DEVICE).requires_grad_()
+    w = torch.randn(11, 8).to(DEVICE)
+    loss = fused_linear_distill(hs, w, torch.randn(4, 8).to(DEVICE), w,
+                                torch.full((4,), -100).to(DEVICE))  # fmt: skip
+    (g,) = torch.autograd.grad(loss, hs)
+    assert loss.item() == 0 and (g == 0).all()
 
 
 def test_fused_linear_distill_says_what_is_wrong():
@@ -344,6 +487,7 @@ def _ddp_rank(rank: int, world: int, init: str, data: dict, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="gloo on CPU tensors: the CPU suite runs it")
 def test_grpo_gradient_under_ddp_equals_the_global_batch(tmp_path):
     # 2 CPU processes (gloo): the all-reduced gradient of the per-rank losses is the gradient of
     # the loss over the whole batch, with dapo's num_items_in_batch normalisation

@@ -11,6 +11,8 @@ distillation (forward/reverse KL, generalized JSD on two lm_heads) in `distill.p
 
 from kernelwright.losses.distill import fused_linear_distill
 from kernelwright.losses.logprobs import (
+    LogprobStats,
+    fused_linear_logprob_stats,
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
     sequence_logprobs,
@@ -28,9 +30,11 @@ from kernelwright.losses.rl import GRPO_LOSS_TYPES, grpo_loss
 __all__ = [
     "DPO_LOSS_TYPES",
     "GRPO_LOSS_TYPES",
+    "LogprobStats",
     "cpo_loss",
     "dpo_loss",
     "fused_linear_distill",
+    "fused_linear_logprob_stats",
     "fused_linear_logprobs",
     "fused_linear_logprobs_ref",
     "grpo_loss",

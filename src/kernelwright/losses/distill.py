@@ -8,7 +8,8 @@ The divergence per token (as TRL's generalized JSD states it, on log_softmax(log
 Tokens whose label is `ignore_index` are left out; "batchmean" divides the sum by the tokens
 kept, "sum" does not. Chunked over tokens: each chunk's logits exist only while its gradient
 is computed, in the forward (the loss is a scalar, so its gradient is known up to the incoming
-scale, applied in the backward). The teacher gets no gradient.
+scale, applied in the backward), by one Triton kernel per chunk (`_stats_kernels.py`). The
+teacher gets no gradient.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+
+from kernelwright.losses._stats_kernels import _distill_kernel
+from kernelwright.losses.logprobs import _compute_dtype, _project, _scored, chunk_rows
+from kernelwright.ops.fused_linear_cross_entropy import _addmm_
+from kernelwright.runtime.launch import traced
 
 REDUCTIONS = ("batchmean", "sum")
 
@@ -32,45 +39,71 @@ def divergence(student_logits, teacher_logits, beta: float, temperature: float):
     return beta * (t.exp() * (t - m)).sum(-1) + (1 - beta) * (s.exp() * (s - m)).sum(-1)
 
 
-def _logits(h, w, b):
-    out = h @ w.T
-    return out if b is None else out + b
-
-
 class _ChunkedDistill(torch.autograd.Function):
+    """Chunks of C tokens: the student's and the teacher's logits (cuBLAS, into two reused
+    [C, V] buffers in the matmul dtype), then `_distill_kernel` writes each token's divergence
+    and, over the student's logits, their gradient times the reduction's scale; the two
+    gradient matmuls follow in the forward. The backward multiplies by the incoming gradient."""
+
     @staticmethod
-    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, keep, beta, temperature, scale, chunk):
-        grad_h = torch.zeros_like(h_s)
-        grad_w = torch.zeros(w_s.shape, dtype=torch.float32, device=w_s.device)
-        grad_b = None if b_s is None else torch.zeros(b_s.shape, dtype=torch.float32,
-                                                      device=b_s.device)  # fmt: skip
-        total = torch.zeros((), dtype=torch.float32, device=h_s.device)
-        for start in range(0, h_s.shape[0], chunk):
-            rows = slice(start, start + chunk)
-            with torch.enable_grad():
-                logits = _logits(h_s[rows], w_s, b_s).detach().requires_grad_()
-                with torch.no_grad():
-                    teacher = _logits(h_t[rows], w_t, b_t)
-                per_token = divergence(logits, teacher, beta, temperature) * keep[rows]
-                loss = per_token.sum() * scale
-                (g,) = torch.autograd.grad(loss, [logits])
-            total += loss.detach()
-            g = g.to(h_s.dtype)
-            grad_h[rows] = g @ w_s
-            grad_w += (g.T @ h_s[rows]).float()
-            if grad_b is not None:
-                grad_b += g.float().sum(0)
-        ctx.save_for_backward(grad_h, grad_w, *([] if grad_b is None else [grad_b]))
-        ctx.dtypes = (w_s.dtype, None if b_s is None else b_s.dtype)
-        return total
+    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, beta, temperature, scale, chunk, accum):
+        N, V = h_s.shape[0], w_s.shape[0]
+        cd = _compute_dtype(h_s)
+        chunk = chunk or chunk_rows(N, 2 * V, cd, h_s.device)  # two buffers
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty(h_s.shape, dtype=h_s.dtype, device=h_s.device) if need_h else None
+        grad_w = (
+            torch.zeros(w_s.shape, dtype=accum or w_s.dtype, device=w_s.device) if need_w else None
+        )
+        grad_b = torch.zeros(V, dtype=torch.float32, device=w_s.device) if need_b else None
+        per_token = torch.empty(N, dtype=torch.float32, device=h_s.device)
+        mode = 0 if beta == 0 else 1 if beta == 1 else 2
+        logs = (math.log(1 - beta) if beta < 1 else 0.0, math.log(beta) if beta > 0 else 0.0)
+        block = min(4096, triton.next_power_of_2(V))
+        with torch.autocast(h_s.device.type, enabled=False):
+            ws, wt = w_s.to(cd), w_t.to(cd)
+            bs = None if b_s is None else b_s.to(cd)
+            bt = None if b_t is None else b_t.to(cd)
+            buf_s = torch.empty((min(chunk, N), V), dtype=cd, device=h_s.device)
+            buf_t = torch.empty_like(buf_s)
+            for s in range(0, N, chunk):
+                e = min(s + chunk, N)
+                hs, ls, lt = h_s[s:e].to(cd), buf_s[: e - s], buf_t[: e - s]
+                _project(hs, ws, bs, ls)
+                _project(h_t[s:e].to(cd), wt, bt, lt)
+                _distill_kernel[(e - s,)](
+                    ls, lt, ls.stride(0), lt.stride(0), per_token[s:e], V, 1.0 / temperature,
+                    float(beta), *logs, float(scale), MODE=mode, BLOCK=block,
+                )  # fmt: skip
+                if grad_h is not None:
+                    if grad_h.dtype != cd:
+                        grad_h[s:e] = 0
+                        _addmm_(grad_h[s:e], ls, ws)
+                    else:
+                        torch.mm(ls, ws, out=grad_h[s:e])
+                if grad_w is not None:
+                    _addmm_(grad_w, ls.t(), hs)
+                if grad_b is not None:
+                    grad_b += ls.sum(0, dtype=torch.float32)
+        ctx.save_for_backward(*(g for g in (grad_h, grad_w, grad_b) if g is not None))
+        ctx.meta = (grad_h is not None, grad_w is not None, grad_b is not None,
+                    w_s.dtype, None if b_s is None else b_s.dtype)  # fmt: skip
+        return per_token.sum() * scale
 
     @staticmethod
     def backward(ctx, dy):
-        grad_h, grad_w, *rest = ctx.saved_tensors
-        w_dtype, b_dtype = ctx.dtypes
-        grad_b = (rest[0] * dy).to(b_dtype) if rest else None
-        return (grad_h * dy.to(grad_h.dtype), (grad_w * dy).to(w_dtype), grad_b,
-                None, None, None, None, None, None, None, None)  # fmt: skip
+        saved = list(ctx.saved_tensors)
+        has_h, has_w, has_b, w_dtype, b_dtype = ctx.meta
+        one = not traced(dy) and bool(dy == 1)
+
+        def scaled(g, dtype=None):
+            g = g if one else g * dy.to(g.dtype)
+            return g if dtype is None else g.to(dtype)
+
+        grad_h = scaled(saved.pop(0)) if has_h else None
+        grad_w = scaled(saved.pop(0), w_dtype) if has_w else None
+        grad_b = scaled(saved.pop(0), b_dtype) if has_b else None
+        return (grad_h, grad_w, grad_b) + (None,) * 8
 
 
 def fused_linear_distill(
@@ -86,11 +119,15 @@ def fused_linear_distill(
     temperature: float = 1.0,
     ignore_index: int = -100,
     reduction: str = "batchmean",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
+    accum_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The distillation loss (module doc) of the student's lm_head on `student_hidden` [..., Hs]
     against the teacher's on `teacher_hidden` [..., Ht], same tokens; `labels` [...] marks the
-    tokens kept (not `ignore_index`). The vocabularies must match."""
+    tokens kept (not `ignore_index`; only those are computed). The vocabularies must match.
+    Under torch.autocast the matmuls run in the autocast dtype; accum_dtype=torch.float32
+    accumulates the weight gradient of bf16 weights in fp32. chunk_size: tokens per chunk
+    (default: as fused linear cross-entropy chooses, for two logits buffers)."""
     if not 0 <= beta <= 1:
         raise ValueError(f"fused_linear_distill: beta must be in [0, 1], got {beta}")
     if not temperature > 0:
@@ -108,12 +145,25 @@ def fused_linear_distill(
         )
     h_s = student_hidden.reshape(-1, student_hidden.shape[-1])
     h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).detach()
-    if labels is None:
-        keep = torch.ones(h_s.shape[0], dtype=torch.float32, device=h_s.device)
+    if labels is not None and labels.shape != student_hidden.shape[:-1]:
+        raise ValueError(
+            f"fused_linear_distill: labels shape {tuple(labels.shape)} != the hidden states' "
+            f"leading shape {tuple(student_hidden.shape[:-1])}"
+        )
+    keep = None if labels is None else _scored(labels.reshape(-1), ignore_index)
+    if keep is not None:  # only the kept tokens are computed
+        h_s, h_t = h_s[keep], h_t[keep]
+        n = h_s.shape[0]
+    elif labels is not None and traced(labels):
+        raise ValueError("fused_linear_distill: labels under tracing are not supported")
+    elif labels is not None and bool((labels == ignore_index).all()):
+        n = 0
+        h_s, h_t = h_s[:0], h_t[:0]
     else:
-        keep = (labels.reshape(-1) != ignore_index).to(torch.float32)
-    kept = keep.sum().item() if reduction == "batchmean" else 1.0
-    scale = 1.0 / max(kept, 1.0)
+        n = h_s.shape[0]
+    scale = 1.0 / max(n, 1) if reduction == "batchmean" else 1.0
     b_t = None if teacher_bias is None else teacher_bias.detach()
-    args = (h_t, teacher_weight.detach(), b_t, keep, float(beta), float(temperature), scale)
-    return _ChunkedDistill.apply(h_s, student_weight, student_bias, *args, int(chunk_size))
+    return _ChunkedDistill.apply(
+        h_s, student_weight, student_bias, h_t, teacher_weight.detach(), b_t, float(beta),
+        float(temperature), scale, chunk_size, accum_dtype,
+    )  # fmt: skip

@@ -3,9 +3,34 @@
 
 from __future__ import annotations
 
-import torch
+from typing import NamedTuple
 
-from kernelwright.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+import torch
+import triton
+
+from kernelwright.losses._stats_kernels import _stats_bwd_kernel, _stats_fwd_kernel
+from kernelwright.ops.fused_linear_cross_entropy import (
+    _addmm_,
+    choose_chunk_rows,
+    fused_linear_cross_entropy,
+)
+from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.launch import traced
+
+
+class LogprobStats(NamedTuple):
+    """Per-token outputs of `fused_linear_logprob_stats`, fp32 (is_top1 bool); a statistic
+    that was not asked for is None."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    log_sum_sq_probs: torch.Tensor | None = None
+    mean_logits: torch.Tensor | None = None
+    is_top1: torch.Tensor | None = None
+
+
+STATS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+LOGITS_BYTES = 256 << 20  # the [chunk, V] logits buffer: 1024 tokens at V = 128256 in bf16
 
 
 def fused_linear_logprobs(
@@ -18,93 +43,259 @@ def fused_linear_logprobs(
     ignore_index: int = -100,
     chunk_size: int | None = None,
     return_entropy: bool = False,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    accum_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """log softmax((hidden @ weight.T + bias) / temperature)[target], per token, in fp32.
+    """log softmax(z)[target] per token, in fp32, where z are the logits a model samples from:
+    z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap) / temperature (no
+    tanh without `softcap`).
 
     hidden [..., H], weight [V, H] (an lm_head, tied or not), target [...] token ids; a token
-    whose target is `ignore_index` gets 0 (mask it out of any sum). Chunked over tokens on the
-    fused linear cross-entropy kernels: the forward keeps one chunk's logits at a time, the
-    backward recomputes them. Differentiable in hidden, weight and bias.
+    whose target is `ignore_index` gets 0 (mask it out of any sum). Chunked over tokens: the
+    forward keeps one chunk's logits at a time, the backward recomputes them. Differentiable in
+    hidden, weight and bias; under torch.autocast the matmuls run in the autocast dtype.
 
-    return_entropy: also each token's entropy of that distribution (every token, ignored ones
-    included, as GRPO's entropy masking reads it): (logps, entropy). This path is chunked in
-    PyTorch (`chunk_size` tokens of logits at a time, recomputed in the backward).
+    Only the tokens with a target are computed: a prompt costs nothing (in eager mode; a
+    traced call computes every token). return_entropy: also each token's entropy of that
+    distribution, differentiable, 0 where the target is ignored: (logps, entropy).
+    accum_dtype=torch.float32 accumulates the weight gradient of bf16 weights in fp32.
     """
-    if not temperature > 0:
-        raise ValueError(f"fused_linear_logprobs: temperature must be > 0, got {temperature}")
     if return_entropy:
-        h2 = hidden.reshape(-1, hidden.shape[-1])
-        logps, entropy = _LogprobsEntropy.apply(
-            h2, weight, bias, target.reshape(-1), float(temperature), ignore_index,
-            int(chunk_size or 1024),
+        st = fused_linear_logprob_stats(
+            hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
+            logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
+            accum_dtype=accum_dtype, outputs=("entropy",),
         )  # fmt: skip
-        return logps.reshape(target.shape), entropy.reshape(target.shape)
-    if temperature != 1.0:  # logits / T = (hidden / T) @ weight.T + bias / T, exactly
-        hidden = hidden / temperature
-        bias = None if bias is None else bias / temperature
+        return st.log_probs, st.entropy
+    _check(temperature, softcap)
+    if softcap is not None and temperature != 1.0:
+        return fused_linear_logprob_stats(
+            hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
+            logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
+            accum_dtype=accum_dtype, outputs=(),
+        ).log_probs  # fmt: skip
+    # Without a cap after it, the temperature folds into the matmul's input exactly:
+    # logits * k = (hidden * k) @ weight.T + bias * k.
+    k = logit_scale if softcap is not None else logit_scale / temperature
+    if k != 1.0:
+        hidden = hidden * k
+        bias = None if bias is None else bias * k
+    h2, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
+    keep = _scored(t, ignore_index)
+    if chunk_size is None:
+        n = h2.shape[0] if keep is None else int(keep.sum())
+        chunk_size = chunk_rows(n, weight.shape[0], _compute_dtype(h2), h2.device)
     nll = fused_linear_cross_entropy(
-        hidden,
+        h2 if keep is None else h2[keep],
         weight,
-        target,
+        t if keep is None else t[keep],
         bias,
         ignore_index=ignore_index,
         reduction="none",
+        softcap=softcap,
+        accum_dtype=accum_dtype,
         chunk_size=chunk_size,
     )
-    return -nll.reshape(target.shape)
+    return -_spread(nll, keep).reshape(target.shape)
 
 
-def _chunk_stats(h, w, b, t, temperature, ignore_index):
-    """One chunk: fp32 scaled logits, their log-softmax, the target's log-prob (0 where
-    ignored) and the entropy."""
-    logits = h.float() @ w.float().T
-    if b is not None:
-        logits = logits + b.float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
+def chunk_rows(n: int, V: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Tokens per chunk of the log-prob paths: as fused linear cross-entropy chooses, with a
+    LOGITS_BYTES buffer. Their backward recomputes the logits and the weight gradient is
+    read and written once per chunk, so fewer, larger chunks pay off more than there."""
+    return choose_chunk_rows(n, V, torch.finfo(dtype).bits // 8, device, budget=LOGITS_BYTES)
+
+
+def _scored(t: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
+    """The mask of the tokens to compute, or None for all of them (none ignored, all
+    ignored, or a traced call, where the count would break the graph)."""
+    if traced(t) or t.numel() == 0:
+        return None
     keep = t != ignore_index
-    picked = logp.gather(-1, torch.where(keep, t, 0).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return logp, torch.where(keep, picked, 0.0), entropy, keep
+    n = int(keep.sum())
+    return None if n in (0, t.numel()) else keep
 
 
-class _LogprobsEntropy(torch.autograd.Function):
-    """Log-probs of the targets and entropies, chunk by chunk; the backward recomputes each
-    chunk's logits: d/dz = dlogp·(onehot - p) - dH·p·(log p + H), over the temperature."""
+def _spread(x: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor | None:
+    """The computed tokens' values back in place, 0 (False) at the skipped ones."""
+    if x is None or keep is None:
+        return x
+    return x.new_zeros(keep.shape).masked_scatter(keep, x)
+
+
+def fused_linear_logprob_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+    accum_dtype: torch.dtype | None = None,
+    outputs: tuple[str, ...] = STATS,
+) -> LogprobStats:
+    """The target log-probs and, per token, the statistics named in `outputs` (of STATS) of
+    the same distribution as `fused_linear_logprobs`, from one pass over each chunk's logits.
+
+    entropy is differentiable (its gradient joins the log-probs' in the one recomputation of
+    the backward); log_sum_sq_probs (log sum_v p_v^2), mean_logits (the mean of z) and
+    is_top1 (the target is the first argmax) are not. Every output is 0 (False) where the
+    target is ignored; those tokens are not computed (in eager mode).
+    """
+    _check(temperature, softcap)
+    unknown = set(outputs) - set(STATS)
+    if unknown:
+        raise ValueError(f"fused_linear_logprob_stats: unknown outputs {sorted(unknown)}; "
+                         f"choose from {STATS}")  # fmt: skip
+    check_tensor("fused_linear_logprobs", "hidden", hidden)
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"fused_linear_logprobs: weight must be [V, {hidden.shape[-1]}], "
+            f"got {tuple(weight.shape)}"
+        )
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"fused_linear_logprobs: target shape {tuple(target.shape)} != hidden's leading "
+            f"shape {tuple(hidden.shape[:-1])}"
+        )
+    check_same_device("fused_linear_logprobs", hidden=hidden, weight=weight, target=target)
+    t = target.reshape(-1)
+    bad = (t != ignore_index) & ((t < 0) | (t >= weight.shape[0]))
+    if t.numel() and not traced(t) and bool(bad.any()):
+        raise ValueError(f"fused_linear_logprobs: targets outside [0, {weight.shape[0]})")
+    want = tuple(name in outputs for name in STATS)
+    h2 = hidden.reshape(-1, hidden.shape[-1])
+    keep = _scored(t, ignore_index)
+    res = _LogprobStats.apply(
+        h2 if keep is None else h2[keep], weight, bias, t if keep is None else t[keep],
+        float(temperature), None if softcap is None else float(softcap), float(logit_scale),
+        int(ignore_index), chunk_size, want, accum_dtype,
+    )  # fmt: skip
+    shape = target.shape
+    return LogprobStats(*(None if x is None else _spread(x, keep).reshape(shape) for x in res))
+
+
+def _check(temperature: float, softcap: float | None) -> None:
+    if not temperature > 0:
+        raise ValueError(f"fused_linear_logprobs: temperature must be > 0, got {temperature}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"fused_linear_logprobs: softcap must be > 0, got {softcap}")
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return h.dtype
+
+
+def _project(h, w, b, out):
+    if b is not None:
+        torch.addmm(b, h, w.t(), out=out)
+    else:
+        torch.mm(h, w.t(), out=out)
+
+
+class _LogprobStats(torch.autograd.Function):
+    """Chunks of C tokens: logits = hidden_c @ weight.T (+ bias) into one reused [C, V]
+    buffer, then the stats kernel. The backward recomputes each chunk's logits, turns them into
+    their gradient in place and runs the two gradient matmuls."""
 
     @staticmethod
-    def forward(ctx, h, w, b, t, temperature, ignore_index, chunk):
-        logps = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
-        entropy = torch.empty_like(logps)
-        for s in range(0, h.shape[0], chunk):
-            r = slice(s, s + chunk)
-            _, logps[r], entropy[r], _ = _chunk_stats(h[r], w, b, t[r], temperature, ignore_index)
-        ctx.save_for_backward(h, w, *([] if b is None else [b]), t)
-        ctx.args = (temperature, ignore_index, chunk, b is not None)
-        return logps, entropy
+    def forward(ctx, h, w, b, t, temperature, softcap, scale, ignore_index, chunk, want, accum):
+        ctx.set_materialize_grads(False)
+        N, V = h.shape[0], w.shape[0]
+        cd = _compute_dtype(h)
+        f32 = dict(dtype=torch.float32, device=h.device)
+        logp, lse = torch.empty(N, **f32), torch.empty(N, **f32)
+        ent, lssp, mean = (torch.empty(N, **f32) if k else None for k in want[:3])
+        top1 = torch.empty(N, dtype=torch.int8, device=h.device) if want[3] else None
+        chunk = chunk or chunk_rows(N, V, cd, h.device)
+        kw = _kernel_args(V, ignore_index, temperature, softcap, scale)
+        with torch.autocast(h.device.type, enabled=False):
+            wc = w.to(cd)
+            bc = None if b is None else b.to(cd)
+            buf = torch.empty((min(chunk, N), V), dtype=cd, device=h.device)
+            for s in range(0, N, chunk):
+                e = min(s + chunk, N)
+                lg = buf[: e - s]
+                _project(h[s:e].to(cd), wc, bc, lg)
+                _stats_fwd_kernel[(e - s,)](
+                    lg, lg.stride(0), t[s:e], logp[s:e], lse[s:e],
+                    *(x[s:e] if x is not None else lse[s:e] for x in (ent, lssp, mean)),
+                    top1[s:e] if top1 is not None else lse[s:e],
+                    ENTROPY=want[0], SUM_SQ=want[1], MEAN=want[2], TOP1=want[3], **kw,
+                )  # fmt: skip
+        ctx.save_for_backward(h, w, b, t, lse, ent if ent is not None else lse)
+        ctx.args = (cd, chunk, kw, accum, ent is not None)
+        out = [x for x in (lssp, mean) if x is not None]
+        if top1 is not None:
+            top1 = top1.bool()
+            out.append(top1)
+        ctx.mark_non_differentiable(*out)
+        return logp, ent, lssp, mean, top1
 
     @staticmethod
-    def backward(ctx, d_logps, d_entropy):
-        temperature, ignore_index, chunk, has_b = ctx.args
-        h, w, *rest = ctx.saved_tensors
-        b, t = (rest[0], rest[1]) if has_b else (None, rest[0])
-        grad_h = torch.empty_like(h)
-        grad_w = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
-        grad_b = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if has_b else None
-        for s in range(0, h.shape[0], chunk):
-            r = slice(s, s + chunk)
-            logp, _, ent, keep = _chunk_stats(h[r], w, b, t[r], temperature, ignore_index)
-            p = logp.exp()
-            dl = torch.where(keep, d_logps[r].float(), 0.0)[:, None]
-            g = -dl * p
-            g.scatter_add_(-1, torch.where(keep, t[r], 0)[:, None], dl)
-            g -= d_entropy[r].float()[:, None] * p * (logp + ent[:, None])
-            g = g / temperature
-            grad_h[r] = (g @ w.float()).to(h.dtype)
-            grad_w += g.T @ h[r].float()
-            if has_b:
-                grad_b += g.sum(0)
-        return (grad_h, grad_w.to(w.dtype), None if b is None else grad_b.to(b.dtype),
-                None, None, None, None)  # fmt: skip
+    def backward(ctx, d_logp, d_ent, *_):
+        h, w, b, t, lse, ent = ctx.saved_tensors
+        cd, chunk, kw, accum, has_ent = ctx.args
+        if not has_ent:
+            d_ent = None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if (d_logp is None and d_ent is None) or not (need_h or need_w or need_b):
+            return (None,) * 11
+        N, V = h.shape[0], w.shape[0]
+        # fp32 hidden states under autocast (a master copy): their gradient comes out of the
+        # half-precision matmul in fp32, not rounded to half first
+        wide_h = h.dtype != cd
+        grad_h = None
+        if need_h:
+            grad_h = (torch.zeros if wide_h else torch.empty)(
+                h.shape, dtype=h.dtype, device=h.device
+            )
+        acc = accum or w.dtype
+        grad_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
+        grad_b = torch.zeros(V, dtype=torch.float32, device=w.device) if need_b else None
+        dl = d_logp.float().contiguous() if d_logp is not None else lse
+        de = d_ent.float().contiguous() if d_ent is not None else lse
+        block = kw["BLOCK"]
+        with torch.autocast(h.device.type, enabled=False):
+            wc = w.to(cd)
+            bc = None if b is None else b.to(cd)
+            buf = torch.empty((min(chunk, N), V), dtype=cd, device=h.device)
+            for s in range(0, N, chunk):
+                e = min(s + chunk, N)
+                lg, hc = buf[: e - s], h[s:e].to(cd)
+                _project(hc, wc, bc, lg)
+                _stats_bwd_kernel[(e - s, triton.cdiv(V, block))](
+                    lg, lg.stride(0), t[s:e], lse[s:e], ent[s:e], dl[s:e], de[s:e],
+                    DLOGP=d_logp is not None, DENT=d_ent is not None, **kw,
+                )  # fmt: skip
+                if grad_h is not None and wide_h:
+                    _addmm_(grad_h[s:e], lg, wc)
+                elif grad_h is not None:
+                    torch.mm(lg, wc, out=grad_h[s:e])
+                if grad_w is not None:
+                    _addmm_(grad_w, lg.t(), hc)
+                if grad_b is not None:
+                    grad_b += lg.sum(0, dtype=torch.float32)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(w.dtype),
+            None if grad_b is None else grad_b.to(b.dtype),
+            *(None,) * 8,
+        )
+
+
+def _kernel_args(V, ignore_index, temperature, softcap, scale) -> dict:
+    return dict(
+        V=V, ignore_index=ignore_index, scale=scale, cap=softcap or 1.0,
+        inv_t=1.0 / temperature, SOFTCAP=softcap is not None,
+        BLOCK=min(4096, triton.next_power_of_2(V)),
+    )  # fmt: skip
 
 
 def fused_linear_logprobs_ref(
@@ -117,18 +308,29 @@ def fused_linear_logprobs_ref(
     ignore_index: int = -100,
     chunk_size: int | None = None,
     return_entropy: bool = False,
+    softcap: float | None = None,
+    logit_scale: float = 1.0,
+    accum_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The unfused fp32 reference: the full logits, log_softmax, a gather (and the entropy)."""
-    logits = hidden.float() @ weight.float().T
-    if bias is not None:
-        logits = logits + bias.float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
+    logp = logits_ref(hidden, weight, bias, temperature, softcap, logit_scale).log_softmax(-1)
     keep = target != ignore_index
     picked = logp.gather(-1, torch.where(keep, target, 0).unsqueeze(-1)).squeeze(-1)
     logps = torch.where(keep, picked, 0.0)
     if return_entropy:
-        return logps, -(torch.softmax(logits / temperature, -1) * logp).sum(-1)
+        return logps, -(logp.exp() * logp).sum(-1)
     return logps
+
+
+def logits_ref(hidden, weight, bias=None, temperature=1.0, softcap=None, logit_scale=1.0):
+    """The full fp32 logits z the primitive samples from (see `fused_linear_logprobs`)."""
+    z = hidden.float() @ weight.float().T
+    if bias is not None:
+        z = z + bias.float()
+    z = z * logit_scale
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    return z / temperature
 
 
 def sequence_logprobs(
