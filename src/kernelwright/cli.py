@@ -28,7 +28,8 @@ app = typer.Typer(
     "Workflows: create (a PyTorch reference → a tested Triton kernel), autopatch (a Hugging "
     "Face model → a reviewed profile → kernels patched in), optimize (an op's launch table "
     "tuned on this GPU). Tools: bench (time ops against their peers), results (query every "
-    "run's rows), demo (verify every kernel, then a benchmark), info (the device and versions).",
+    "run's rows), demo (verify every kernel, then a benchmark), info (the device and versions), "
+    "skills (the workflows as skills a coding agent loads).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -80,6 +81,12 @@ app.add_typer(results_app, name="results")
 from kernelwright.cli_registry import registry_app  # noqa: E402
 
 app.add_typer(registry_app, name="registry")
+
+
+# `kernelwright skills ...`: the workflows as skills for coding agents (cli_skills.py)
+from kernelwright.cli_skills import skills_app  # noqa: E402
+
+app.add_typer(skills_app, name="skills")
 
 
 @app.command()
