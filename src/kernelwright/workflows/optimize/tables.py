@@ -9,6 +9,8 @@ through `rewrite_table_source`: the rest of the file â€” comments, other archs â
 from __future__ import annotations
 
 import ast
+import importlib.util
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
@@ -253,10 +255,17 @@ def rewrite_table_source(source: str, arch: str, entries: ArchRows, comment: str
 
 
 def check_rewritten(source: str, arch: str, entries: ArchRows) -> None:
-    """Execute the rewritten table source and confirm it holds exactly `entries` for `arch`."""
-    namespace: dict = {}
-    exec(compile(source, "<rewritten table>", "exec"), namespace)
-    table = namespace["TABLE"]
+    """Execute the rewritten table source and confirm it holds exactly `entries` for `arch`.
+
+    It runs from a file: a created op's table lives in its generated module beside its
+    kernels, and Triton's jit reads a kernel's source from the file it is defined in."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rewritten_table.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("_kernelwright_rewritten_table", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    table = module.TABLE
     for k, rows in entries.items():
         if list(table[k][arch]) != list(rows):
             raise ValueError(f"rewriting the table file gave other rows for {k}/{arch}")
