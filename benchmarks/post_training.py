@@ -9,6 +9,8 @@ Losses (hidden 4096, vocabulary 128256, bf16 weights and hidden states by defaul
     grpo      groups of 8 completions, reference log-probs given, KL beta 0.04, dapo
     jsd       distillation, generalized JSD (beta 0.5) from the student's and the teacher's
               hidden states and lm_heads
+    trl_head  the fused LM head TRL's DPOTrainer calls (log-probs, entropy, mean logit,
+              first-argmax): TRL's function against kernelwright's in its place
     logprobs  the primitive alone: per-token log-probs, summed; its row also reports the time
               of its matmuls measured alone (forward logits, backward recomputed logits and
               the two gradient matmuls) and at the device's peak bf16 rate
@@ -29,7 +31,9 @@ before it (the inputs); `work_mib` is that minus the gradients every provider mu
 (hidden's and the lm_head weight's: 1 GiB of it is the bf16 [128256, 4096] weight gradient).
 `value` is the loss (every provider must agree with the unfused one: `loss_ok`).
 
-Outputs in --out: post_training.csv and post_training.md.
+Outputs in --out: post_training.csv (every field), post_training.md (the table),
+post_training.png (time and memory per loss and provider) and post_training_bench.csv (the
+rows in the results database's schema: `kernelwright results import` it).
 """
 
 from __future__ import annotations
@@ -162,6 +166,21 @@ def step_fn(loss: str, provider: str, d: dict):
             return None
         f = LOGPS[provider]
         return lambda: f(d["h"], d["w"], d["target"]).sum()
+    if loss == "trl_head":  # what TRL's DPOTrainer asks its fused LM head for
+        if provider not in ("trl", "kernelwright"):
+            return None
+        from kernelwright.integrations.trl import KernelwrightLogProbs
+
+        fn = _trl_kernels().ChunkedLogProbFunction if provider == "trl" else KernelwrightLogProbs
+        keep = d["target"] != -100
+        outs = ("log_probs", "entropy", "mean_logits", "is_top1")
+
+        def head():
+            lp, ent = fn.apply(d["h"][keep], d["w"], None, d["target"][keep], 1.0, 32768,
+                               None, 1.0, outs)[:2]  # fmt: skip
+            return lp.sum() + 0.01 * ent.sum()
+
+        return head
     if loss == "dpo":
         if provider == "liger":
             from liger_kernel.chunked_loss import LigerFusedLinearDPOLoss
@@ -324,7 +343,7 @@ def matmul_floor(d: dict, reps: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--losses", default="logprobs,dpo,grpo,jsd")
+    ap.add_argument("--losses", default="logprobs,trl_head,dpo,grpo,jsd")
     ap.add_argument("--providers", default="torch,kernelwright,liger,trl")
     ap.add_argument("--tokens", default="8192,16384")
     ap.add_argument("--hidden", type=int, default=4096)
@@ -378,7 +397,62 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     _check_losses(rows)
     _write(rows, out)
+    _write_bench_rows(rows, out, a.hidden, a.vocab)
+    _plot(rows, out)
     return 0
+
+
+def _write_bench_rows(rows, out: Path, H: int, V: int) -> None:
+    from kernelwright.bench.context import arch_of, git_commit
+    from kernelwright.bench.harness import BenchRow
+    from kernelwright.bench.report import write_csv
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    arch = arch_of(torch.device("cuda"))
+    commit = git_commit(ROOT)
+    bench = [
+        BenchRow(
+            op="fused_linear_logprobs" if r["loss"] == "logprobs" else f"{r['loss']}_loss",
+            mode="full", provider=r["provider"], x_name="tokens", x_value=r["tokens"],
+            shape=f"{r['tokens']}x{H}x{V}", dtype="bf16", ms_p50=r.get("ms", math.nan),
+            peak_mem_mb=r.get("peak_mib", math.nan), timing="cuda_events_no_flush",
+            gpu=r["gpu"], torch=r["torch"], triton=r["triton"], commit=commit,
+            timestamp=stamp, error=r.get("error", ""), arch=arch,
+            dims=f'{{"tokens": {r["tokens"]}, "hidden": {H}, "vocab": {V}}}',
+        )
+        for r in rows
+    ]  # fmt: skip
+    write_csv(bench, out / "post_training_bench.csv")
+
+
+def _plot(rows, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    losses = list(dict.fromkeys(r["loss"] for r in rows))
+    providers = list(dict.fromkeys(r["provider"] for r in rows))
+    fig, axes = plt.subplots(2, len(losses), figsize=(4 * len(losses), 7), squeeze=False)
+    for j, loss in enumerate(losses):
+        sizes = sorted({r["tokens"] for r in rows if r["loss"] == loss})
+        for i, (key, label) in enumerate((("ms", "fwd+bwd ms"), ("peak_mib", "peak MiB"))):
+            ax = axes[i][j]
+            width = 0.8 / len(providers)
+            for k, prov in enumerate(providers):
+                vals = [
+                    next((r.get(key, math.nan) for r in rows if r["loss"] == loss
+                          and r["tokens"] == n and r["provider"] == prov), math.nan)
+                    for n in sizes
+                ]  # fmt: skip
+                ax.bar([x + k * width for x in range(len(sizes))], vals, width, label=prov)
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(sizes))], [str(n) for n in sizes])
+            ax.set_title(f"{loss}: {label}")
+            ax.set_xlabel("tokens")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"post-training losses, {rows[0]['gpu']}, bf16, H 4096, V 128256")
+    fig.tight_layout()
+    fig.savefig(out / "post_training.png", dpi=110)
 
 
 def _check_losses(rows) -> None:
