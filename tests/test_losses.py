@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
+import kernelwright.losses as kernelwright_losses
 from kernelwright.losses import (
     DPO_LOSS_TYPES,
     cpo_loss,
@@ -513,3 +514,84 @@ def test_grpo_gradient_under_ddp_equals_the_global_batch(tmp_path):
     for rank in range(2):
         got = torch.load(tmp_path / f"grad_{rank}.pt")
         torch.testing.assert_close(got, whole.lm_head.weight.grad, atol=1e-6, rtol=1e-5)
+
+
+# ---- lm_heads as models hold them: tied, PEFT LoRA, FSDP2-sharded ---------------------------
+
+
+def _head_logps_ref(head, hidden, target):
+    logp = head(hidden).float().log_softmax(-1)
+    keep = target != -100
+    return torch.where(keep, logp.gather(-1, target.clamp(min=0)[..., None])[..., 0], 0.0)
+
+
+def test_head_weight_of_a_lora_lm_head_gives_the_modules_log_probs_and_gradients():
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=61, hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    model = transformers.LlamaForCausalLM(cfg).to(DEVICE)
+    lora = peft.LoraConfig(r=4, target_modules=["lm_head"], lora_dropout=0.0)
+    head = peft.get_peft_model(model, lora).get_output_embeddings()
+    with torch.no_grad():  # B starts at zero: make the adapter matter
+        head.lora_B["default"].weight.normal_()
+    hidden = torch.randn(2, 9, 16, device=DEVICE, requires_grad=True)
+    target = torch.randint(0, 61, (2, 9), device=DEVICE)
+    target[0, :3] = -100
+    weight, bias = kernelwright_losses.head_weight(head)
+    got = fused_linear_logprobs(hidden, weight, target, bias=bias)
+    want = _head_logps_ref(head, hidden, target)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    params = [hidden, head.lora_A["default"].weight, head.lora_B["default"].weight]
+    dy = torch.randn(got.shape, device=DEVICE)
+    for a, b in zip(torch.autograd.grad(got, params, dy), torch.autograd.grad(want, params, dy),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    # tied: the base weight is the input embedding itself
+    assert head.base_layer.weight is model.get_input_embeddings().weight
+    # dropout on the head's input cannot be merged into a weight
+    head.lora_dropout["default"] = torch.nn.Dropout(0.1)
+    head.train()
+    with pytest.raises(ValueError, match="dropout"):
+        kernelwright_losses.head_weight(head)
+
+
+def _fsdp_rank(rank: int, world: int, init: str, data: dict, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        head = torch.nn.Linear(16, 37, bias=False)
+        with torch.no_grad():
+            head.weight.copy_(data["weight"])
+        fully_shard(head, mesh=mesh)
+        weight, _ = kernelwright_losses.head_weight(head)
+        rows = slice(rank * 5, rank * 5 + 5)  # each rank its own tokens
+        logps = fused_linear_logprobs(data["hidden"][rows], weight, data["target"][rows])
+        logps.sum().backward()
+        # FSDP2 reduce-scatters the gradient as a mean over ranks
+        torch.save(head.weight.grad.full_tensor(), f"{out}/grad_{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)  # saved: skip C++ teardown, where gloo's threads abort now and then
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="gloo on CPU tensors: the CPU suite runs it")
+def test_head_weight_gathers_an_fsdp2_sharded_lm_head(tmp_path):
+    import torch.multiprocessing as mp
+
+    g = torch.Generator().manual_seed(5)
+    data = dict(weight=torch.randn(37, 16, generator=g), hidden=torch.randn(10, 16, generator=g),
+                target=torch.randint(0, 37, (10,), generator=g))  # fmt: skip
+    mp.spawn(_fsdp_rank, args=(2, str(tmp_path / "init"), data, str(tmp_path)), nprocs=2)
+    w = data["weight"].clone().requires_grad_()
+    want = fused_linear_logprobs_ref(data["hidden"], w, data["target"])
+    (want.sum() / 2).backward()
+    for r in range(2):
+        torch.testing.assert_close(torch.load(tmp_path / f"grad_{r}.pt"), w.grad,
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip

@@ -15,6 +15,7 @@ from kernelwright.losses.logprobs import (
     fused_linear_logprob_stats,
     fused_linear_logprobs,
     fused_linear_logprobs_ref,
+    head_weight,
     sequence_logprobs,
 )
 from kernelwright.losses.preference import (
@@ -38,6 +39,7 @@ __all__ = [
     "fused_linear_logprobs",
     "fused_linear_logprobs_ref",
     "grpo_loss",
+    "head_weight",
     "kto_loss",
     "orpo_loss",
     "sequence_logprobs",

@@ -298,6 +298,52 @@ def _kernel_args(V, ignore_index, temperature, softcap, scale) -> dict:
     )  # fmt: skip
 
 
+def head_weight(lm_head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (weight [V, H], bias) an lm_head applies, for the fused functions here, which take
+    the weight rather than the module; differentiable in whatever the module trains.
+
+    - nn.Linear, tied or not: its weight and bias.
+    - FSDP2 (`fully_shard`): called outside the module's forward, the weight is a sharded
+      DTensor; it is gathered whole, never used as the local shard, and its gradient is
+      averaged over the ranks onto the shards, as FSDP2 averages (inside the module's forward
+      FSDP2 has already unsharded it, and reduces the gradient itself).
+    - PEFT LoRA on the lm_head: W + sum over the active adapters of scaling * B @ A (merged
+      adapters are already in W). LoRA dropout on the head's input cannot be folded into a
+      weight: it is an error in training mode, as are DoRA and fan-in-fan-out layers.
+    """
+    base = getattr(lm_head, "base_layer", None)
+    if base is None:
+        return _full(lm_head.weight), _full(getattr(lm_head, "bias", None))
+    weight, bias = head_weight(base)
+    if getattr(lm_head, "merged", False) or getattr(lm_head, "disable_adapters", False):
+        return weight, bias
+    for name in lm_head.active_adapters:
+        if name not in lm_head.lora_A:
+            continue
+        if lm_head.use_dora.get(name, False) or getattr(lm_head, "fan_in_fan_out", False):
+            raise ValueError(f"head_weight: adapter {name!r} (DoRA or fan-in-fan-out) is not "
+                             "a low-rank update of the weight")  # fmt: skip
+        drop = lm_head.lora_dropout[name]
+        if lm_head.training and isinstance(drop, torch.nn.Dropout) and drop.p > 0:
+            raise ValueError(f"head_weight: adapter {name!r} has LoRA dropout {drop.p} on the "
+                             "head's input, which no merged weight reproduces; set "
+                             "lora_dropout=0 for the lm_head or call the module")  # fmt: skip
+        a, b = _full(lm_head.lora_A[name].weight), _full(lm_head.lora_B[name].weight)
+        weight = weight + lm_head.scaling[name] * (b @ a).to(weight.dtype)
+    return weight, bias
+
+
+def _full(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A sharded DTensor parameter gathered whole. Each rank's gradient of the gathered
+    tensor differs (its own tokens), so the backward reduce-scatters their mean to the shards:
+    what FSDP2 does to a gradient (data-parallel averaging) when the module's own forward runs."""
+    from torch.distributed.tensor import DTensor, Partial
+
+    if not isinstance(t, DTensor):
+        return t
+    return t.full_tensor(grad_placements=[Partial("avg")] * t.device_mesh.ndim)
+
+
 def fused_linear_logprobs_ref(
     hidden: torch.Tensor,
     weight: torch.Tensor,
