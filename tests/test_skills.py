@@ -241,9 +241,9 @@ def test_agents_md_names_what_exists():
     assert path_problems(text) == []
 
 
-def test_the_losses_skill_names_no_command():
+def test_the_losses_skill_names_its_workflow_command():
     shell, _ = segments(skills.load("losses").text)
-    assert not [seg for _, seg in shell if COMMAND.search(seg)]
+    assert any("kernelwright losses new" in seg for _, seg in shell)
 
 
 def test_the_checker_fails_on_what_does_not_exist():

@@ -89,6 +89,12 @@ from kernelwright.cli_skills import skills_app  # noqa: E402
 app.add_typer(skills_app, name="skills")
 
 
+# `kernelwright losses ...`: the post-training losses workflow (cli_losses.py)
+from kernelwright.cli_losses import losses_app  # noqa: E402
+
+app.add_typer(losses_app, name="losses")
+
+
 @app.command()
 def demo() -> None:
     """Verify every library kernel against its reference, then print a benchmark table."""
