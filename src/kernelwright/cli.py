@@ -27,9 +27,10 @@ app = typer.Typer(
     "them fast.\n\n"
     "Workflows: create (a PyTorch reference → a tested Triton kernel), autopatch (a Hugging "
     "Face model → a reviewed profile → kernels patched in), optimize (an op's launch table "
-    "tuned on this GPU). Tools: bench (time ops against their peers), results (query every "
-    "run's rows), demo (verify every kernel, then a benchmark), info (the device and versions), "
-    "skills (the workflows as skills a coding agent loads).",
+    "tuned on this GPU), debug (where an op diverges from its reference). Tools: bench (time "
+    "ops against their peers), results (query every run's rows), demo (verify every kernel, "
+    "then a benchmark), info (the device and versions), skills (the workflows as skills a "
+    "coding agent loads).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -69,6 +70,12 @@ Force = Annotated[
 from kernelwright.cli_bench import bench  # noqa: E402
 
 app.command()(bench)
+
+
+# `kernelwright debug`: cli_debug.py
+from kernelwright.cli_debug import debug  # noqa: E402
+
+app.command()(debug)
 
 
 # `kernelwright results ...`: the results database's commands (cli_results.py)

@@ -1,0 +1,150 @@
+"""`kernelwright debug`: bisect a numerical divergence of an op from its fp32 reference
+(kernelwright.workflows.debug). Registered on the main app in cli.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kernelwright.console import make_console
+
+
+def debug(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A library op (a registry name), an op made by `kernelwright create` (added "
+            "to the library, or its name or folder in kernelwright-runs/create/), "
+            "package.module:function; or a "
+            "Hugging Face model: a model type ('llama', built tiny), a config.json or a "
+            "directory holding one."
+        ),
+    ],
+    ref: Annotated[
+        str | None,
+        typer.Option(
+            help="The reference of a package.module:function target: a registry op (its cases, "
+            "inputs, launch table and tolerances, with TARGET in place of the op) or "
+            "package.module:function. Default: <function>_ref beside it."
+        ),
+    ] = None,
+    inputs: Annotated[
+        str | None,
+        typer.Option(
+            help="Inputs maker of a package.module:function target: a maker of "
+            "kernelwright.testing.cases (x, x_weight, gate_up, logits_target, ...) or "
+            "package.module:maker(shape, dtype, device, seed) -> {name: tensor}."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every probe's random inputs.")] = 0,
+    name: Annotated[str | None, typer.Option(help="Workspace name (default: from TARGET).")] = None,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Plan and bisect without stopping for review.")
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Bisect from the reviewed profile.yaml in the workspace."),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Workspace (default kernelwright-runs/debug/<name>).")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="MODEL: float32 or bfloat16, both models in it.")
+    ] = "float32",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
+            "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
+        ),
+    ] = False,
+) -> None:
+    """Bisect where an op diverges from its fp32 reference: forward or which gradient, dtype,
+    shape regime, layout, extreme values, launch config; shrink the failing input; write
+    profile.yaml, repro.py and report.md. For a MODEL: the first module whose output (or input
+    gradient) leaves the unpatched model's, and the error's growth per module (a plot).
+
+    Exit 0: no divergence (or stopped for review); 1: a divergence was localised; 2: stopped
+    (an edited profile kept, or a target that cannot be resolved).
+    """
+    from rich.markup import escape
+
+    from kernelwright.workflows.debug import DebugOptions, TargetError, debug_op
+    from kernelwright.workflows.debug.target import op_like
+
+    console = make_console()
+    if not op_like(target):
+        from kernelwright.workflows.debug.model import is_model
+
+        if is_model(target):
+            _model(target, dtype, seed, name, out)
+            return
+    opts = DebugOptions(
+        target,
+        ref=ref,
+        inputs=inputs,
+        seed=seed,
+        name=name,
+        yes=yes,
+        resume=resume,
+        force=force,
+        workspace=out,
+    )
+    try:
+        result = debug_op(opts, progress=lambda line: console.print(escape(line)))
+    except TargetError as e:
+        raise typer.BadParameter(str(e), param_hint="TARGET") from None
+    if result.stage == "kept":
+        console.print(result.saved.message, style="yellow", markup=False)
+        raise typer.Exit(2)
+    if result.stage == "review":
+        console.print(f"Plan: {result.saved.path}  (review the cases, tolerances and probes)")
+        flags = f" --out {out}" if out else ""
+        flags += f" --name {name}" if name else ""
+        console.print(f"Bisect with:\n  kernelwright debug {target} --resume{flags}")
+        return
+    profile = result.profile
+    console.print(f"Report: {result.report}")
+    if profile.divergence is None:
+        skipped = sum(p.status == "skipped" for p in profile.probes)
+        console.print(
+            f"[green]no divergence[/]: {len(profile.probes) - skipped} probes agree with the "
+            f"reference ({skipped} skipped)"
+        )
+        return
+    d = profile.divergence
+    console.print(f"[red]diverged:[/] {escape(d.summary)}")
+    console.print(f"smallest failing shape {tuple(d.minimal_shape)}; repro: python {result.repro}")
+    raise typer.Exit(1)
+
+
+def _model(target: str, dtype: str, seed: int, name: str | None, out: Path | None) -> None:
+    from rich.markup import escape
+
+    from kernelwright.workflows.debug.model import DTYPES, debug_model
+
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"one of {', '.join(DTYPES)}", param_hint="--dtype")
+    console = make_console()
+    label = name or Path(target).name or target
+    try:
+        result = debug_model(
+            target,
+            workspace=out or Path("kernelwright-runs/debug") / label,
+            dtype=dtype,
+            seed=seed,
+            name=label,
+            progress=lambda line: console.print(escape(line)),
+        )
+    except ValueError as e:  # transformers cannot build a causal LM of this config
+        raise typer.BadParameter(str(e), param_hint="TARGET") from None
+    console.print(f"Report: {result.report}" + (f"  plot: {result.plot}" if result.plot else ""))
+    d = result.profile.divergence
+    if d is None:
+        console.print("[green]no divergence[/]: every module agrees with the unpatched model")
+        return
+    console.print(f"[red]diverged ({d.pass_name}):[/] {escape(d.summary)}")
+    raise typer.Exit(1)

@@ -1,0 +1,206 @@
+"""DebugProfile: what `kernelwright debug` compared, the probes it ran and where an op diverged.
+
+Stage 1 (Plan) writes the plan: the op and its fp32 reference, each case (function, reference,
+inputs maker, options), the tolerances with their source, and the probes per axis (dtypes,
+shape regimes, layouts, value regimes, launch configs). A person may edit it (drop a probe,
+change a tolerance or the seed) and resume. Stage 2 (Bisect) fills in every probe's result,
+the first divergence, the regime it is confined to and the smallest input that still fails.
+
+Axes, one value changed at a time from the base point (case 0, float32, the pow2 shape,
+contiguous, normal values, the launch table as it is):
+- case: the op's registered cases (options such as `casting_mode="gemma"`, `softcap`);
+- dtype: float32, bfloat16, float16;
+- shape: pow2 (powers of two), tail (odd sizes), tiny (short rows), many_rows, long_row
+  (past the launch table's last bounded row: the looped kernels);
+- layout: contiguous, row_strided (rows padded), transposed (last dim not contiguous);
+- values: normal, large (x 1000), all_equal (each row one value), inf (-inf at some
+  positions), nan (NaN at some positions);
+- config: every row of the op's launch table at a length it serves ("regime"), and every
+  distinct config of the table forced for all lengths ("forced").
+The other axes run as one pass per dtype (the base's failing dtype, else float32, bfloat16,
+float16 until a pass fails); when the base passed, failing probes are then repeated at the
+remaining dtypes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from kernelwright.profiles.base import Strict, YamlProfile
+
+SCHEMA_VERSION = 1
+
+AXES = ("case", "dtype", "shape", "layout", "values", "config")
+DTYPES = ("float32", "bfloat16", "float16")
+SHAPES = ("pow2", "tail", "tiny", "many_rows", "long_row")
+LAYOUTS = ("contiguous", "row_strided", "transposed")
+VALUES = ("normal", "large", "all_equal", "inf", "nan")
+Verdict = Literal["pending", "no divergence", "diverged"]
+
+
+class CaseSpec(Strict):
+    """One way of calling the op: its function and reference ("module:attr"), the inputs
+    maker ("module:attr", called as maker(shape, dtype, device, seed) -> {name: tensor}), the
+    options passed to both (torch dtypes written as "torch.float32")."""
+
+    label: str
+    function: str
+    reference: str
+    inputs: str
+    family: str = (
+        "rows"  # how the maker's shape reads: "rows" [..., N], "hidden" [..., H, V], "rope"
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    grad_inputs: list[str] | None = None  # None: every float input
+    # shape regime -> the maker's shape for it ("pow2" is the base point's)
+    shapes: dict[str, list[int]] = Field(default_factory=dict)
+
+
+class TolSpec(Strict):
+    fwd: float  # bound on the outputs' relative-norm error ||out - ref|| / ||ref||
+    bwd: float  # bound on every input gradient's relative-norm error
+
+
+class PassResult(Strict):
+    """One compared quantity of a probe: "forward" (output `detail`) or "grad:<input>"."""
+
+    name: str
+    detail: str = ""
+    error: float  # relative-norm error on the elements where the reference is finite
+    max_abs: float = 0.0  # the largest absolute difference there
+    tol: float
+    ok: bool
+
+
+class Probe(Strict):
+    """One run of the op against its reference at one point of the axes."""
+
+    axis: str  # the axis this probe varies ("base" for the base point)
+    value: str  # its value on that axis
+    case: str
+    dtype: str
+    shape: list[int]
+    shape_regime: str
+    layout: str
+    values: str
+    config: str  # "table" (as it is) or the launch config row in force
+    status: Literal["pass", "fail", "skipped"]
+    failing: list[str] = Field(default_factory=list)  # the failing passes, in order
+    max_error: float = 0.0  # the largest error / tol ratio's error
+    passes: list[PassResult] = Field(default_factory=list)
+    message: str = ""  # an exception, or why the probe was skipped
+    seconds: float = 0.0
+
+
+class Divergence(Strict):
+    """The first failing probe, its regime and the smallest input that still fails."""
+
+    pass_name: str  # "forward", "grad:<input>" or "backward" (the backward raised)
+    passes: list[str]  # every failing pass of that probe
+    case: str
+    dtype: str
+    shape: list[int]
+    shape_regime: str
+    layout: str
+    values: str
+    config: str
+    error: float
+    tol: float
+    message: str = ""
+    minimal_shape: list[int]
+    shrink_steps: list[list[int]] = Field(default_factory=list)  # the shapes tried that failed
+    # per axis, the values whose probe failed (the base point's value included when it failed)
+    regime: dict[str, list[str]] = Field(default_factory=dict)
+    summary: str  # one sentence: what diverges, where, and where not
+
+
+class DebugProfile(YamlProfile):
+    REGENERATE: ClassVar[str] = "kernelwright debug"
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    target: str  # as given on the command line
+    kind: Literal["library", "created", "function"]
+    device: str
+    arch: str  # the launch-table key in force on this device
+    seed: int = 0
+    launch_table: str | None = None  # the table module whose rows the config axis probes
+    sys_path: list[str] = Field(default_factory=list)  # folders the op's module is imported from
+    tolerance_source: str
+    tolerances: dict[str, TolSpec]  # by dtype name
+    cases: list[CaseSpec]
+    # the probes to run, per axis (edit to drop some); config: "regime" and/or "forced"
+    dtypes: list[str] = Field(default_factory=lambda: list(DTYPES))
+    shapes: list[str] = Field(default_factory=lambda: list(SHAPES))
+    layouts: list[str] = Field(default_factory=lambda: list(LAYOUTS))
+    values: list[str] = Field(default_factory=lambda: list(VALUES))
+    configs: list[Literal["regime", "forced"]] = Field(default_factory=lambda: ["regime", "forced"])
+    shrink: bool = True
+    verdict: Verdict = "pending"
+    probes: list[Probe] = Field(default_factory=list)
+    divergence: Divergence | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- a model
+
+
+class ModuleCheck(Strict):
+    """One module call of the reference model, in the order the calls finished (children before
+    their parent), against the same call in the patched model."""
+
+    index: int
+    name: str  # "model.layers.1.mlp"; a module called twice: "name#1" for the second call
+    cls: str
+    forward_error: float | None = None  # its output (the first tensor of it); None: no output
+    grad_error: float | None = None  # the gradient of that output; None: none flowed
+    input_grad_error: float | None = None  # the gradient of its input (the first tensor)
+    patched: bool = False  # its forward is kernelwright's in the patched model
+
+
+class ParamCheck(Strict):
+    name: str
+    error: float
+    ok: bool
+
+
+class ModelDivergence(Strict):
+    pass_name: Literal["forward", "backward"]
+    module: str
+    cls: str
+    error: float
+    tol: float
+    evidence: str  # what diverged first: its output, or the gradient of its input
+    summary: str
+
+
+class ModelDebugProfile(YamlProfile):
+    """`kernelwright debug MODEL`: a patched model against the same model unpatched, module by
+    module, on one batch (forward outputs, gradients of every module's output and input, and
+    every parameter's gradient)."""
+
+    REGENERATE: ClassVar[str] = "kernelwright debug"
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    target: str
+    model_type: str
+    architecture: str
+    device: str
+    dtype: str
+    seed: int = 0
+    batch: int
+    seq: int
+    patched: list[str] = Field(default_factory=list)  # the modules the patch replaced
+    tolerance_source: str
+    tolerance: TolSpec
+    loss_reference: float
+    loss_patched: float
+    verdict: Verdict = "pending"
+    divergence: ModelDivergence | None = None
+    modules: list[ModuleCheck] = Field(default_factory=list)
+    params: list[ParamCheck] = Field(default_factory=list)
+    plot: str | None = None  # the per-module error growth (PNG), beside the profile
+    notes: list[str] = Field(default_factory=list)

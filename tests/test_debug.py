@@ -1,0 +1,284 @@
+"""kernelwright debug: the planted-bug corpus (tests/debug_planted.py) localised to the right
+pass and regime, each repro failing while its bug is there and passing on the fixed op; the
+clean library op without a divergence; the review stop, resume and edited profiles; targets
+(a function with its own reference, a created op's workspace) and the command's exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import debug_planted as planted
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kernelwright.cli import app
+from kernelwright.profiles.debug import DebugProfile
+from kernelwright.workflows.debug import DebugOptions, TargetError, debug_op, plan
+from kernelwright.workflows.debug.bisect import bisect, probed_values
+
+GOAL = 0.9  # share of the planted bugs localised to the right pass and regime
+TESTS = Path(__file__).resolve().parent
+
+# Runs each repro.py as a script (runpy, __main__) in one child process, and prints one JSON
+# line: path -> "failed: <exception>" or "passed" (one process: an import costs seconds here).
+RUNNER = textwrap.dedent(
+    """
+    import json, runpy, sys
+    out = {}
+    for path in sys.argv[1:]:
+        try:
+            runpy.run_path(path, run_name="__main__")
+            out[path] = "passed"
+        except BaseException as e:  # AssertionError: the divergence; anything else: broken
+            out[path] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+    print(json.dumps(out))
+    """
+)
+
+
+def run_scripts(paths: list[Path]) -> dict[str, str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=TESTS.parent,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fixed_copy(repro: Path, bug: planted.Bug) -> Path:
+    """The repro with the library op in place of the planted one (the bug fixed)."""
+    text = repro.read_text()
+    planted_import = f"from debug_planted import {bug.name} as op"
+    assert planted_import in text
+    module = f"kernelwright.ops.{bug.ref}"
+    fixed = repro.with_name("repro_fixed.py")
+    fixed.write_text(text.replace(planted_import, f"from {module} import {bug.ref} as op"))
+    return fixed
+
+
+def localised(bug: planted.Bug, profile: DebugProfile) -> list[str]:
+    """Why `profile` does not localise `bug` (empty: it does)."""
+    d = profile.divergence
+    if d is None:
+        return ["no divergence found"]
+    problems = []
+    if d.pass_name != bug.pass_name:
+        problems.append(f"pass {d.pass_name}, expected {bug.pass_name}")
+    probed = probed_values(profile, profile.probes)
+    for axis, value in bug.regime.items():
+        failed = d.regime.get(axis, [])
+        if not any(value in v for v in failed):
+            problems.append(f"{axis}: {value!r} not among the failing values {failed}")
+        elif len(failed) == len(probed[axis]):
+            problems.append(f"{axis}: every value fails, not confined to {value!r}")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Every planted bug debugged (autonomously, --yes), then every repro run as a script and
+    every repro with the library op in place of the planted one."""
+    root = tmp_path_factory.mktemp("debug_corpus")
+    results = {}
+    for bug in planted.BUGS:
+        opts = DebugOptions(
+            f"debug_planted:{bug.name}", ref=bug.ref, yes=True, workspace=root / bug.name
+        )
+        results[bug.name] = debug_op(opts)
+    repros = [r.repro for r in results.values() if r.repro is not None]
+    fixed = [fixed_copy(results[b.name].repro, b) for b in planted.BUGS if results[b.name].repro]
+    return results, run_scripts(repros + fixed)
+
+
+def test_the_corpus_has_twenty_bugs_or_more():
+    names = [b.name for b in planted.BUGS]
+    assert len(names) >= 20 and len(set(names)) == len(names)
+    assert all(callable(getattr(planted, n)) for n in names)
+
+
+@pytest.mark.parametrize("bug", planted.BUGS, ids=lambda b: b.name)
+def test_planted_bug_is_localised_and_its_repro_fails(corpus, bug):
+    results, scripts = corpus
+    result = results[bug.name]
+    assert result.stage == "done" and result.diverged, bug.what
+    assert localised(bug, result.profile) == [], result.profile.divergence.summary
+    d = result.profile.divergence
+    assert math.prod(d.minimal_shape) <= math.prod(d.shape)
+    assert result.repro is not None and result.report is not None
+    assert scripts[str(result.repro)].startswith("failed: AssertionError"), scripts[
+        str(result.repro)
+    ]
+    fixed = str(result.repro.with_name("repro_fixed.py"))
+    assert scripts[fixed] == "passed", scripts[fixed]
+    # the workspace: the profile reads back, the report names the pass
+    profile = DebugProfile.load(result.workspace / "profile.yaml")
+    assert profile.verdict == "diverged" and profile.divergence.pass_name == d.pass_name
+    assert d.pass_name in result.report.read_text()
+
+
+def test_localisation_rate(corpus):
+    results, _ = corpus
+    missed = {b.name: localised(b, results[b.name].profile) for b in planted.BUGS}
+    missed = {k: v for k, v in missed.items() if v}
+    rate = 1 - len(missed) / len(planted.BUGS)
+    print(f"\nlocalised {len(planted.BUGS) - len(missed)}/{len(planted.BUGS)} = {rate:.0%}")
+    assert rate >= GOAL, missed
+
+
+def test_a_repro_runs_on_its_own(corpus):
+    results, _ = corpus
+    repro = results["rms_norm_no_offset"].repro
+    proc = subprocess.run(
+        [sys.executable, str(repro)], capture_output=True, text=True, timeout=300, cwd="/"
+    )
+    assert proc.returncode != 0
+    assert "AssertionError: forward" in proc.stderr
+    assert "FAIL forward" in proc.stdout
+
+
+# --------------------------------------------------------------------------- the clean library
+
+
+def test_the_clean_library_op_has_no_divergence(tmp_path):
+    result = CliRunner().invoke(app, ["debug", "rms_norm", "--yes", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "no divergence" in result.output
+    profile = DebugProfile.load(tmp_path / "profile.yaml")
+    assert profile.verdict == "no divergence" and profile.divergence is None
+    assert profile.tolerance_source == "tests/test_rms_norm.py: TOL"
+    assert profile.tolerances["bfloat16"].fwd == pytest.approx(1.4e-2)
+    assert not (tmp_path / "repro.py").exists()
+    # every axis was probed, at every dtype, and every launch-table row
+    axes = {p.axis for p in profile.probes}
+    assert axes == {"dtype", "case", "shape", "layout", "values", "config"}
+    assert {p.dtype for p in profile.probes} == {"float32", "bfloat16", "float16"}
+    configs = [p.value for p in profile.probes if p.axis == "config"]
+    assert any(v.startswith("table fwd row 1") for v in configs)
+    assert any(v.startswith("forced bwd") for v in configs)
+    assert "No divergence" in (tmp_path / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_review_stop_edit_and_resume(tmp_path):
+    runner = CliRunner()
+    target = "debug_planted:rms_norm_no_offset"
+    args = ["debug", target, "--ref", "rms_norm", "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "--resume" in result.output
+    path = tmp_path / "profile.yaml"
+    profile = DebugProfile.load(path)
+    assert profile.verdict == "pending" and not profile.probes
+    assert [c.label for c in profile.cases] == [
+        "rms_norm_no_offset (llama)",
+        "rms_norm_no_offset (gemma)",
+    ]
+    # a reviewer narrows the plan
+    data = yaml.safe_load(path.read_text())
+    data.update(shapes=["pow2"], layouts=["contiguous"], values=["normal"], configs=[])
+    data["dtypes"] = ["float32"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # a re-run without --force keeps the edited plan
+    kept = runner.invoke(app, args)
+    assert kept.exit_code == 2 and (tmp_path / "profile.new.yaml").exists()
+    assert DebugProfile.load(path).configs == []
+
+    result = runner.invoke(app, ["debug", target, "--resume", "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    profile = DebugProfile.load(path)
+    assert {p.axis for p in profile.probes} == {"dtype", "case"}
+    assert len(profile.probes) == 2  # float32 base, the gemma case
+    assert profile.divergence.case == "rms_norm_no_offset (gemma)"
+    assert (tmp_path / "repro.py").exists()
+
+
+def test_unknown_targets_are_refused():
+    result = CliRunner().invoke(app, ["debug", "rms_nrom", "--yes"])
+    assert result.exit_code == 2
+    assert "rms_norm" in result.output
+    with pytest.raises(TargetError, match="no inputs maker matches"):
+        plan("debug_planted:_regrad", ref="kernelwright.ops.rms_norm:rms_norm_ref")
+    with pytest.raises(TargetError, match="registers no inputs"):
+        plan("moe_experts")
+
+
+# --------------------------------------------------------------------------- other targets
+
+
+def test_a_function_with_its_own_reference():
+    # a Triton kernel of its own; the reference named explicitly, the inputs maker chosen
+    # from its argument names (x)
+    profile = plan(
+        "debug_planted:relu_squared_tail_tiles",
+        ref="kernelwright.ops.relu_squared:relu_squared_ref",
+    )
+    assert profile.kind == "function" and profile.launch_table is None
+    assert profile.cases[0].inputs == "kernelwright.testing.cases:x"
+    assert profile.tolerance_source.endswith("DEFAULT_TOLERANCES")
+    assert profile.sys_path == [str(TESTS)]
+    profile.layouts, profile.values = ["contiguous"], ["normal"]
+    bisect(profile, lambda _: None)
+    d = profile.divergence
+    assert d.pass_name == "forward" and "tail" in d.regime["shape"]
+    assert "pow2" not in d.regime["shape"]
+    assert d.minimal_shape[-1] < 16  # the tile is 16 columns: a shorter row never writes
+
+
+CREATED_OP = '''
+"""A stand-in for an op made by `kernelwright create` (its module's exports and BENCH)."""
+import torch
+
+from kernelwright.ops.relu_squared import relu_squared as _lib
+
+__all__ = ["Scaled", "scaled", "scaled_ref"]
+BENCH = {
+    "inputs": [("x", "full", (4, 96), True, "same")],
+    "n_outputs": 1,
+    "sweep": [{"rows": 4, "cols": 96}],
+    "layout": [(4, 96), (1,), ("full",), False, None],
+}
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x):
+        return scaled(x)
+
+
+def scaled(x):
+    y = _lib(x)
+    return y * 1.5 if x.shape[-1] % 2 else y  # wrong for odd rows
+
+
+def scaled_ref(x):
+    return torch.relu(x.float()) ** 2
+'''
+
+
+def test_a_created_op_in_its_workspace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pkg = tmp_path / "kernelwright-runs" / "create" / "scaled" / "pkg" / "scaled"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "scaled.py").write_text(CREATED_OP)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # plan() puts the workspace on it
+    profile = plan("scaled")
+    assert profile.kind == "created"
+    assert plan("kernelwright-runs/create/scaled").cases == profile.cases  # by its folder
+    assert profile.cases[0].inputs == "bench:scaled.scaled"
+    profile.layouts, profile.values = ["contiguous"], ["normal"]
+    bisect(profile, lambda _: None)
+    d = profile.divergence
+    assert d.pass_name == "forward" and "tail" in d.regime["shape"]
+    assert "pow2" not in d.regime["shape"] and "many_rows" not in d.regime["shape"]
+    assert d.minimal_shape[-1] % 2 == 1
