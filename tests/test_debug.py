@@ -15,12 +15,17 @@ from pathlib import Path
 import debug_planted as planted
 import pytest
 import yaml
+from conftest import ON_GPU
 from typer.testing import CliRunner
 
 from kernelwright.cli import app
 from kernelwright.profiles.debug import DebugProfile
 from kernelwright.workflows.debug import DebugOptions, TargetError, debug_op, plan
 from kernelwright.workflows.debug.bisect import bisect, probed_values
+
+# The corpus probes every dtype, shape regime and launch-table row of each planted op: under the
+# interpreter that is milliseconds a probe, on a GPU a compilation each (minutes a bug).
+pytestmark = pytest.mark.skipif(ON_GPU, reason="the planted corpus runs in the CPU suite")
 
 GOAL = 0.9  # share of the planted bugs localised to the right pass and regime
 TESTS = Path(__file__).resolve().parent
