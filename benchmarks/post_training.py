@@ -414,7 +414,7 @@ def _write_bench_rows(rows, out: Path, H: int, V: int) -> None:
         BenchRow(
             op="fused_linear_logprobs" if r["loss"] == "logprobs" else f"{r['loss']}_loss",
             mode="full", provider=r["provider"], x_name="tokens", x_value=r["tokens"],
-            shape=f"{r['tokens']}x{H}x{V}", dtype="bf16", ms_p50=r.get("ms", math.nan),
+            shape=f"{r['tokens']}x{H}x{V}", dtype="bfloat16", ms_p50=r.get("ms", math.nan),
             peak_mem_mb=r.get("peak_mib", math.nan), timing="cuda_events_no_flush",
             gpu=r["gpu"], torch=r["torch"], triton=r["triton"], commit=commit,
             timestamp=stamp, error=r.get("error", ""), arch=arch,

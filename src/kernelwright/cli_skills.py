@@ -26,7 +26,7 @@ def _console():
 def _fail(message: str) -> typer.Exit:
     from rich.markup import escape
 
-    _console().print(f"[red]error:[/] {escape(message)}")
+    _console().print(f"[red]error:[/] {escape(message)}", soft_wrap=True)  # paths stay whole
     return typer.Exit(1)
 
 
@@ -112,7 +112,9 @@ def skills_install(
                 if not dest.is_file() or dest.read_bytes() != data:
                     dest.write_bytes(data)
             where = escape(str(target / name))
-            console.print(f"{name}: {state[name]} in {where}", highlight=False)
+            console.print(f"{name}: {state[name]} in {where}", highlight=False, soft_wrap=True)
     except OSError as e:
         raise _fail(f"installing into {target}: {e}") from None
-    console.print(f"{len(plan)} skill(s) in {escape(str(target.resolve()))}", highlight=False)
+    console.print(
+        f"{len(plan)} skill(s) in {escape(str(target.resolve()))}", highlight=False, soft_wrap=True
+    )

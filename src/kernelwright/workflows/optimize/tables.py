@@ -9,7 +9,7 @@ through `rewrite_table_source`: the rest of the file â€” comments, other archs â
 from __future__ import annotations
 
 import ast
-import importlib.util
+import runpy
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -262,10 +262,7 @@ def check_rewritten(source: str, arch: str, entries: ArchRows) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rewritten_table.py"
         path.write_text(source)
-        spec = importlib.util.spec_from_file_location("_kernelwright_rewritten_table", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    table = module.TABLE
+        table = runpy.run_path(str(path))["TABLE"]
     for k, rows in entries.items():
         if list(table[k][arch]) != list(rows):
             raise ValueError(f"rewriting the table file gave other rows for {k}/{arch}")
