@@ -83,7 +83,16 @@ def profile_of(model_type: str) -> ModelProfile:
 
 
 def _checked(decision) -> list[str]:
-    return [e.detail for e in decision.evidence if e.source == "check"]
+    """The module checks' evidence (the whole-model check is counted by _model_checked)."""
+    return [
+        e.detail
+        for e in decision.evidence
+        if e.source == "check" and not e.detail.startswith("model check")
+    ]
+
+
+def _model_checked(decision) -> list[str]:
+    return [e.detail for e in decision.evidence if e.detail.startswith("model check")]
 
 
 @pytest.mark.parametrize("model_type", list(EXPECTED))
@@ -96,6 +105,9 @@ def test_profile_decisions(model_type):
     (norm,) = p.norms
     assert (norm.kind, norm.casting_mode, norm.offset) == exp.norm
     assert norm.status == "patch" and len(_checked(norm)) == (2 if norm.kind == "rms_norm" else 1)
+    # every patched decision passed the whole tiny model's check, train() and eval()
+    for d in (norm, *p.mlps, p.rope, p.output, *([p.moe] if p.moe.is_moe else [])):
+        assert len(_model_checked(d)) == 1 and "train and eval" in _model_checked(d)[0]
     uses = {u.attribute: (u.role, u.in_place_safe) for u in norm.uses}
     assert uses == exp.roles
 

@@ -149,32 +149,68 @@ def info() -> None:
 )
 def autopatch(
     model: Annotated[
-        str,
+        str | None,
         typer.Argument(
             help="A model type ('llama', 'qwen3'), a directory holding config.json, a "
             "config.json, or a modeling_*.py file. No weights are downloaded."
         ),
-    ],
+    ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Profile YAML (default kernelwright-runs/autopatch/<type>/profile.yaml)"),
+        typer.Option(
+            help="Profile YAML (default kernelwright-runs/autopatch/<type>/profile.yaml); "
+            "with --sweep, the results directory (default kernelwright-runs/autopatch/sweep)."
+        ),
     ] = None,
     check: Annotated[
         bool,
-        typer.Option(help="Confirm each patch decision numerically on a tiny CPU instance."),
+        typer.Option(
+            help="Confirm each patch decision numerically on a tiny CPU instance: each module "
+            "against its replacement, then the whole model patched against unpatched."
+        ),
     ] = True,
     emit: Annotated[
         Path | None, typer.Option(help="Also write a convergence test for the profile here.")
     ] = None,
     force: Force = False,
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            "--sweep",
+            help="Instead of MODEL: every causal-LM model type transformers registers, each "
+            "built tiny, analysed, patched and compared with itself unpatched (loss, every "
+            "gradient, top-k log-probs; train() and eval()). Writes a CSV and a markdown table.",
+        ),
+    ] = False,
+    only: Annotated[
+        str | None, typer.Option(help="--sweep: these model types only (comma-separated).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="--sweep: seconds one model type may take.")
+    ] = 300.0,
+    jobs: Annotated[
+        int, typer.Option(help="--sweep: worker processes (0: in this process, no timeout).")
+    ] = 2,
+    profiles: Annotated[
+        bool, typer.Option(help="--sweep: also write each type's profile to OUT/profiles/.")
+    ] = True,
 ) -> None:
     """Analyse MODEL into a reviewed ModelProfile: every decision, its status and evidence.
 
-    A profile.yaml you edited is never overwritten without --force.
+    A profile.yaml you edited is never overwritten without --force. With --sweep: every
+    causal-LM model type, patched with parity, left alone (with the reason) or not buildable.
     """
     from rich.markup import escape
 
     from kernelwright.profiles.reviewed import save_profile
+
+    if sweep:
+        if model is not None:
+            raise typer.BadParameter("give MODEL or --sweep, not both", param_hint="MODEL")
+        _sweep(only, out, timeout, jobs, profiles)
+        return
+    if model is None:
+        raise typer.BadParameter("missing MODEL (or --sweep)", param_hint="MODEL")
     from kernelwright.workflows.autopatch import analyze
     from kernelwright.workflows.autopatch.summary import rows
 
@@ -214,6 +250,63 @@ def autopatch(
 
         written = emit_convergence_test(profile, emit)
         console.print(f"Convergence test: {written or emit}")
+
+
+def _sweep(only: str | None, out: Path | None, timeout: float, jobs: int, profiles: bool) -> None:
+    import difflib
+    import time
+
+    from rich.markup import escape
+
+    from kernelwright.workflows.autopatch import sweep as S
+
+    known = S.sweep_types()
+    types = known
+    if only:
+        types = [t.strip() for t in only.split(",") if t.strip()]
+        for t in types:
+            if t not in known:
+                close = difflib.get_close_matches(t, known, n=3)
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise typer.BadParameter(
+                    f"{t!r} is not a causal-LM model type{hint}", param_hint="--only"
+                )
+    out = out or Path("kernelwright-runs/autopatch/sweep")
+    console = make_console()
+    colour = {"patched": "green", "left_alone": "yellow", "cannot_build": "red"}
+    done = 0
+    console.print(f"autopatch sweep: {len(types)} model types, {max(jobs, 1)} worker(s) -> {out}")
+
+    def show(r: S.SweepRow) -> None:
+        nonlocal done
+        done += 1
+        what = r.patched if r.status == "patched" else (r.error or r.left_alone)
+        console.print(
+            f"[{done:3d}/{len(types)}] {r.model_type:<26} [{colour[r.status]}]{r.status:<12}[/] "
+            f"{r.seconds:6.1f}s  {escape(what[:110])}",
+            highlight=False,
+        )
+
+    start = time.perf_counter()
+    rows = S.run_sweep(
+        types,
+        jobs=jobs,
+        timeout=timeout,
+        profile_dir=out / "profiles" if profiles else None,
+        on_row=show,
+    )
+    wall = time.perf_counter() - start
+    meta = {
+        "command": "kernelwright autopatch --sweep" + (f" --only {only}" if only else ""),
+        **S.environment(),
+        "wall time": f"{wall / 60:.1f} min ({max(jobs, 1)} worker(s))",
+    }
+    csv_path, md_path = S.write_results(rows, out, meta=meta)
+    c = S.counts(rows)
+    console.print(
+        ", ".join(f"{k} {v}" for k, v in c.items()) + f" of {len(rows)} in {wall:.0f} s; "
+        f"table: {md_path} and {csv_path}"
+    )
 
 
 @app.command()

@@ -103,13 +103,7 @@ def _base_call(stmt: ast.stmt, base_attribute: str) -> tuple[str, ast.Call] | No
         return None
     if not (isinstance(target, ast.Name) and isinstance(value, ast.Call)):
         return None
-    func = value.func
-    if (
-        isinstance(func, ast.Attribute)
-        and func.attr == base_attribute
-        and isinstance(func.value, ast.Name)
-        and func.value.id == "self"
-    ):
+    if ast.unparse(value.func) == f"self.{base_attribute}":
         return target.id, value
     return None
 
@@ -134,6 +128,22 @@ def _aux_loss_reproducible(body: list[ast.stmt], result: str, function: str) -> 
     return want <= seen
 
 
+def _calls(node: ast.AST) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+
+
+def _walk_outside_loss_call(node: ast.AST):
+    """ast.walk, without the arguments of `self.loss_function(...)`: `_check_loss_call` checks
+    those (its vocab_size argument, `self.config.text_config.vocab_size` say, is not used)."""
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.loss_function":
+            continue
+        todo.extend(ast.iter_child_nodes(n))
+
+
 def _check_reads_after_base_call(cls: type, body: list[ast.stmt], profile: ModelProfile) -> None:
     """Raise NotStandardForward when the code after the base-model call reads an attribute of
     `self` (or of `self.config`) that the generic forward does not account for: a logit
@@ -141,6 +151,9 @@ def _check_reads_after_base_call(cls: type, body: list[ast.stmt], profile: Model
     allowed = {
         "config",
         "config.vocab_size",
+        # a multimodal config's text part, where the logits decision's keys are read
+        "config.get_text_config",
+        "config.text_config",
         "vocab_size",
         "loss_function",
         profile.output.lm_head_attribute,
@@ -156,7 +169,7 @@ def _check_reads_after_base_call(cls: type, body: list[ast.stmt], profile: Model
                 allowed |= {f"config.{key}", key}
     unknown = set()
     for stmt in body:
-        for node in ast.walk(stmt):
+        for node in _walk_outside_loss_call(stmt):
             if not isinstance(node, ast.Attribute):
                 continue
             chain = [node.attr]
@@ -172,6 +185,84 @@ def _check_reads_after_base_call(cls: type, body: list[ast.stmt], profile: Model
         raise NotStandardForward(
             f"{cls.__name__}.forward reads {sorted(unknown)} after the base-model call, which "
             "the profile's logits/lm_head decisions do not account for"
+        )
+
+
+def _check_loss_call(
+    cls: type, body: list[ast.stmt], var_keyword: str | None, lm_head: str | None
+) -> None:
+    """Raise NotStandardForward unless the loss after the base-model call is exactly one
+    `loss = self.loss_function(<logits>, labels, <vocab size>, **kwargs)` (positional or
+    keyword, the forward's own **kwargs passed on), on the lm-head's output after the last
+    change to it.
+
+    That call is HF's ForCausalLMLoss (checked on the instance at every call): labels shifted
+    left by one, `ignore_index=-100`, the mean over the trained tokens or the sum over
+    `num_items_in_batch`. The fused forward reproduces exactly that and nothing else: a loss
+    on unshifted labels, another ignore index or reduction, or a loss written by hand
+    (`CrossEntropyLoss()(...)`) leaves the class to its original forward."""
+    nodes = [node for stmt in body for node in ast.walk(stmt)]
+    calls = [
+        node
+        for node in nodes
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.loss_function"
+    ]
+    if len(calls) != 1:
+        raise NotStandardForward(
+            f"{cls.__name__}.forward computes its loss "
+            + ("without self.loss_function" if not calls else f"with {len(calls)} calls")
+            + "; the fused loss reproduces one ForCausalLMLoss call only"
+        )
+    call = calls[0]
+    stmt = next((n for n in nodes if isinstance(n, ast.Assign) and n.value is call), None)
+    names = ("logits", "labels", "vocab_size")
+    given: dict[str, ast.expr] = dict(zip(names, call.args, strict=False))
+    problems = [ast.unparse(a) for a in call.args[len(names) :]]
+    forwarded = False
+    for kw in call.keywords:
+        if kw.arg is None:
+            forwarded = isinstance(kw.value, ast.Name) and kw.value.id == var_keyword
+            if not forwarded:
+                problems.append(f"**{ast.unparse(kw.value)}")
+        elif kw.arg in names and kw.arg not in given:
+            given[kw.arg] = kw.value
+        else:
+            problems.append(f"{kw.arg}={ast.unparse(kw.value)}")
+    if var_keyword is not None and not forwarded:
+        # the caller's num_items_in_batch / ignore_index / shift_labels reach the fused loss
+        problems.append(f"**{var_keyword} not passed on (num_items_in_batch would be dropped)")
+    labels, logits = given.get("labels"), given.get("logits")
+    if not (isinstance(labels, ast.Name) and labels.id == "labels"):
+        problems.append(f"labels={ast.unparse(labels) if labels is not None else None}")
+    elif any(
+        isinstance(t, ast.Name) and t.id == "labels"
+        for node in nodes
+        if isinstance(node, ast.Assign | ast.AugAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ):
+        problems.append("labels re-assigned before the loss")
+    head = f"self.{lm_head}"
+    if not isinstance(logits, ast.Name):
+        problems.append(f"logits={ast.unparse(logits) if logits is not None else None}")
+    elif not any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == logits.id for t in node.targets)
+        and any(ast.unparse(c.func) == head for c in _calls(node))
+        for node in nodes
+    ):
+        problems.append(f"{logits.id} is not the output of {head}")
+    elif any(
+        isinstance(t, ast.Name) and t.id == logits.id and node.lineno > call.lineno
+        for node in nodes
+        if isinstance(node, ast.Assign | ast.AugAssign)
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+    ):
+        problems.append(f"{logits.id} changed after the loss")
+    if problems or stmt is None:
+        raise NotStandardForward(
+            f"{cls.__name__}.forward calls `{ast.unparse(call)[:100]}`: not the plain "
+            f"self.loss_function(logits, labels, vocab_size, **kwargs) the fused loss "
+            f"reproduces ({', '.join(problems) or 'its result is not assigned'})"
         )
 
 
@@ -197,11 +288,19 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
             f"profile {profile.architecture}: the output decision is 'patch' but lacks "
             f"{missing}; re-run the analyser or mark the output decision unsupported"
         )
+    # transformers.modeling_outputs, or the modeling file's own (MambaCausalLMOutput)
     output_class = getattr(modeling_outputs, out.output_class, None)
     if output_class is None:
+        output_class = _unwrap(cls.forward).__globals__.get(out.output_class)
+    if not (
+        isinstance(output_class, type)
+        and issubclass(output_class, modeling_outputs.ModelOutput)
+        and dataclasses.is_dataclass(output_class)
+    ):
         raise ValueError(
-            f"profile {profile.architecture}: output class {out.output_class!r} is not in "
-            "transformers.modeling_outputs; fix output.output_class in the profile"
+            f"profile {profile.architecture}: output class {out.output_class!r} is neither in "
+            f"transformers.modeling_outputs nor a ModelOutput of {cls.__module__}; fix "
+            "output.output_class in the profile"
         )
 
     fn = _unwrap(cls.forward)
@@ -224,6 +323,7 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
         found = _base_call(stmt, out.base_model_attribute)
         if found is not None:
             _check_reads_after_base_call(cls, fdef.body[i + 1 :], profile)
+            _check_loss_call(cls, fdef.body[i + 1 :], var_keyword, out.lm_head_attribute)
             break
         m = _CONFIG_DEFAULT.match(ast.unparse(stmt))
         if m is None or m.group(1) not in named:
@@ -262,7 +362,8 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
     unforwarded = frozenset(named - forwarded - {"labels", "logits_to_keep"})
 
     aux = None
-    if profile.moe.is_moe and profile.moe.patched and profile.moe.aux_loss_function:
+    # the router loss is the model's whether or not its experts are patched
+    if profile.moe.is_moe and profile.moe.aux_loss_function:
         name = profile.moe.aux_loss_function.rsplit(".", 1)[-1]
         if _aux_loss_reproducible(fdef.body, result, name) and name in fn.__globals__:
             aux = fn.__globals__[name]
@@ -295,9 +396,13 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
 
 def _config_value(config, key: str | None, fallback):
     # The instance's config is what the original forward reads at every call (a checkpoint may
-    # differ from the config the profile was made from); the profile's number is the fallback.
-    if key is not None and hasattr(config, key):
-        return getattr(config, key)
+    # differ from the config the profile was made from), or its text config (a multimodal
+    # model's); the profile's number is the fallback.
+    if key is None:
+        return fallback
+    for cfg in (config, config.get_text_config()):
+        if hasattr(cfg, key):
+            return getattr(cfg, key)
     return fallback
 
 
@@ -357,7 +462,7 @@ def causal_lm_forward(plan: CausalLMPlan) -> Callable:
         if return_dict is None:
             return_dict = getattr(self.config, "return_dict", True)
 
-        base = getattr(self, plan.base_attribute)
+        base = self.get_submodule(plan.base_attribute)  # "model", or "model.decoder"
         outputs = base(
             *(values[n] for n in plan.base_positional),
             **{kw: values[n] for kw, n in plan.base_keywords},

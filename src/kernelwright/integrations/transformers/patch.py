@@ -290,9 +290,6 @@ class _Patcher:
             if d.status == "unsupported" or (label == "output" and not d.patched):
                 self.skip("fused_linear_cross_entropy", f"{label} {d.status}: {d.reason}")
                 return
-        if p.moe.status == "unsupported":
-            self.skip("fused_linear_cross_entropy", f"moe unsupported: {p.moe.reason}")
-            return
         built: dict[type, Callable | None] = {}  # one generic forward per causal-LM class
         for m in self.root.modules():
             if _class_name(m) != p.output.causal_lm_class:

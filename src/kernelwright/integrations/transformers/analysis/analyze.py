@@ -8,8 +8,10 @@ The analyser builds a tiny CPU instance of the architecture (no weights are down
 the source of the classes it holds (`ast` of their forwards, their `__init__` and the module
 globals they call) and the config, and writes one decision per component with the evidence
 that fixed it. Every "patch" decision for a norm, an MLP or the RoPE function is then confirmed
-numerically (`checks.py`): the original module against exactly what the patcher will run.
-Anything not proven is "unsupported" with the reason; the patcher leaves it alone.
+numerically (`checks.py`): the original module against exactly what the patcher will run. Last,
+the whole tiny model patched with the profile is compared with itself unpatched in train() and
+eval() (`parity.py`): what fails there is demoted too. Anything not proven is "unsupported"
+with the reason; the patcher leaves it alone.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def _analyze(source, *, check: bool) -> ModelProfile:
     else:
         ctx.notes.append("numerical checks skipped (check=False): decisions rest on source only")
 
-    return ModelProfile(
+    profile = ModelProfile(
         model_type=target.model_type,
         architecture=target.model_cls.__name__,
         transformers_version=transformers.__version__,
@@ -129,6 +131,9 @@ def _analyze(source, *, check: bool) -> ModelProfile:
         lm_head=lm_head,
         notes=ctx.notes,
     )
+    if check:
+        _confirm_model(ctx, profile)
+    return profile
 
 
 # ----------------------------------------------------------------------------- structure
@@ -146,10 +151,13 @@ def _text_model_path(model: nn.Module) -> str:
 def _components(ctx: Context) -> list[ComponentDecision]:
     """Top-most non-text modules (vision tower, audio encoder, projector): never patched."""
     model = ctx.target.instance or ctx.tiny
+    text = _text_model_path(model)
     out: list[ComponentDecision] = []
     for path, m in model.named_modules():
         if not path or any(path.startswith(c.name + ".") for c in out):
             continue
+        if text == path or text.startswith(path + "."):
+            continue  # holds the text decoder (Whisper's decoder wrapper): not a component
         last = path.rsplit(".", 1)[-1]
         if _COMPONENT.search(last) or _COMPONENT.search(type(m).__name__):
             evidence = []
@@ -439,3 +447,28 @@ def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fn) -> None:
             head_dim=head_dim,
             q_dim=cos.shape[-1] if rope_fn.caller_slices else head_dim,
         )
+
+
+def _confirm_model(ctx: Context, profile: ModelProfile) -> None:
+    """The whole tiny model patched with `profile` against itself unpatched (`parity.py`):
+    loss, gradients and log-probs in train() and eval(). What the per-module checks cannot
+    see (the loss conventions, the wiring, train-only branches) shows here; a decision that
+    fails is demoted to unsupported with the measurement."""
+    from kernelwright.integrations.transformers import parity
+
+    if not parity.units(profile):
+        return
+    model = ctx.tiny.to(C._device())
+    parity.spread_vectors(model)
+    batch = parity.make_batch(parity.vocab_size(model), batch=2, seq=8)
+    try:
+        reference = parity.measure(model, batch)
+    except Exception as e:  # nothing can be confirmed on a model that does not run
+        why = f"model check: the unpatched tiny model raised {parity.error_text(e)}"
+        for u in parity.units(profile):
+            d = u.decision(profile)
+            d.status, d.reason = "unsupported", why
+        return
+    conf = parity.confirm(model, profile, batch=batch, reference=reference, what="model check")
+    for u, why in conf.demoted:
+        profile.notes.append(f"model check demoted {u.label}: {why}")

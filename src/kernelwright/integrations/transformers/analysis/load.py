@@ -2,7 +2,8 @@
 tiny CPU instance every introspection and numerical check runs on.
 
 No weights are ever downloaded. The tiny instance comes from a shrunken copy of the config
-(hidden 64, 4 heads of 16, 2 layers, vocab 128; MoE: 4 experts, top-2) built on CPU in fp32;
+(hidden 64, 4 heads of 16, 2 layers, vocab 128; MoE: 4 experts, top-2; no dropout) built on
+CPU in fp32;
 per-layer lists (`layer_types`, `no_rope_layers`, ...) are cut to two entries that keep each
 kind of layer the original has, so a sliding and a full attention layer both exist.
 """
@@ -42,6 +43,68 @@ TINY_MOE = {
     "shared_expert_intermediate_size": 32,
 }
 TINY_TOP_K = {"num_experts_per_tok": 2, "top_k": 2, "moe_topk": 2}
+# Sizes under family-specific names, set only where the config has the key and only downwards;
+# each group keeps the products its modeling code asserts consistent with the widths above.
+TINY_EXTRA = {
+    # encoder-decoder configs (BART, Marian, Whisper): decoder depth, widths, heads, vocab
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "num_layers": 2,
+    "num_blocks": 2,
+    "decoder_ffn_dim": 128,
+    "encoder_ffn_dim": 128,
+    "ffn_dim": 128,
+    "dim_ff": 128,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "dim_head": 16,
+    "embedding_dim": 64,
+    "decoder_vocab_size": 128,
+    "expert_ffn_hidden_size": 32,
+    "shared_intermediate_size": 32,
+    "num_dense_layers": 1,
+    # recurrent depth (HRM): one layer per stack, two inner cycles (the no-grad ones stay)
+    "num_layers_per_stack": 1,
+    "L_cycles": 2,
+    # multi-head latent attention (DeepSeek-V2/V3, MiniCPM3, GLM-4-MoE-Lite): rope and nope
+    # parts of a 16-wide rotary head, low-rank q and kv
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 16,
+    "qk_head_dim": 32,
+    "v_head_dim": 16,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+    "index_head_dim": 16,
+    "index_n_heads": 2,
+    "index_topk": 8,
+    "linear_head_dim": 16,
+    "linear_num_heads": 4,
+    # rotary width in channels (GPT-J, CodeGen): within a 16-wide head
+    "rotary_dim": 8,
+    # state-space layers (Mamba-2, Bamba, Falcon-H1, Zamba-2): heads x head width = expand x
+    # hidden = 128, a small state, chunks that fit the sequence
+    "mamba_n_heads": 8,
+    "n_mamba_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_headdim": 16,
+    "mamba_d_ssm": 128,
+    "mamba_d_state": 16,
+    "mamba_chunk_size": 16,
+    "mamba_dt_rank": 8,
+    "num_heads": 8,
+    "state_size": 16,
+    "chunk_size": 16,
+    "time_step_rank": 8,
+    "attention_hidden_size": 128,
+    "adapter_rank": 8,
+    # grouped top-k routing: groups of the 4 tiny experts
+    "n_group": 2,
+    "topk_group": 1,
+    # other per-model widths: BLT's global hidden, Gemma-3n/4's per-layer inputs
+    "hidden_size_global": 64,
+    "vocab_size_per_layer_input": 128,
+    "hidden_size_per_layer_input": 16,
+}
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
 
@@ -74,7 +137,11 @@ def _unknown(source, hint: str = "") -> ValueError:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The transformers model inside PEFT (and similar) wrappers."""
+    from transformers import PreTrainedModel
+
     for _ in range(4):
+        if isinstance(model, PreTrainedModel):
+            break  # a transformers model's own base_model is its decoder, not a wrapped model
         if hasattr(model, "get_base_model") and callable(model.get_base_model):
             inner = model.get_base_model()
         elif hasattr(model, "base_model") and hasattr(model.base_model, "model"):
@@ -289,8 +356,8 @@ def _modeling_file(cls: type) -> str:
 # ----------------------------------------------------------------------------- tiny instance
 
 
-def _pick_layers(values: list, n: int) -> list:
-    """n entries of a per-layer list that keep its distinct values (first occurrences first)."""
+def _pick_indices(values: list, n: int) -> list[int]:
+    """n indices of a per-layer list that keep its distinct values (first occurrences first)."""
     picked = []
     for i, v in enumerate(values):
         if v not in [values[j] for j in picked]:
@@ -300,7 +367,12 @@ def _pick_layers(values: list, n: int) -> list:
             break
         if i not in picked:
             picked.append(i)
-    return [values[i] for i in sorted(picked[:n])]
+    return sorted(picked[:n])
+
+
+def _pick_layers(values: list, n: int) -> list:
+    """n entries of a per-layer list that keep its distinct values (first occurrences first)."""
+    return [values[i] for i in _pick_indices(values, n)]
 
 
 def tiny_config(config) -> tuple[object, list[str]]:
@@ -320,6 +392,14 @@ def _has(cfg, key: str) -> bool:
     return key in cfg.to_dict() or key in getattr(cfg, "attribute_map", {})
 
 
+def _get(cfg, key: str):
+    # configs may refuse a global read of a per-layer key (Gemma-4's head_dim): None then
+    try:
+        return getattr(cfg, key, None)
+    except Exception:
+        return None
+
+
 def _set(cfg, key: str, value) -> None:
     # a read-only property derived from other keys (Falcon's head_dim) follows them
     with contextlib.suppress(AttributeError):
@@ -328,25 +408,50 @@ def _set(cfg, key: str, value) -> None:
 
 def _shrink(cfg, notes: list[str]) -> None:
     n_orig = getattr(cfg, "num_hidden_layers", None)
+    # multi-head attention stays multi-head (latent attention produces one kv head per head)
+    mha = _get(cfg, "num_key_value_heads") == _get(cfg, "num_attention_heads")
     for key, value in TINY.items():
+        if key == "num_key_value_heads" and mha:
+            value = TINY["num_attention_heads"]
         if _has(cfg, key) or key == "head_dim" and _has(cfg, "num_attention_heads"):
-            current = getattr(cfg, key, None)
+            current = _get(cfg, key)
             # per-layer sizes (Gemma3n's intermediate_size) stay lists
             _set(cfg, key, [value] * len(current) if isinstance(current, list) else value)
     n_new = TINY["num_hidden_layers"]
     for key, value in TINY_MOE.items():
-        current = getattr(cfg, key, None) if _has(cfg, key) else None
+        current = _get(cfg, key) if _has(cfg, key) else None
         if isinstance(current, int) and current > 0:
             _set(cfg, key, value)
+    experts = any(
+        isinstance(_get(cfg, k), int) and _get(cfg, k) > 0 for k in TINY_MOE if _has(cfg, k)
+    )
     for key, value in TINY_TOP_K.items():
-        current = getattr(cfg, key, None) if _has(cfg, key) else None
+        current = _get(cfg, key) if _has(cfg, key) else None
         if isinstance(current, int) and current > 0:
             _set(cfg, key, min(current, value))
+        elif current is None and experts and _has(cfg, key):
+            _set(cfg, key, value)  # a default config with experts but no top-k (DeepSeek-V2)
+    for key, value in TINY_EXTRA.items():
+        current = _get(cfg, key) if _has(cfg, key) else None
+        if isinstance(current, int) and not isinstance(current, bool) and current > value:
+            _set(cfg, key, value)
+    _consistent(cfg)
     if isinstance(n_orig, int) and n_orig > n_new:
-        for key, value in list(cfg.to_dict().items()):
+        original = cfg.to_dict()
+        for key, value in list(original.items()):
             if isinstance(value, list) and len(value) == n_orig:
                 _set(cfg, key, _pick_layers(value, n_new))
                 notes.append(f"{key}: kept {getattr(cfg, key)} of {n_orig} layers")
+        # lists of layer indices (Zamba-2's hybrid_layer_ids) follow the layers the layer-type
+        # list kept, renumbered
+        kinds = next(
+            (original[k] for k in ("layer_types", "layers_block_type") if k in original), None
+        )
+        kept = _pick_indices(kinds, n_new) if isinstance(kinds, list) else list(range(n_new))
+        for key, value in original.items():
+            ids = isinstance(value, list) and all(isinstance(i, int) for i in value)
+            if key.endswith("layer_ids") and ids:
+                _set(cfg, key, [kept.index(i) for i in value if i in kept])
         for key in ("mlp_only_layers",):
             v = getattr(cfg, key, None)
             if isinstance(v, list):
@@ -367,6 +472,21 @@ def _shrink(cfg, notes: list[str]) -> None:
     _shrink_rope(cfg)
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
+    # no dropout: the model check compares a patched and an unpatched forward in train()
+    for key, value in cfg.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            _set(cfg, key, 0.0)
+
+
+def _consistent(cfg) -> None:
+    """Sizes a config keeps as products of others, recomputed from the shrunken ones."""
+    d = cfg.to_dict()
+    heads, width = d.get("mamba_n_heads"), d.get("mamba_d_head")
+    if isinstance(d.get("mamba_d_ssm"), int) and isinstance(heads, int) and isinstance(width, int):
+        _set(cfg, "mamba_d_ssm", heads * width)  # Falcon-H1: the SSM's inner width
+    hidden = d.get("hidden_size")
+    if isinstance(d.get("axial_pos_embds_dim"), list | tuple) and isinstance(hidden, int):
+        _set(cfg, "axial_pos_embds_dim", [hidden // 2, hidden - hidden // 2])  # Reformer
 
 
 def _shrink_rope(cfg) -> None:

@@ -26,17 +26,22 @@ def analyze_output(ctx: Context) -> OutputDecision:
     first = ctx.text_model_path.split(".")[0] if ctx.text_model_path else None
     base = ctx.tiny.get_submodule(first) if first else ctx.tiny.base_model
     head = ctx.tiny.get_output_embeddings()
+    # or the text decoder itself through a path (OPT, BART: `self.model.decoder(...)`)
+    decoder = ctx.tiny.get_submodule(ctx.text_model_path) if ctx.text_model_path else None
     base_var, head_found = None, False
-    for attr, call in S.self_calls(fwd.node):
-        sub = getattr(ctx.tiny, attr, None)
-        if sub is base and d.base_model_attribute is None:
+    for attr, call in _self_path_calls(fwd.node):
+        try:
+            sub = ctx.tiny.get_submodule(attr)
+        except AttributeError:
+            continue
+        if (sub is base or sub is decoder) and d.base_model_attribute is None:
             d.base_model_attribute = attr
             d.evidence.append(fwd.ev(call))
             stmt = S.enclosing_statement(call, fwd.file)
             target = _assign_target(stmt)
             if target is not None:
                 base_var = target
-        elif sub is head and head is not None:
+        elif sub is head and head is not None and "." not in attr:
             d.lm_head_attribute, head_found = attr, True
             d.evidence.append(fwd.ev(call))
     if base_var is not None:
@@ -67,6 +72,16 @@ def analyze_output(ctx: Context) -> OutputDecision:
         d.reason = f"{cls.__name__}.forward: {missing} not found"
         d.status = "unsupported"
     return d
+
+
+def _self_path_calls(fn: ast.FunctionDef) -> list[tuple[str, ast.Call]]:
+    """('model.decoder', call) for every `self.model.decoder(...)` (any depth), in source order."""
+    found = []
+    for call in S.calls(fn):
+        path = S.dotted(call.func)
+        if path and path.startswith("self.") and path.count(".") <= 3:
+            found.append((path[len("self.") :], call))
+    return sorted(found, key=lambda ac: (ac[1].lineno, ac[1].col_offset))
 
 
 def _assign_target(stmt) -> str | None:
@@ -101,6 +116,7 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
             break
     if start is None or var is None:
         return d
+    key_of = _config_keys(fwd.node, init)
     ops: list[tuple[str, str | None, float | None, ast.AST]] = []
     for stmt, _ in stmts[start + 1 :]:
         if not (
@@ -111,13 +127,14 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
         # `if config.<key> is not None:` with the key None in this config: the transform is
         # inactive here, but the key is still recorded (the patched forward reads its value at
         # every call, as the original does, so a config that sets it gets it)
-        guard = _inactive_guard(ctx, fwd, stmt, init)
+        guard = _inactive_guard(ctx, fwd, stmt, key_of)
         if guard is not None:
             d.evidence.append(fwd.ev(guard))
         v = stmt.value
+        capped = _one_line_softcap(v, var)
         if isinstance(v, ast.BinOp) and isinstance(v.left, ast.Name) and v.left.id == var:
             op = {ast.Div: "divide", ast.Mult: "multiply"}.get(type(v.op))
-            key = S.config_key(v.right, init)
+            key = key_of(v.right)
             const = S.const_number(v.right)
             value = getattr(ctx.text_config, key, None) if key else const
             if op is None or (value is None and (guard is None or key is None)):
@@ -125,8 +142,19 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
                 d.status = "unsupported"
                 return d
             ops.append((op, key, None if value is None else float(value), stmt))
-        elif isinstance(v, ast.Call) and S.dotted(v.func) in ("torch.tanh", f"{var}.tanh"):
+        elif isinstance(v, ast.Call) and S.dotted(v.func) in (*_TANH, f"{var}.tanh"):
             ops.append(("tanh", None, None, stmt))
+        elif capped is not None:
+            # `tanh(z / K) * K` in one statement (RecurrentGemma): the three steps, one line
+            key = key_of(capped)
+            value = getattr(ctx.text_config, key, None) if key else S.const_number(capped)
+            if value is None and (guard is None or key is None):
+                d.reason = f"unrecognised logits transform: {ast.unparse(stmt)}"
+                d.status = "unsupported"
+                return d
+            value = None if value is None else float(value)
+            ops += [("divide", key, value, stmt), ("tanh", None, None, stmt)]
+            ops.append(("multiply", key, value, stmt))
         elif (
             isinstance(v, ast.Call)
             and isinstance(v.func, ast.Attribute)
@@ -169,7 +197,67 @@ def analyze_logits(ctx: Context, output: OutputDecision) -> LogitsDecision:
     return d
 
 
-def _inactive_guard(ctx: Context, fwd: S.Method, stmt: ast.stmt, init) -> ast.If | None:
+_TANH = ("torch.tanh", "nn.functional.tanh", "F.tanh", "torch.nn.functional.tanh")
+
+
+def _one_line_softcap(v: ast.expr, var: str) -> ast.expr | None:
+    """K when `v` is `tanh(var / K) * K` (the same K twice), else None."""
+    if not (isinstance(v, ast.BinOp) and isinstance(v.op, ast.Mult)):
+        return None
+    call, k = v.left, v.right
+    if not (isinstance(call, ast.Call) and S.dotted(call.func) in _TANH and len(call.args) == 1):
+        return None
+    inner = call.args[0]
+    if (
+        isinstance(inner, ast.BinOp)
+        and isinstance(inner.op, ast.Div)
+        and isinstance(inner.left, ast.Name)
+        and inner.left.id == var
+        and ast.unparse(inner.right) == ast.unparse(k)
+    ):
+        return k
+    return None
+
+
+def _config_keys(fn: ast.FunctionDef, init):
+    """key_of(node): the config key an expression of the forward reads, if any: through
+    `self.config.K`, `self.X` set from one in __init__, `self.config.get_text_config().K`, or a
+    local name bound to one (`cap = self.config.K`, `(cap := ...) is not None`)."""
+
+    def direct(node: ast.AST) -> str | None:
+        key = S.config_key(node, init)
+        if (
+            key is None
+            and isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Call)
+            and S.dotted(node.value.func) == "self.config.get_text_config"
+        ):
+            key = node.attr
+        return key
+
+    local: dict[str, str] = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.NamedExpr) and direct(node.value):
+            local[node.target.id] = direct(node.value)
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and direct(node.value)
+        ):
+            local[node.targets[0].id] = direct(node.value)
+
+    def key_of(node: ast.AST) -> str | None:
+        if isinstance(node, ast.NamedExpr):
+            node = node.value
+        if isinstance(node, ast.Name):
+            return local.get(node.id)
+        return direct(node)
+
+    return key_of
+
+
+def _inactive_guard(ctx: Context, fwd: S.Method, stmt: ast.stmt, key_of) -> ast.If | None:
     """The `if <config key> is not None:` around `stmt` when the config value is None."""
     p = fwd.file.parent(stmt)
     while p is not None and p is not fwd.node:
@@ -182,7 +270,7 @@ def _inactive_guard(ctx: Context, fwd: S.Method, stmt: ast.stmt, init) -> ast.If
                 and isinstance(t.comparators[0], ast.Constant)
                 and t.comparators[0].value is None
             ):
-                key = S.config_key(t.left, init)
+                key = key_of(t.left)
                 if key and getattr(ctx.text_config, key, None) is None:
                     return p
         p = fwd.file.parent(p)

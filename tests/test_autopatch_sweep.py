@@ -1,0 +1,288 @@
+"""The autopatch sweep and the model check: a type ends patched with parity, left alone with a
+reason, or unbuildable, and a planted difference is never reported as patched.
+
+The planted model is a tiny HF-style causal LM whose only patchable part is its loss (no norm,
+no gated MLP, no RoPE), so "left alone" is the only right answer when that loss is not the
+one the fused forward reproduces. Its forward computes the loss on UNSHIFTED labels, the
+difference that is invisible in eval() under no_grad and changes every training step.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernelwright  # noqa: F401  (the Triton interpreter without a GPU)
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    GenerationMixin,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_outputs import (  # noqa: E402
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+)
+from typer.testing import CliRunner  # noqa: E402
+
+from kernelwright.cli import app  # noqa: E402
+from kernelwright.integrations.transformers import forward as fwd  # noqa: E402
+from kernelwright.integrations.transformers import parity  # noqa: E402
+from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
+from kernelwright.workflows.autopatch import sweep as S  # noqa: E402
+
+# --------------------------------------------------------------------------- the planted model
+
+
+class PlantedConfig(PretrainedConfig):
+    model_type = "kw_planted"
+
+    def __init__(self, vocab_size=96, hidden_size=32, loss="unshifted", **kwargs):
+        self.vocab_size, self.hidden_size, self.loss = vocab_size, hidden_size, loss
+        super().__init__(**kwargs)
+
+
+class PlantedModel(PreTrainedModel):
+    config_class = PlantedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def forward(self, input_ids=None, **kwargs):
+        if self.config.loss == "broken":
+            raise RuntimeError("planted: this model does not run")
+        return BaseModelOutputWithPast(
+            last_hidden_state=torch.tanh(self.proj(self.embed_tokens(input_ids)))
+        )
+
+
+class PlantedForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = PlantedConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = PlantedModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            # the planted difference: position t is trained on token t, not t + 1
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class HiddenShiftForCausalLM(PlantedForCausalLM):
+    """The same unshifted loss, written so that it reads like the standard one: the labels are
+    shifted right first, and ForCausalLMLoss's own left shift cancels it."""
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            labels = F.pad(labels, (1, 0), value=-100)[..., :-1]
+            loss = self.loss_function(
+                logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class MeanLossForCausalLM(PlantedForCausalLM):
+    """Reduction: the loss ignores num_items_in_batch (a mean over this batch, always)."""
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class IgnoreZeroForCausalLM(PlantedForCausalLM):
+    """Ignore index: token 0 is never trained on."""
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, ignore_index=0)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+class ScaledAfterLossForCausalLM(PlantedForCausalLM):
+    """Logit scaling: the returned logits are scaled, the loss was taken before."""
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, **kwargs)
+        hidden_states = outputs.last_hidden_state
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        logits = logits * 2.0
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+AutoConfig.register("kw_planted", PlantedConfig, exist_ok=True)
+AutoModelForCausalLM.register(PlantedConfig, PlantedForCausalLM, exist_ok=True)
+
+
+def _planted(loss: str) -> PlantedConfig:
+    return PlantedConfig(loss=loss)
+
+
+# --------------------------------------------------------------------------- statuses
+
+
+def test_sweep_statuses_patched_left_alone_cannot_build():
+    """One type of each status: llama is patched with parity; the planted unshifted loss is
+    refused by the source check (nothing else to patch: left alone, with the reason); a model
+    that does not run unpatched cannot be built."""
+    llama = S.sweep_one("llama")
+    assert llama.status == "patched", llama
+    for kind in ("norm", "mlp", "rope", "fused_linear_cross_entropy"):
+        assert kind in llama.patched
+    tol = parity.PARITY_TOLERANCES[torch.float32]
+    assert llama.loss_diff <= tol.loss and llama.grad_error <= tol.grads
+    assert llama.logprob_diff <= tol.logprobs
+
+    planted = S.sweep_one("kw_planted", config=_planted("unshifted"))
+    assert planted.status == "left_alone", planted
+    assert "without self.loss_function" in planted.left_alone
+
+    broken = S.sweep_one("kw_planted", config=_planted("broken"))
+    assert broken.status == "cannot_build"
+    assert "planted: this model does not run" in broken.error
+
+
+def test_model_check_catches_what_the_source_check_misses(monkeypatch):
+    """With the source check of the loss call switched off, the planted unshifted loss gets
+    the fused forward; the numbers must catch it: in train() its loss differs from the
+    model's own. First the analyser's model check (the default `patch(model)` path) demotes it,
+    then, with that check off too, the sweep's own comparison does. Never 'patched'."""
+    monkeypatch.setattr(fwd, "_check_loss_call", lambda *a, **k: None)
+    AutoModelForCausalLM.register(PlantedConfig, HiddenShiftForCausalLM, exist_ok=True)
+    try:
+        torch.manual_seed(0)
+        model = HiddenShiftForCausalLM(_planted("hidden"))
+        profile = analyze(model)
+        assert profile.output.status == "unsupported"
+        assert "model check failed" in profile.output.reason
+        assert "train loss" in profile.output.reason
+
+        row = S.sweep_one("kw_planted", config=_planted("hidden"))
+        assert row.status == "left_alone", row
+        assert "model check failed" in row.left_alone
+
+        analyzer = importlib.import_module(analyze.__module__)
+        monkeypatch.setattr(analyzer, "_confirm_model", lambda ctx, profile: None)
+        row = S.sweep_one("kw_planted", config=_planted("hidden"))
+        assert row.status == "left_alone", row
+        assert "sweep parity failed" in row.demoted and "train loss" in row.demoted
+    finally:
+        AutoModelForCausalLM.register(PlantedConfig, PlantedForCausalLM, exist_ok=True)
+
+
+CONVENTIONS = {
+    # class: (what the source check says, what the numbers show without it). Ignoring token 0
+    # instead of -100 cannot run on labels with -100 at all: the source check alone decides.
+    HiddenShiftForCausalLM: ("labels re-assigned", "train loss"),
+    MeanLossForCausalLM: ("num_items_in_batch would be dropped", "train loss"),
+    IgnoreZeroForCausalLM: ("ignore_index=0", None),
+    ScaledAfterLossForCausalLM: ("changed after the loss", "train loss"),
+}
+
+
+@pytest.mark.parametrize("cls", list(CONVENTIONS), ids=lambda c: c.__name__)
+def test_each_loss_convention_is_read_and_checked(cls, monkeypatch):
+    """Label shift, reduction, ignore index, logit scaling: each planted difference is refused
+    by the source check with its reason, and, with that check off, demoted by the numbers."""
+    read, measured = CONVENTIONS[cls]
+    torch.manual_seed(0)
+    model = cls(_planted("planted"))
+    with pytest.raises(fwd.NotStandardForward, match=read):
+        fwd.plan_causal_lm(cls, analyze(model, check=False))
+    if measured is None:
+        return
+    monkeypatch.setattr(fwd, "_check_loss_call", lambda *a, **k: None)
+    profile = analyze(model)
+    assert profile.output.status == "unsupported"
+    assert "model check failed" in profile.output.reason and measured in profile.output.reason
+
+
+def test_compare_sees_each_quantity():
+    # the comparison itself: loss, a gradient, a log-prob, each moved alone, fails alone
+    torch.manual_seed(0)
+    model = PlantedForCausalLM(_planted("unshifted"))
+    batch = parity.make_batch(96, seq=8)
+    ref = parity.measure(model, batch)
+    assert parity.compare(ref, parity.measure(model, batch)).passed
+    for mode in ("train", "eval"):
+        moved = parity.measure(model, batch)
+        getattr(moved, mode).loss += 1e-3
+        assert not parity.compare(ref, moved).passed
+        moved = parity.measure(model, batch)
+        getattr(moved, mode).grads["lm_head.weight"][0, 0] += 1.0
+        res = parity.compare(ref, moved)
+        assert not res.passed and "gradients" in res.detail
+        moved = parity.measure(model, batch)
+        getattr(moved, mode).logprobs[0, 0] += 1e-2
+        res = parity.compare(ref, moved)
+        assert not res.passed and "log-probs" in res.detail
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_cli_sweep_writes_the_table_and_times_out(tmp_path):
+    """Worker processes, the per-type timeout and the files: a timeout too short for any
+    type stops it (never 'patched'), and the CSV and markdown tables are written."""
+    result = CliRunner().invoke(
+        app,
+        ["autopatch", "--sweep", "--only", "llama", "--timeout", "0.01", "--jobs", "1"]
+        + ["--no-profiles", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "llama" in result.output and "timed out" in result.output
+    text = (tmp_path / "cpu_fp32.csv").read_text()
+    assert "llama" in text and "timed out" in text
+    md = (tmp_path / "cpu_fp32.md").read_text()
+    assert "| llama |" in md and "patched: **0**" in md
+
+
+def test_cli_sweep_refuses_unknown_types_and_model_with_sweep(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(app, ["autopatch", "--sweep", "--only", "lama", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "llama" in bad.output
+    both = runner.invoke(app, ["autopatch", "llama", "--sweep", "--out", str(tmp_path)])
+    assert both.exit_code != 0
