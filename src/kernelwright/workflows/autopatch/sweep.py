@@ -128,6 +128,7 @@ def sweep_one(
     config: the model's config (default `sweep_config(model_type)`); profile_dir: write the
     profile there as <model_type>.yaml; stage(name) is called as each stage starts.
     """
+    _require_interpreter()
     import torch
     import transformers
 
@@ -261,6 +262,17 @@ def _stopped_row(model_type: str, stage: str, why: str, seconds: float) -> Sweep
     return row
 
 
+def _require_interpreter() -> None:
+    from kernelwright.runtime import interpreter_mode
+
+    if not interpreter_mode():
+        raise RuntimeError(
+            "the autopatch sweep builds its tiny models on the CPU and runs kernelwright's kernels "
+            "there through Triton's interpreter: run it with TRITON_INTERPRET=1 or on a machine "
+            "without a GPU (a sweep on the GPU is not built yet)"
+        )
+
+
 def run_sweep(
     model_types: list[str],
     *,
@@ -277,6 +289,7 @@ def run_sweep(
     worker is stopped and replaced. memory_gib: each worker's address-space limit (0: none).
     on_row is called as each row arrives.
     """
+    _require_interpreter()
     if jobs <= 0:
         rows = []
         for t in model_types:
