@@ -21,7 +21,9 @@ measurement as evidence. The model is returned unpatched.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import math
 import warnings
 from collections.abc import Callable
@@ -33,6 +35,22 @@ from torch import nn
 from kernelwright.profiles.model import Decision, Evidence, ModelProfile
 
 IGNORE_INDEX = -100
+
+
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _muted():
+    """No records from kernelwright's logger (`patch`'s one line) inside the block."""
+    log, drop = logging.getLogger("kernelwright"), _Drop()
+    log.addFilter(drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(drop)
 
 
 @dataclass(frozen=True)
@@ -358,9 +376,10 @@ def confirm(
 
     def run(keep: list[Unit]) -> ParityResult:
         conf.trials += 1
-        result, conf.record = _patched_run(
-            model, profile, keep, ref, batch, seed, tolerance, patch, unpatch
-        )
+        with _muted():  # the check's own patches of the tiny model are not the user's
+            result, conf.record = _patched_run(
+                model, profile, keep, ref, batch, seed, tolerance, patch, unpatch
+            )
         return result
 
     if not todo:
