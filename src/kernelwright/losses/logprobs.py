@@ -75,8 +75,8 @@ def fused_linear_logprobs(
             logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
             accum_dtype=accum_dtype, outputs=(),
         ).log_probs  # fmt: skip
-    # Without a cap after it, the temperature folds into the matmul's input exactly:
-    # logits * k = (hidden * k) @ weight.T + bias * k.
+    # Without a cap after it, the temperature folds into the matmul's input:
+    # logits * k = (hidden * k) @ weight.T + bias * k (one more rounding in half precision).
     k = logit_scale if softcap is not None else logit_scale / temperature
     if k != 1.0:
         hidden = hidden * k
