@@ -39,7 +39,11 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._loss import check_loss_args, check_loss_values, reduce_rows
-from kernelwright.ops.fused_linear_cross_entropy import _addmm_, choose_chunk_rows
+from kernelwright.ops.fused_linear_cross_entropy import (
+    _addmm_,
+    choose_chunk_rows,
+    matmul_inputs,
+)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # fp32 bytes per [rows, V_r] temporary of vocab_parallel_cross_entropy's per-slice math
@@ -735,19 +739,8 @@ def vocab_parallel_fused_linear_cross_entropy(
     if lay is None:
         lay = _layout(op, group, local, target, shard_sizes)
     check_loss_values(op, target, lay.vocab, ignore_index, num_items_in_batch)
+    hidden, weight, bias, accum_dtype = matmul_inputs(op, hidden, weight, bias, accum_dtype)
     dev_type = hidden.device.type
-    if torch.is_autocast_enabled(dev_type):
-        dt = torch.get_autocast_dtype(dev_type)
-        hidden, weight = hidden.to(dt), weight.to(dt)
-        bias = bias.to(dt) if bias is not None else None
-    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
-        raise TypeError(
-            f"{op}: hidden ({hidden.dtype}), weight ({weight.dtype})"
-            + (f" and bias ({bias.dtype})" if bias is not None else "")
-            + " must have one dtype (as for a matmul); cast them or run under torch.autocast"
-        )
-    if accum_dtype == weight.dtype:
-        accum_dtype = None
     o = _Options(ignore_index, float(label_smoothing), float(lse_square_scale), softcap)
     chunk = chunk_size or choose_chunk_rows(max(n_rows, 1), max(local, 1),
                                             hidden.element_size(), hidden.device)  # fmt: skip

@@ -378,20 +378,8 @@ def fused_linear_cross_entropy(
         raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"{op}: chunk_size must be >= 1, got {chunk_size}")
-    dev_type = hidden.device.type
-    if torch.is_autocast_enabled(dev_type):
-        dt = torch.get_autocast_dtype(dev_type)
-        hidden, weight = hidden.to(dt), weight.to(dt)
-        bias = bias.to(dt) if bias is not None else None
-    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
-        raise TypeError(
-            f"{op}: hidden ({hidden.dtype}), weight ({weight.dtype})"
-            + (f" and bias ({bias.dtype})" if bias is not None else "")
-            + " must have one dtype (as for a matmul); cast them or run under torch.autocast"
-        )
-    if accum_dtype == weight.dtype:
-        accum_dtype = None
-    with torch.autocast(dev_type, enabled=False):
+    hidden, weight, bias, accum_dtype = matmul_inputs(op, hidden, weight, bias, accum_dtype)
+    with torch.autocast(hidden.device.type, enabled=False):
         return _FusedLinearCrossEntropyFunction.apply(
             hidden,
             weight,
@@ -460,6 +448,24 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
 
 
 # --------------------------------------------------------------------------- references
+
+
+def matmul_inputs(op, hidden, weight, bias, accum_dtype):
+    """(hidden, weight, bias, accum_dtype) as the chunk matmuls take them: cast to the autocast
+    dtype under torch.autocast (as nn.Linear would be), one dtype for the three, and no
+    separate accumulator when it is the weight's own dtype."""
+    dev_type = hidden.device.type
+    if torch.is_autocast_enabled(dev_type):
+        dt = torch.get_autocast_dtype(dev_type)
+        hidden, weight = hidden.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+    if hidden.dtype != weight.dtype or (bias is not None and bias.dtype != weight.dtype):
+        raise TypeError(
+            f"{op}: hidden ({hidden.dtype}), weight ({weight.dtype})"
+            + (f" and bias ({bias.dtype})" if bias is not None else "")
+            + " must have one dtype (as for a matmul); cast them or run under torch.autocast"
+        )
+    return hidden, weight, bias, None if accum_dtype == weight.dtype else accum_dtype
 
 
 def fused_linear_cross_entropy_ref(
