@@ -5,8 +5,8 @@ cross-entropy of a tensor-parallel lm-head, with the vocabulary split over the r
 process group (plain tensors and a group, or DTensors sharded along the vocabulary).
 """
 
+from kernelwright.distributed._layout import chunk_sizes
 from kernelwright.distributed.vocab_parallel import (
-    chunk_sizes,
     vocab_parallel_cross_entropy,
     vocab_parallel_fused_linear_cross_entropy,
 )
