@@ -12,6 +12,13 @@ Providers:
     hf            the model as transformers builds it (attn_implementation="sdpa")
     kernelwright  `kernelwright.patch(model)`: analyse the model, patch it from the profile
     liger         Liger Kernel's `apply_liger_kernel_to_<model>(model=model)`, its defaults
+    <p>+compile   any of the above, then `torch.compile(model)` (hf+compile, ...)
+    kw.compile    the unpatched model under `kernelwright.compile(model)`: the registry's graph
+                  pass picks the kernels (no per-model code); its notes count the sites replaced
+
+Compile time lands in `warmup_s` (the first steps compile). `--process-per-provider` runs each
+provider in its own process (this script again, one provider each) and merges the rows, so that
+one provider's compiled graphs, caches and allocator state cannot touch the next one's.
 
 Batch: `--batch auto` (default) takes the largest candidate batch at which the UNPATCHED model's
 step fits on the GPU and runs every provider at that same batch (side by side);
@@ -44,6 +51,7 @@ import importlib
 import importlib.metadata
 import math
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -98,6 +106,8 @@ MODELS: dict[str, Shape] = {
                           {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192}),
     "gemma2-9b-4l":  _cut("gemma2", BY_NAME["Gemma-2-9B"], 4, 10000.0,
                           {**_GEMMA2_CAPS, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
+    "qwen3-8b-4l":   Shape("qwen3",      4096, 12288, 32,  8,   128, 151936, 4, 1000000.0,
+                           {"rms_norm_eps": 1e-6, "max_position_embeddings": 40960}),
     "qwen3moe-30b-a3b-4l": Shape("qwen3_moe", 2048, 6144, 32, 4, 128, 151936, 4, 1000000.0,
                            {"moe_intermediate_size": 768, "num_experts": 128,
                             "num_experts_per_tok": 8, "norm_topk_prob": True}),
@@ -115,9 +125,15 @@ FULL_MODELS = ("llama3-8b-4l", "gemma2-9b-4l", "qwen3moe-30b-a3b-4l")
 LIGER_APPLY = {
     "llama": "apply_liger_kernel_to_llama",
     "gemma2": "apply_liger_kernel_to_gemma2",
+    "qwen3": "apply_liger_kernel_to_qwen3",
     "qwen3_moe": "apply_liger_kernel_to_qwen3_moe",
 }
-PROVIDERS = ("hf", "kernelwright", "liger")
+# "+compile": the provider's model under torch.compile; "kw.compile": the unpatched model under
+# kernelwright.compile (the registry's graph pass chooses the kernels, no per-model code).
+PROVIDERS = (
+    "hf", "kernelwright", "liger", "hf+compile", "kernelwright+compile", "liger+compile",
+    "kw.compile",
+)  # fmt: skip
 
 COLUMNS = (
     "model", "provider", "batch", "seq", "tokens_per_step", "steps", "ms_per_step",
@@ -191,7 +207,23 @@ def restored_module(module_name: str):
 
 
 def apply_provider(provider: str, model, shape: Shape, device: torch.device):
-    """Patch `model` in place for `provider`; returns (notes, kernelwright profile or None)."""
+    """Patch `model` in place for `provider`; returns (model to train, notes, kernelwright
+    profile or None). Compiling providers return the compiled wrapper (same parameters)."""
+    if provider == "kw.compile":
+        import kernelwright
+
+        report = kernelwright.compile.CompileReport()
+        return kernelwright.compile(model, report=report), "kernelwright.compile", report
+    base, compiled = provider.removesuffix("+compile"), provider.endswith("+compile")
+    notes, profile = patch_provider(base, model, shape, device)
+    if compiled:
+        model = torch.compile(model)
+        notes = f"{notes}; torch.compile" if notes else "torch.compile"
+    return model, notes, profile
+
+
+def patch_provider(provider: str, model, shape: Shape, device: torch.device):
+    """Patch `model` in place for an eager provider; returns (notes, profile or None)."""
     if provider == "hf":
         return "", None
     if provider == "kernelwright":
@@ -251,7 +283,7 @@ def build(shape: Shape, args, device: torch.device, provider: str):
         )
     model.config.use_cache = False
     model.train()
-    notes, profile = apply_provider(provider, model, shape, device)
+    model, notes, profile = apply_provider(provider, model, shape, device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     return model, opt, notes, profile
 
@@ -329,6 +361,12 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
                 if not math.isfinite(losses[-1]):
                     raise FloatingPointError(f"loss is {losses[-1]} at step {i}")
             row["warmup_s"] = sum(times[: args.warmup])  # Triton compiles and autotunes here
+            if hasattr(profile, "replaced"):  # kw.compile's report: what the pass swapped in
+                ops = sorted({site.op for site in profile.replaced()})
+                row["notes"] = (
+                    f"{profile.graphs} graph(s), {len(profile.replaced())}/{len(profile)} sites "
+                    f"replaced ({', '.join(ops) or 'none'}); {len(profile.breaks)} graph break(s)"
+                )
             timed = times[args.warmup :]
             total = sum(timed)
             row["ms_per_step"] = 1e3 * total / len(timed)
@@ -588,10 +626,49 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--loss-atol", type=float, default=0.02)
     p.add_argument("--loss-rtol", type=float, default=2e-3)
     p.add_argument("--no-plot", action="store_true")
+    p.add_argument(
+        "--process-per-provider",
+        action="store_true",
+        help="run each provider in its own process (needs an explicit --batch)",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.process_per_provider and (args.batch == "auto" or args.batch_per_provider):
+        p.error("--process-per-provider needs an explicit --batch (and no --batch-per-provider)")
     return args
+
+
+def run_in_subprocess(name: str, provider: str, batch: int, argv, out: Path) -> dict:
+    """One provider's row, measured by this script in a fresh process."""
+    sub = out / f"_{name}_{provider}"
+    rest = list(sys.argv[1:] if argv is None else argv)
+    for flag in ("--model", "--providers", "--out", "--batch"):  # drop ours, set them below
+        while flag in rest:
+            i = rest.index(flag)
+            del rest[i : i + 2]
+        rest = [a for a in rest if not a.startswith(flag + "=")]
+    rest = [a for a in rest if a != "--process-per-provider"]
+    cmd = [sys.executable, __file__, "--model", name, "--providers", provider]
+    cmd += ["--batch", str(batch), "--out", str(sub), "--no-plot", *rest]
+    print(f"  {name}/{provider}: own process", flush=True)
+    done = subprocess.run(cmd, check=False)
+    path = sub / "train_step.csv"
+    if done.returncode != 0 or not path.exists():
+        err = f"its process exited with {done.returncode}"
+        return {"model": name, "provider": provider, "batch": batch, "error": err}
+    with path.open() as f:
+        row = next(csv.DictReader(f))
+    return {k: _parse(v) for k, v in row.items() if v != ""}
+
+
+def _parse(v: str):
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(v, v)
 
 
 def main(argv=None) -> list[dict]:
@@ -641,7 +718,10 @@ def main(argv=None) -> list[dict]:
                 continue
         print(f"{name}: batch {batch} x seq {args.seq}", flush=True)
         for pr in providers:
-            row = run_provider(name, shape, pr, batch, args, device)
+            if args.process_per_provider:
+                row = run_in_subprocess(name, pr, batch, argv, out)
+            else:
+                row = run_provider(name, shape, pr, batch, args, device)
             row.update(env)
             rows.append(row)
             if row.get("error"):

@@ -412,6 +412,7 @@ def test_lm_head_and_cross_entropy_become_fused_linear_cross_entropy(launches):
     compiled = kernelwright.compile(returns_logits, report=report)
     _check_against_eager(returns_logits, compiled, [h, y, w])
     assert _summary(report) == [("cross_entropy", True, "kernelwright")]
+    assert "logits are also read outside the loss" in report[0].reason
 
 
 def test_cross_entropy_sites_left_alone(launches):

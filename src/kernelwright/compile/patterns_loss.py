@@ -88,17 +88,21 @@ def match_cross_entropy(node: Node) -> Match | None:
 def _linear_cross_entropy(ce: Match, logits: Node, absorbed: list, node: Node) -> Match | None:
     """The lm-head matmul and the loss as one site, `fused_linear_cross_entropy`, when the
     logits `F.linear(hidden, W, bias)` feed the loss alone (a model that also returns its
-    logits keeps them, and the plain cross-entropy site). The plain site is the fallback."""
-    if kind(logits) != "linear" or len(logits.users) != 1:
+    logits keeps them, and the plain cross-entropy site: the report says so). The plain site
+    is the fallback."""
+    if kind(logits) != "linear":
         return None
     hidden, w = arg(logits, 0, "input"), arg(logits, 1, "weight")
     bias = arg(logits, 2, "bias")
     if not isinstance(hidden, Node) or not isinstance(w, Node):
         return None
-    if absorbed and any(len(n.users) != 1 for n in absorbed):
-        return None  # the upcast or flattened logits are read elsewhere
-    hv, wv = value(hidden), value(w)
     problem = ce.problem
+    if problem is None and (
+        len(logits.users) != 1 or (absorbed and any(len(n.users) != 1 for n in absorbed))
+    ):
+        # e.g. a Hugging Face causal LM, whose output holds the logits beside the loss
+        problem = "the logits are also read outside the loss (a graph output?): they must exist"
+    hv, wv = value(hidden), value(w)
     if problem is None and (hv is None or wv is None or hv.dtype != wv.dtype):
         problem = "hidden and the lm-head weight differ in dtype (eager promotes)"
     tensors = {"hidden": hidden, "weight": w, "target": ce.tensors["target"]}
