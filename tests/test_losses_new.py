@@ -47,7 +47,7 @@ def _compare(source: str, fused, seed: int = 0) -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("example", ["dpo_paper", "grpo_paper"])
+@pytest.mark.parametrize("example", ["dpo_paper", "grpo_paper", "grpo_entropy_paper"])
 def test_a_paper_loss_becomes_the_same_loss_on_the_primitive(tmp_path, example):
     source = str(EXAMPLES / f"{example}.py")
     profile = understand(source)
@@ -55,9 +55,13 @@ def test_a_paper_loss_becomes_the_same_loss_on_the_primitive(tmp_path, example):
     assert [i.role for i in profile.inputs][0] == "logits"
     if example == "dpo_paper":
         assert profile.sites[0].temperature == pytest.approx(0.9)
+    assert len(profile.entropies) == (example == "grpo_entropy_paper")
     files = generate(profile, tmp_path)
     text = files[0].read_text()
     assert "fused_linear_logprobs" in text and "log_softmax" not in text
+    # the entropy comes from the log-probs' own call (one pass over the logits)
+    assert text.count("fused_linear_logprobs(") == 1
+    assert ("return_entropy = True" in text) == bool(profile.entropies)
     fused = _import(files[0], f"{example}_fused")
     for seed in (0, 1):
         _compare(source, fused, seed)
@@ -79,15 +83,21 @@ def test_the_generated_tests_pass_and_catch_a_wrong_review(tmp_path):
 
 
 BODIES = {
-    "entropy": "p = torch.softmax(logits, -1)\n"
-    "    return -(p * torch.log_softmax(logits, -1)).sum()",
+    "entropy_mean": "p = torch.softmax(logits, -1)\n"
+    "    return (p * torch.log_softmax(logits, -1)).mean(-1).sum()",
+    "entropy_from_logsumexp": "p = torch.softmax(logits, -1)\n"
+    "    return (torch.logsumexp(logits, -1) - (p * logits).sum(-1)).sum()",
+    "probability_of_the_token": "p = torch.softmax(logits, -1)\n"
+    "    return p.gather(-1, ids.unsqueeze(-1)).sum()",
     "max": "return torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).sum() + "
     "logits.max()",
     "tensor_temperature": "return torch.log_softmax(logits / ids.float().unsqueeze(-1), -1).sum()",
     "other_dim": "return torch.log_softmax(logits, 0).gather(-1, ids.unsqueeze(-1)).sum()",
 }
 WHY = {
-    "entropy": "the logits reach",
+    "entropy_mean": "only their sum over the vocabulary",
+    "entropy_from_logsumexp": "multiplies the logits by softmax",
+    "probability_of_the_token": "softmax of the logits reaches `%gather",
     "max": "the logits reach",
     "tensor_temperature": "scaled by a tensor",
     "other_dim": "another dim",
@@ -105,6 +115,48 @@ def test_what_cannot_be_expressed_stops_with_the_reason(tmp_path, case):
     assert profile.stop and WHY[case] in profile.stop, profile.stop
     with pytest.raises(LossGenError):
         generate(profile, tmp_path / "out")
+
+
+ENTROPY_SPELLINGS = {  # (body, calls of the primitive in the generated loss)
+    "softmax_times_log_softmax_over_everything": (
+        "p = torch.softmax(logits, -1)\n    return -(p * torch.log_softmax(logits, -1)).sum()",
+        1,
+    ),
+    "exp_of_log_softmax_beside_the_log_probs": (
+        "lp = torch.log_softmax(logits.float() / 0.7, dim=-1)\n"
+        "    tok = lp.gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n"
+        "    ent = -(lp.exp() * lp).sum(-1)\n    return (tok * ent).mean()",
+        1,
+    ),
+    "entr_keeping_the_dim": (
+        "p = torch.softmax(logits * 2.0, dim=-1)\n"
+        "    h = torch.special.entr(p).sum(dim=-1, keepdim=True)\n"
+        "    return (h.exp() * ids.unsqueeze(-1)).mean()",
+        1,
+    ),
+    "p_log_p_of_log_softmax_at_another_temperature": (
+        "tok = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)\n"
+        "    p = torch.softmax(logits / 1.5, -1)\n"
+        "    return (tok * torch.sum(p * p.log(), dim=-1)).sum()",
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ENTROPY_SPELLINGS))
+def test_an_entropy_becomes_the_primitives_entropy(tmp_path, case):
+    body, calls = ENTROPY_SPELLINGS[case]
+    src = tmp_path / f"{case}.py"
+    src.write_text(
+        f"import torch\n\n\ndef {case}(logits, ids):\n    {body}\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 5, 9) * 2, torch.randint(0, 9, (2, 5))]\n"
+    )
+    profile = understand(str(src))
+    assert profile.stop is None and len(profile.entropies) == 1, profile.stop
+    files = generate(profile, tmp_path / "out")
+    text = files[0].read_text()
+    assert text.count("fused_linear_logprobs(") == calls and "softmax(" not in text
+    _compare(str(src), _import(files[0], f"{case}_fused"))
 
 
 def test_a_gather_that_keeps_its_dim_and_a_fp32_cast(tmp_path):

@@ -4,6 +4,8 @@
 - Our loss formulas against the loss TRL's DPOTrainer computes on the same batch.
 - DPO, KTO and GRPO trainers train a tiny Llama a few steps with TRL's path and with ours:
   the loss curves match.
+- Distillation: fused_linear_distill against TRL's generalized JSD (GKD's, on full logits), the
+  adapter against DistillationTrainer's own loss function, and that trainer's curves.
 """
 
 from __future__ import annotations
@@ -309,3 +311,126 @@ def test_grpo_trainer_trains_the_same_on_kernelwright(tmp_path, monkeypatch):
                            processing_class=_tokenizer())  # fmt: skip
 
     _check_curves(build, monkeypatch)
+
+
+# ---- distillation: TRL's DistillationTrainer loss on fused_linear_distill -------------------
+
+
+@needs_trainers
+@pytest.mark.filterwarnings("ignore:You are importing from 'trl.experimental'")
+@pytest.mark.parametrize("beta, temperature", [(0.0, 1.0), (1.0, 0.7), (0.5, 2.0), (0.2, 1.0)])
+def test_fused_linear_distill_equals_trls_generalized_jsd_loss(beta, temperature):
+    # TRL's generalized JSD on full logits (GKDTrainer's, the formula of the GKD paper)
+    from trl.experimental.gkd import GKDTrainer
+
+    from kernelwright.losses import fused_linear_distill
+
+    g = torch.Generator().manual_seed(int(beta * 10) + 1)
+    B, T, Hs, Ht, V = 2, 7, 16, 12, 37
+    hs = torch.randn(B, T, Hs, generator=g).to(DEVICE).requires_grad_()
+    ws = torch.randn(V, Hs, generator=g).mul(0.5).to(DEVICE).requires_grad_()
+    ht = torch.randn(B, T, Ht, generator=g).to(DEVICE)
+    wt = torch.randn(V, Ht, generator=g).mul(0.5).to(DEVICE)
+    labels = torch.randint(0, V, (B, T), generator=g).to(DEVICE)
+    labels[0, :3] = -100
+    kw = dict(beta=beta, temperature=temperature)
+    for n_items in (None, 17):
+        want = GKDTrainer.generalized_jsd_loss(hs @ ws.T, ht @ wt.T, labels,
+                                               num_items_in_batch=n_items, **kw)  # fmt: skip
+        got = fused_linear_distill(hs, ws, ht, wt, labels, num_items_in_batch=n_items, **kw)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        for a, e in zip(torch.autograd.grad(got, [hs, ws]), torch.autograd.grad(want, [hs, ws]),
+                        strict=True):  # fmt: skip
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
+
+
+@needs_trainers
+@pytest.mark.parametrize(
+    "opts",
+    [dict(beta=0.5, temperature=1.0), dict(beta=0.0, temperature=0.8, num_items_in_batch=9.0,
+     bias=True, student_logit_scale=1.3, teacher_logit_scale=0.7)],
+)  # fmt: skip
+def test_adapter_matches_trls_distillation_loss(opts):
+    import trl.trainer.distillation_trainer as dt
+
+    opts = dict(opts)
+    g = torch.Generator().manual_seed(3)
+    B, K, Hs, Ht, V = 2, 6, 16, 24, 41
+    hs = torch.randn(B, K, Hs, generator=g).to(DEVICE).requires_grad_()
+    ws = torch.randn(V, Hs, generator=g).mul(0.5).to(DEVICE).requires_grad_()
+    ht = torch.randn(B, K, Ht, generator=g).to(DEVICE)
+    wt = torch.randn(V, Ht, generator=g).mul(0.5).to(DEVICE)
+    mask = (torch.rand(B, K, generator=g) > 0.3).long().to(DEVICE)
+    if opts.pop("bias", False):
+        opts["student_lm_head_bias"] = torch.randn(V, generator=g).to(DEVICE).requires_grad_()
+        opts["teacher_lm_head_bias"] = torch.randn(V, generator=g).to(DEVICE)
+    beta = opts.pop("beta")
+    args = (hs, ht, ws, wt, mask, beta)
+    got = kw_trl.kernelwright_divergence_loss(*args, **opts)
+    want = dt._chunked_divergence_loss(*args, **opts)
+    for a, e in zip(got, want, strict=True):  # loss, entropy sum, token count
+        torch.testing.assert_close(a.float(), e.float(), atol=2e-5, rtol=1e-5)
+    params = [hs, ws] + [opts[k] for k in ("student_lm_head_bias",) if k in opts]
+    for a, e in zip(torch.autograd.grad(got[0], params), torch.autograd.grad(want[0], params),
+                    strict=True):  # fmt: skip
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
+
+
+@needs_trainers
+def test_enable_swaps_the_distillation_loss_and_refuses_another(monkeypatch):
+    import trl.trainer.distillation_trainer as dt
+
+    original = dt._chunked_divergence_loss
+    with kw_trl.enabled():
+        assert dt._chunked_divergence_loss is kw_trl.kernelwright_divergence_loss
+    assert dt._chunked_divergence_loss is original and not kw_trl.is_enabled()
+
+    def other(student_hidden_states, teacher_hidden_states, completion_mask):  # a future TRL's
+        return None
+
+    monkeypatch.setattr(dt, "_chunked_divergence_loss", other)
+    with pytest.raises(RuntimeError, match="DistillationTrainer does not compute its loss"):
+        kw_trl.enable()
+    assert dt._chunked_divergence_loss is other and not kw_trl.is_enabled()  # nothing swapped
+    kw_trl.enable(distillation=False)
+    assert kw_trl.is_enabled() and dt._chunked_divergence_loss is other
+    kw_trl.disable()
+
+
+@needs_trainers
+def test_distillation_trainer_trains_the_same_on_kernelwright(tmp_path, monkeypatch):
+    from trl import DistillationConfig, DistillationTrainer
+
+    data = datasets.Dataset.from_dict({"prompt": _sentences(8, 3, 7)})
+
+    def build():
+        torch.manual_seed(0)
+        cfg = DistillationConfig(**_common(tmp_path, beta=0.5, temperature=0.9,
+                                           max_completion_length=6,
+                                           gradient_checkpointing=False))  # fmt: skip
+        tok = _tokenizer()
+        tok.padding_side = "left"  # as the trainer requires
+        return DistillationTrainer(model=_model(0), teacher_model=_model(1), args=cfg,
+                                   train_dataset=data, processing_class=tok)  # fmt: skip
+
+    def run():  # each step's loss, gradient norm and the student's entropy (TRL's metric)
+        trainer = build()
+        trainer.train()
+        rows = [r for r in trainer.state.log_history if "loss" in r]
+        return [r[k] for r in rows for k in ("loss", "grad_norm", "entropy")]
+
+    want = run()
+    calls = []
+    ours = kw_trl.kernelwright_divergence_loss
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(kw_trl, "kernelwright_divergence_loss", counted)
+    with kw_trl.enabled():
+        got = run()
+    assert calls, "the trainer never reached kernelwright's distillation loss"
+    assert len(want) == len(got) >= 9 and all(torch.isfinite(torch.tensor(want)))
+    # the divergence of two tiny random models is small (~1e-2): a tight absolute tolerance
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), atol=1e-6, rtol=1e-4)

@@ -12,8 +12,9 @@ from kernelwright.console import make_console
 console = make_console()
 
 losses_app = typer.Typer(
-    help="Post-training losses: `new` turns a loss written on full logits into one on the fused "
-    "log-prob primitive (no [tokens, vocab] logits), with tests and a memory benchmark.",
+    help="Post-training losses: `new` turns a loss written on full logits (token log-probs, the "
+    "entropy) into one on the fused log-prob primitive (no [tokens, vocab] logits), with tests "
+    "and a memory benchmark.",
     no_args_is_help=True,
 )
 
@@ -91,5 +92,10 @@ def _show(profile) -> None:
         shape = " (keeps the gathered dim)" if s.keepdim else ""
         console.print(f"  log-probs of `{s.target}` at temperature {s.temperature:g} replace "
                       f"`{s.node}`{shape}")  # fmt: skip
+    for e in profile.entropies:
+        what = ("minus " if e.negated else "") + (
+            "the entropy summed over every token" if e.over == "all" else "each token's entropy"
+        )
+        console.print(f"  {what} at temperature {e.temperature:g} replaces `{e.node}`")
     if profile.reductions:
         console.print(f"  reductions after them: {', '.join(profile.reductions)}")

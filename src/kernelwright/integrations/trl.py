@@ -9,9 +9,14 @@ loss formulas read only its outputs.
 
 `enable()` puts `fused_linear_logprob_stats` in that function's place; everything around it
 (masks, label shifting, PEFT and FSDP2 handling, the MoE auxiliary loss, the metrics) stays
-TRL's. The swap checks the function's signature against the one it was written for and
-refuses, saying so, when a TRL release changes it. Weights partitioned by DeepSpeed ZeRO-3
-(which TRL gathers inside its backward) keep TRL's own function.
+TRL's. TRL's `DistillationTrainer` computes its loss from the student's and the teacher's
+hidden states and lm_heads in one function (`_chunked_divergence_loss`: the generalized JSD
+with beta and temperature over the completion tokens, and the student's entropy for its
+metric); `enable()` puts `fused_linear_distill` there too. Each swap checks the function's
+signature (and that the trainer still calls it) against the ones it was written for and
+refuses, saying so and swapping nothing, when a TRL release changes them. Weights partitioned
+by DeepSpeed ZeRO-3 (which TRL gathers inside its own functions) and soft-capped logits
+(Gemma 2's `final_logit_softcapping`, in distillation) keep TRL's own functions.
 
     from kernelwright.integrations import trl as kw_trl
 
@@ -19,7 +24,8 @@ refuses, saying so, when a TRL release changes it. Weights partitioned by DeepSp
     trainer = DPOTrainer(...)
     trainer.train()
 
-or `with kw_trl.enabled(): trainer.train()`.
+or `with kw_trl.enabled(): trainer.train()`; `enable(distillation=False)` (or
+`logprobs=False`) leaves one of the two to TRL.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from collections.abc import Iterator
 
 import torch
 
+from kernelwright.losses.distill import fused_linear_distill
 from kernelwright.losses.logprobs import STATS, fused_linear_logprob_stats
 
 # The parameters of trl.kernels.ChunkedLogProbFunction.forward this adapter stands in for.
@@ -38,6 +45,14 @@ _CONTRACT = (
     "final_logit_softcapping", "logit_scale", "outputs",
 )  # fmt: skip
 _TRL_FUNCTION: object | None = None  # TRL's own function while ours is in its place
+# The parameters of trl.trainer.distillation_trainer._chunked_divergence_loss.
+_DISTILL_CONTRACT = (
+    "student_hidden_states", "teacher_hidden_states", "student_lm_head_weight",
+    "teacher_lm_head_weight", "completion_mask", "beta", "num_items_in_batch",
+    "student_lm_head_bias", "teacher_lm_head_bias", "student_logit_scale", "teacher_logit_scale",
+    "student_final_logit_softcapping", "teacher_final_logit_softcapping", "temperature",
+)  # fmt: skip
+_TRL_DIVERGENCE: object | None = None  # TRL's distillation loss while ours is in its place
 
 
 class KernelwrightLogProbs:
@@ -80,12 +95,88 @@ class KernelwrightLogProbs:
         return tuple(st)
 
 
+def kernelwright_divergence_loss(
+    student_hidden_states: torch.Tensor,
+    teacher_hidden_states: torch.Tensor,
+    student_lm_head_weight: torch.Tensor,
+    teacher_lm_head_weight: torch.Tensor,
+    completion_mask: torch.Tensor,
+    beta: float,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    student_lm_head_bias: torch.Tensor | None = None,
+    teacher_lm_head_bias: torch.Tensor | None = None,
+    student_logit_scale: float = 1.0,
+    teacher_logit_scale: float = 1.0,
+    student_final_logit_softcapping: float | None = None,
+    teacher_final_logit_softcapping: float | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stands in for trl.trainer.distillation_trainer._chunked_divergence_loss: hidden states
+    [B, K, H_s] and [B, K, H_t] of the same tokens, each model's lm_head, completion_mask [B, K]
+    (nonzero: in the loss) -> (the divergence summed over the masked tokens divided by
+    num_items_in_batch, or by their count when it is None; the student's entropy summed over
+    them, no gradient; their count). A logit scale folds into the hidden states and bias."""
+    trl_args = (
+        student_hidden_states, teacher_hidden_states, student_lm_head_weight,
+        teacher_lm_head_weight, completion_mask, beta, num_items_in_batch, student_lm_head_bias,
+        teacher_lm_head_bias, student_logit_scale, teacher_logit_scale,
+        student_final_logit_softcapping, teacher_final_logit_softcapping, temperature,
+    )  # fmt: skip
+    softcapped = (student_final_logit_softcapping, teacher_final_logit_softcapping) != (None,) * 2
+    zero3 = hasattr(student_lm_head_weight, "ds_id") or hasattr(teacher_lm_head_weight, "ds_id")
+    if softcapped or zero3:
+        return _trl_divergence()(*trl_args)
+    hs, ws, bs = _scaled_head(
+        student_hidden_states, student_lm_head_weight, student_lm_head_bias, student_logit_scale
+    )
+    ht, wt, bt = _scaled_head(
+        teacher_hidden_states, teacher_lm_head_weight, teacher_lm_head_bias, teacher_logit_scale
+    )
+    if isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = float(num_items_in_batch)
+    loss, entropy = fused_linear_distill(
+        hs, ws, ht, wt, completion_mask, student_bias=bs, teacher_bias=bt, beta=float(beta),
+        temperature=float(temperature), ignore_index=0, num_items_in_batch=num_items_in_batch,
+        return_entropy=True,
+    )  # fmt: skip
+    return loss, entropy.sum(), (completion_mask != 0).sum()
+
+
+def _scaled_head(hidden, weight, bias, logit_scale):
+    """(hidden, weight, bias) whose logits are logit_scale times the head's; an FSDP2-sharded
+    weight gathered whole in the hidden states' dtype, as TRL's own function does."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(weight, DTensor):
+        weight = weight.full_tensor().to(hidden.dtype)
+        bias = bias.full_tensor() if isinstance(bias, DTensor) else bias
+    if logit_scale != 1.0:
+        hidden = hidden * logit_scale
+        bias = None if bias is None else bias * logit_scale
+    return hidden, weight, bias
+
+
 def _trl_utils():
     try:
         import trl.trainer.utils as utils
     except ImportError as e:  # pragma: no cover - trl is a test dependency
         raise ImportError("kernelwright.integrations.trl needs TRL: pip install trl") from e
     return utils
+
+
+def _distillation():
+    """TRL's distillation trainer module, or None for a TRL without one."""
+    try:
+        import trl.trainer.distillation_trainer as module
+    except ImportError:
+        return None
+    return module
+
+
+def _trl_divergence():
+    if _TRL_DIVERGENCE is not None:
+        return _TRL_DIVERGENCE
+    return _distillation()._chunked_divergence_loss
 
 
 def _check_contract(fn: object) -> None:
@@ -101,37 +192,77 @@ def _check_contract(fn: object) -> None:
         )
 
 
-def enable() -> None:
-    """Route TRL's fused LM head through kernelwright's primitive (idempotent)."""
-    global _TRL_FUNCTION
-    utils = _trl_utils()
+def _check_distill_contract(module) -> None:
+    import trl
+
+    fn = getattr(module, "_chunked_divergence_loss", None)
+    params = tuple(inspect.signature(fn).parameters) if callable(fn) else ()
+    compute = getattr(getattr(module, "DistillationTrainer", None), "_compute_loss", None)
+    names = getattr(getattr(compute, "__code__", None), "co_names", ())
+    if params != _DISTILL_CONTRACT or "_chunked_divergence_loss" not in names:
+        raise RuntimeError(
+            f"kernelwright.integrations.trl: TRL {trl.__version__}'s DistillationTrainer does "
+            f"not compute its loss through _chunked_divergence_loss{_DISTILL_CONTRACT} as the "
+            "release this was written for does, so nothing was swapped "
+            "(enable(distillation=False) swaps the log-prob function alone)"
+        )
+
+
+def enable(*, logprobs: bool = True, distillation: bool = True) -> None:
+    """Route TRL's fused LM head (logprobs) and its DistillationTrainer's loss (distillation)
+    through kernelwright's functions (idempotent). Both are checked before either is swapped."""
+    global _TRL_FUNCTION, _TRL_DIVERGENCE
+    utils = _trl_utils() if logprobs else None
+    module = _distillation() if distillation else None
     current = getattr(utils, "_ChunkedLogProbFunction", None)
-    if current is KernelwrightLogProbs:
-        return
-    _check_contract(current)
-    _TRL_FUNCTION = current
-    utils._ChunkedLogProbFunction = KernelwrightLogProbs
+    swap_lp = utils is not None and current is not KernelwrightLogProbs
+    swap_kd = module is not None and module.__dict__.get("_chunked_divergence_loss") is not (
+        kernelwright_divergence_loss
+    )
+    if swap_lp:
+        _check_contract(current)
+    if swap_kd:
+        _check_distill_contract(module)
+    if swap_lp:
+        _TRL_FUNCTION = current
+        utils._ChunkedLogProbFunction = KernelwrightLogProbs
+    if swap_kd:
+        _TRL_DIVERGENCE = module._chunked_divergence_loss
+        module._chunked_divergence_loss = kernelwright_divergence_loss
 
 
-def disable() -> None:
-    """Give TRL its own function back."""
-    global _TRL_FUNCTION
-    if _TRL_FUNCTION is not None:
+def disable(*, logprobs: bool = True, distillation: bool = True) -> None:
+    """Give TRL its own functions back."""
+    global _TRL_FUNCTION, _TRL_DIVERGENCE
+    if logprobs and _TRL_FUNCTION is not None:
         _trl_utils()._ChunkedLogProbFunction = _TRL_FUNCTION
         _TRL_FUNCTION = None
+    if distillation and _TRL_DIVERGENCE is not None:
+        _distillation()._chunked_divergence_loss = _TRL_DIVERGENCE
+        _TRL_DIVERGENCE = None
+
+
+def _swapped() -> tuple[bool, bool]:
+    """Whether (the log-prob function, the distillation loss) are ours."""
+    module = _distillation()
+    kd = module is not None and module.__dict__.get("_chunked_divergence_loss")
+    return (
+        getattr(_trl_utils(), "_ChunkedLogProbFunction", None) is KernelwrightLogProbs,
+        kd is kernelwright_divergence_loss,
+    )
 
 
 def is_enabled() -> bool:
-    return getattr(_trl_utils(), "_ChunkedLogProbFunction", None) is KernelwrightLogProbs
+    """Whether any of TRL's functions has ours in its place."""
+    return any(_swapped())
 
 
 @contextlib.contextmanager
-def enabled() -> Iterator[None]:
+def enabled(*, logprobs: bool = True, distillation: bool = True) -> Iterator[None]:
     """`enable()` for the block, then back to whatever was in place before it."""
-    was = is_enabled()
-    enable()
+    had_lp, had_kd = _swapped()
+    enable(logprobs=logprobs, distillation=distillation)
     try:
         yield
     finally:
-        if not was:
-            disable()
+        disable(logprobs=not had_lp, distillation=not had_kd)

@@ -126,9 +126,9 @@ def _logaddexp(a, b):
 
 @triton.jit
 def _distill_kernel(
-    s_ptr, t_ptr, s_stride, t_stride, loss_ptr,
+    s_ptr, t_ptr, s_stride, t_stride, loss_ptr, ent_ptr,
     V, inv_t, beta, log_1mb, log_b, scale,
-    MODE: tl.constexpr, BLOCK: tl.constexpr,
+    MODE: tl.constexpr, ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One token of `fused_linear_distill`: the divergence between softmax(s / T) (student) and
     softmax(t / T) (teacher), and its gradient in s written over the student's logits, times
@@ -136,7 +136,7 @@ def _distill_kernel(
     KL(s || t); 2: generalized JSD with mixture m = (1 - beta) p_s + beta p_t. For 1 and 2 the
     gradient is c * p_s * (r - E_s[r]) / T with r = log p_s - log m (log p_t for 1) and c =
     1 - beta (1 for 1). Three passes over the row: the two log-sum-exps, the divergence and
-    E_s[r], the gradient."""
+    E_s[r] (and, with ENTROPY, the student's entropy -sum p_s log p_s), the gradient."""
     row = tl.program_id(0).to(tl.int64)
     s_row = s_ptr + row * s_stride
     t_row = t_ptr + row * t_stride
@@ -163,6 +163,7 @@ def _distill_kernel(
     lse_t = mt + tl.log(st)
     loss = zero
     er = zero
+    ent = zero
     for start in range(0, V, BLOCK):
         offs = start + cols
         mask = offs < V
@@ -170,6 +171,8 @@ def _distill_kernel(
         lt = tl.load(t_row + offs, mask=mask, other=0.0).to(tl.float32) * inv_t - lse_t
         ps = tl.where(mask, tl.exp(ls), 0.0)
         pt = tl.where(mask, tl.exp(lt), 0.0)
+        if ENTROPY:
+            ent -= tl.sum(ps * ls, axis=0)
         if MODE == 0:
             loss += tl.sum(pt * (lt - ls), axis=0)
         elif MODE == 1:
@@ -195,3 +198,5 @@ def _distill_kernel(
             g = (1.0 - beta) * ps * (ls - _logaddexp(ls + log_1mb, lt + log_b) - er)
         tl.store(s_row + offs, (g * (inv_t * scale)).to(s_ptr.dtype.element_ty), mask=mask)
     tl.store(loss_ptr + row, loss)
+    if ENTROPY:
+        tl.store(ent_ptr + row, ent)

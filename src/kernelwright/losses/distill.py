@@ -6,7 +6,9 @@ The divergence per token (as TRL's generalized JSD states it, on log_softmax(log
 - 0 < beta < 1: beta·KL(teacher ‖ m) + (1 - beta)·KL(student ‖ m), m = (1 - beta)·student +
   beta·teacher (the generalized Jensen-Shannon divergence).
 Tokens whose label is `ignore_index` are left out; "batchmean" divides the sum by the tokens
-kept, "sum" does not. Chunked over tokens: each chunk's logits exist only while its gradient
+kept (or by `num_items_in_batch`, the kept tokens of a whole accumulated batch), "sum" does
+not. The student's entropy per token comes from the same pass when asked (for a metric: no
+gradient). Chunked over tokens: each chunk's logits exist only while its gradient
 is computed, in the forward (the loss is a scalar, so its gradient is known up to the incoming
 scale, applied in the backward), by one Triton kernel per chunk (`_stats_kernels.py`). The
 teacher gets no gradient.
@@ -20,7 +22,7 @@ import torch
 import triton
 
 from kernelwright.losses._stats_kernels import _distill_kernel
-from kernelwright.losses.logprobs import _compute_dtype, _project, _scored, chunk_rows
+from kernelwright.losses.logprobs import _compute_dtype, _project, _scored, _spread, chunk_rows
 from kernelwright.ops.fused_linear_cross_entropy import _addmm_
 from kernelwright.runtime.launch import traced
 
@@ -43,20 +45,24 @@ class _ChunkedDistill(torch.autograd.Function):
     """Chunks of C tokens: the student's and the teacher's logits (cuBLAS, into two reused
     [C, V] buffers in the matmul dtype), then `_distill_kernel` writes each token's divergence
     and, over the student's logits, their gradient times the reduction's scale; the two
-    gradient matmuls follow in the forward. The backward multiplies by the incoming gradient."""
+    gradient matmuls follow in the forward. The backward multiplies by the incoming gradient.
+    Returns the loss and, with `want_ent`, the student's entropy per token (else None)."""
 
     @staticmethod
-    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, beta, temperature, scale, chunk, accum):
+    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, beta, temperature, scale, chunk, accum,
+                want_ent, grad_mode):  # fmt: skip
         N, V = h_s.shape[0], w_s.shape[0]
         cd = _compute_dtype(h_s)
         chunk = chunk or chunk_rows(N, 2 * V, cd, h_s.device)  # two buffers
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        # under no_grad (an evaluation) no gradient is computed
+        need_h, need_w, need_b = (grad_mode and n for n in ctx.needs_input_grad[:3])
         grad_h = torch.empty(h_s.shape, dtype=h_s.dtype, device=h_s.device) if need_h else None
         grad_w = (
             torch.zeros(w_s.shape, dtype=accum or w_s.dtype, device=w_s.device) if need_w else None
         )
         grad_b = torch.zeros(V, dtype=torch.float32, device=w_s.device) if need_b else None
         per_token = torch.empty(N, dtype=torch.float32, device=h_s.device)
+        ent = torch.empty(N, dtype=torch.float32, device=h_s.device) if want_ent else None
         mode = 0 if beta == 0 else 1 if beta == 1 else 2
         logs = (math.log(1 - beta) if beta < 1 else 0.0, math.log(beta) if beta > 0 else 0.0)
         block = min(4096, triton.next_power_of_2(V))
@@ -72,8 +78,10 @@ class _ChunkedDistill(torch.autograd.Function):
                 _project(hs, ws, bs, ls)
                 _project(h_t[s:e].to(cd), wt, bt, lt)
                 _distill_kernel[(e - s,)](
-                    ls, lt, ls.stride(0), lt.stride(0), per_token[s:e], V, 1.0 / temperature,
-                    float(beta), *logs, float(scale), MODE=mode, BLOCK=block,
+                    ls, lt, ls.stride(0), lt.stride(0), per_token[s:e],
+                    per_token[s:e] if ent is None else ent[s:e], V, 1.0 / temperature,
+                    float(beta), *logs, float(scale), MODE=mode, ENTROPY=ent is not None,
+                    BLOCK=block,
                 )  # fmt: skip
                 if grad_h is not None:
                     if grad_h.dtype != cd:
@@ -88,10 +96,12 @@ class _ChunkedDistill(torch.autograd.Function):
         ctx.save_for_backward(*(g for g in (grad_h, grad_w, grad_b) if g is not None))
         ctx.meta = (grad_h is not None, grad_w is not None, grad_b is not None,
                     w_s.dtype, None if b_s is None else b_s.dtype)  # fmt: skip
-        return per_token.sum() * scale
+        if ent is not None:
+            ctx.mark_non_differentiable(ent)
+        return per_token.sum() * scale, ent
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, _):
         saved = list(ctx.saved_tensors)
         has_h, has_w, has_b, w_dtype, b_dtype = ctx.meta
         one = not traced(dy) and bool(dy == 1)
@@ -103,7 +113,7 @@ class _ChunkedDistill(torch.autograd.Function):
         grad_h = scaled(saved.pop(0)) if has_h else None
         grad_w = scaled(saved.pop(0), w_dtype) if has_w else None
         grad_b = scaled(saved.pop(0), b_dtype) if has_b else None
-        return (grad_h, grad_w, grad_b) + (None,) * 8
+        return (grad_h, grad_w, grad_b) + (None,) * 10
 
 
 def fused_linear_distill(
@@ -119,21 +129,30 @@ def fused_linear_distill(
     temperature: float = 1.0,
     ignore_index: int = -100,
     reduction: str = "batchmean",
+    num_items_in_batch: int | float | torch.Tensor | None = None,
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The distillation loss (module doc) of the student's lm_head on `student_hidden` [..., Hs]
     against the teacher's on `teacher_hidden` [..., Ht], same tokens; `labels` [...] marks the
     tokens kept (not `ignore_index`; only those are computed). The vocabularies must match.
     Under torch.autocast the matmuls run in the autocast dtype; accum_dtype=torch.float32
     accumulates the weight gradient of bf16 weights in fp32. chunk_size: tokens per chunk
-    (default: as fused linear cross-entropy chooses, for two logits buffers)."""
+    (default: as fused linear cross-entropy chooses, for two logits buffers).
+
+    num_items_in_batch: "batchmean" divides by it instead of the tokens kept here (the kept
+    tokens of every micro-batch of a gradient-accumulated step). return_entropy: also the
+    student's entropy per token [...] in fp32, no gradient, 0 at the tokens left out:
+    (loss, entropy)."""
     if not 0 <= beta <= 1:
         raise ValueError(f"fused_linear_distill: beta must be in [0, 1], got {beta}")
     if not temperature > 0:
         raise ValueError(f"fused_linear_distill: temperature must be > 0, got {temperature}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"fused_linear_distill: reduction must be one of {REDUCTIONS}")
+    if num_items_in_batch is not None and reduction != "batchmean":
+        raise ValueError("fused_linear_distill: num_items_in_batch divides the batchmean only")
     if student_weight.shape[0] != teacher_weight.shape[0]:
         raise ValueError(
             "fused_linear_distill: the student's and the teacher's vocabularies differ "
@@ -162,8 +181,19 @@ def fused_linear_distill(
     else:
         n = h_s.shape[0]
     scale = 1.0 / max(n, 1) if reduction == "batchmean" else 1.0
+    if num_items_in_batch is not None:
+        if not float(num_items_in_batch) > 0:
+            raise ValueError("fused_linear_distill: num_items_in_batch must be > 0")
+        scale = 1.0 / float(num_items_in_batch)
     b_t = None if teacher_bias is None else teacher_bias.detach()
-    return _ChunkedDistill.apply(
+    loss, ent = _ChunkedDistill.apply(
         h_s, student_weight, student_bias, h_t, teacher_weight.detach(), b_t, float(beta),
-        float(temperature), scale, chunk_size, accum_dtype,
+        float(temperature), scale, chunk_size, accum_dtype, return_entropy,
+        torch.is_grad_enabled(),
     )  # fmt: skip
+    if not return_entropy:
+        return loss
+    lead = student_hidden.shape[:-1]
+    if keep is not None:
+        return loss, _spread(ent, keep).reshape(lead)
+    return loss, ent.reshape(lead) if n else ent.new_zeros(lead)

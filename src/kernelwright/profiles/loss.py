@@ -29,6 +29,17 @@ class LogprobSite(Strict):
     keepdim: bool = False  # the gather's trailing size-1 dim is kept (no squeeze after it)
 
 
+class EntropySite(Strict):
+    """-(softmax(z) * log_softmax(z)).sum(-1), z = logits / temperature: each token's entropy,
+    which the generated loss takes from fused_linear_logprobs(..., return_entropy=True)."""
+
+    node: str  # the traced node the entropy replaces (the sum, or a negation after it)
+    temperature: float = 1.0
+    negated: bool = False  # the node holds minus the entropy (sum p log p)
+    over: Literal["token", "all"] = "token"  # each token's, or summed over every token too
+    keepdim: bool = False  # the sum keeps the vocabulary's dim (size 1)
+
+
 class LossProfile(YamlProfile):
     REGENERATE: ClassVar[str] = "kernelwright losses new"
 
@@ -39,6 +50,7 @@ class LossProfile(YamlProfile):
     vocab: int
     inputs: list[LossInput]
     sites: list[LogprobSite] = Field(default_factory=list)
+    entropies: list[EntropySite] = Field(default_factory=list)
     # the reductions the loss applies after the log-probs (for the reviewer; informational)
     reductions: list[str] = Field(default_factory=list)
     # why the loss cannot be expressed on the primitive; generation stops when set

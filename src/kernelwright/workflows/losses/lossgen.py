@@ -14,14 +14,13 @@ import torch
 import torch.fx
 
 from kernelwright.losses.logprobs import fused_linear_logprobs
-from kernelwright.profiles.loss import LogprobSite, LossInput, LossProfile
+from kernelwright.profiles.loss import LossInput, LossProfile
 from kernelwright.workflows.create.load import ReferenceError, load_reference
+from kernelwright.workflows.losses.sites import find_sites
 
 # The generated loss passes its gather indices as they are: no id is ignored, as in the
 # original, whose gather would fail on one.
 NO_IGNORE = -(2**62)
-_CASTS = {"float"}
-_LOG_SOFTMAX = {torch.log_softmax, torch.nn.functional.log_softmax}
 _REDUCTIONS = {"sum", "mean", "logsumexp", "amax", "amin", "max", "min", "prod", "norm"}
 
 
@@ -54,93 +53,6 @@ def _trace(ref) -> torch.fx.GraphModule:
         ) from e
 
 
-def _last_dim(dim, ndim: int) -> bool:
-    return dim in (-1, ndim - 1)
-
-
-def _arg(node: torch.fx.Node, index: int, key: str, default=None):
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(key, default)
-
-
-def _is_method(node: torch.fx.Node, *names: str) -> bool:
-    return node.op == "call_method" and node.target in names
-
-
-def _find_sites(gm: torch.fx.GraphModule, logits_arg: str, ndim: int):
-    """(sites, stop): each log_softmax-then-gather the logits reach, or why they reach
-    something else."""
-    placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name == logits_arg)
-    sites: list[LogprobSite] = []
-    frontier = [(placeholder, 1.0)]
-    while frontier:
-        node, temperature = frontier.pop(0)
-        for user in list(node.users):
-            where = user.format_node()
-            if _is_method(user, *_CASTS) or (
-                _is_method(user, "to") and torch.float32 in (*user.args[1:], *user.kwargs.values())
-            ):
-                frontier.append((user, temperature))
-                continue
-            if user.op == "call_function" and user.target in (operator.truediv, operator.mul):
-                other = user.args[1] if user.args[0] is node else user.args[0]
-                if isinstance(other, (int, float)) and not (
-                    user.target is operator.truediv and user.args[1] is node
-                ):
-                    k = float(other)
-                    frontier.append((user, temperature * k if user.target is operator.truediv
-                                     else temperature / k))  # fmt: skip
-                    continue
-                return [], (f"the logits are scaled by a tensor or a variable at `{where}`: "
-                            "only a constant temperature is supported")  # fmt: skip
-            is_lsm = (user.op == "call_function" and user.target in _LOG_SOFTMAX) or _is_method(
-                user, "log_softmax"
-            )
-            if not is_lsm:
-                return [], (f"the logits reach `{where}`: only casts to fp32, a constant "
-                            "temperature, then log_softmax over the vocabulary gathered at token "
-                            "ids can be computed without them")  # fmt: skip
-            if not _last_dim(_arg(user, 1, "dim"), ndim):
-                return [], f"log_softmax over another dim than the vocabulary at `{where}`"
-            for gather in list(user.users):
-                site = _gather_site(gather, ndim, temperature)
-                if isinstance(site, str):
-                    return [], site
-                sites.append(site)
-    if not sites:
-        return [], f"the loss never takes log_softmax of `{logits_arg}` at token ids"
-    return sites, None
-
-
-def _gather_site(gather: torch.fx.Node, ndim: int, temperature: float) -> LogprobSite | str:
-    where = gather.format_node()
-    is_gather = (gather.op == "call_function" and gather.target is torch.gather) or _is_method(
-        gather, "gather"
-    )
-    if not is_gather:
-        return (
-            f"log_softmax of the logits reaches `{where}`: only a gather of token ids is "
-            "supported (not the entropy, top-k or other statistics of the distribution)"
-        )
-    if not _last_dim(_arg(gather, 1, "dim"), ndim):
-        return f"a gather over another dim than the vocabulary at `{where}`"
-    index = _arg(gather, 2, "index")
-    unsqueezed = isinstance(index, torch.fx.Node) and (
-        _is_method(index, "unsqueeze")
-        or (index.op == "call_function" and index.target is torch.unsqueeze)
-    )
-    if not unsqueezed or not _last_dim(_arg(index, 1, "dim"), ndim):
-        return (f"the gather at `{where}` takes an index that is not `ids.unsqueeze(-1)`: one "
-                "token id per position is supported")  # fmt: skip
-    target = index.args[0]
-    users = list(gather.users)
-    squeeze = users[0] if len(users) == 1 and _is_method(users[0], "squeeze") else None
-    if squeeze is not None and _last_dim(_arg(squeeze, 1, "dim"), ndim):
-        return LogprobSite(node=squeeze.name, target=target.name, temperature=temperature)
-    return LogprobSite(node=gather.name, target=target.name, temperature=temperature, keepdim=True)
-
-
 def understand(source: str, *, name: str | None = None, logits_arg: str = "logits") -> LossProfile:
     """Trace the loss at `source` (a file or module:function, with get_inputs()) into a
     LossProfile; `stop` is set when it cannot be expressed on the primitive."""
@@ -154,7 +66,7 @@ def understand(source: str, *, name: str | None = None, logits_arg: str = "logit
     if not logits.is_floating_point() or logits.dim() < 2:
         raise LossGenError(f"{logits_arg} must be a float tensor [..., V] in get_inputs()")
     gm = _trace(ref)
-    sites, stop = _find_sites(gm, logits_arg, logits.dim())
+    sites, entropies, stop = find_sites(gm, logits_arg, logits.dim())
     inputs = [
         LossInput(name=n, role="logits" if n == logits_arg else "tensor", shape=list(t.shape),
                   dtype=str(t.dtype).replace("torch.", ""))
@@ -169,7 +81,7 @@ def understand(source: str, *, name: str | None = None, logits_arg: str = "logit
     ]  # fmt: skip
     return LossProfile(
         name=ref.name, source=ref.source, logits_arg=logits_arg, vocab=int(logits.shape[-1]),
-        inputs=inputs, sites=sites, reductions=reductions, stop=stop,
+        inputs=inputs, sites=sites, entropies=entropies, reductions=reductions, stop=stop,
     )  # fmt: skip
 
 
@@ -182,21 +94,25 @@ def rewrite(profile: LossProfile) -> torch.fx.GraphModule:
     gm = _trace(ref)
     graph = gm.graph
     nodes = {n.name: n for n in graph.nodes}
-    missing = [s for s in profile.sites if s.node not in nodes or s.target not in nodes]
-    if missing or profile.logits_arg not in nodes:
+    named = [n for s in profile.sites for n in (s.node, s.target)]
+    named += [e.node for e in profile.entropies]
+    if any(n not in nodes for n in named) or profile.logits_arg not in nodes:
         raise LossGenError(f"{profile.source} changed since its profile was written: run "
                            f"`kernelwright losses new {profile.source}` again")  # fmt: skip
     logits = nodes[profile.logits_arg]
     with graph.inserting_before(logits):
         hidden = graph.placeholder("hidden")
         weight = graph.placeholder("weight")
+    shared = _entropies(profile, graph, nodes, hidden, weight)
     for site in profile.sites:
         node = nodes[site.node]
         with graph.inserting_before(node):
-            kw = {"temperature": site.temperature, "ignore_index": NO_IGNORE}
-            lp = graph.call_function(
-                fused_linear_logprobs, (hidden, weight, nodes[site.target]), kw
-            )
+            lp = shared.get(site.node)
+            if lp is None:
+                kw = {"temperature": site.temperature, "ignore_index": NO_IGNORE}
+                lp = graph.call_function(
+                    fused_linear_logprobs, (hidden, weight, nodes[site.target]), kw
+                )
             if site.keepdim:
                 lp = graph.call_method("unsqueeze", (lp, -1))
         node.replace_all_uses_with(lp)
@@ -208,6 +124,45 @@ def rewrite(profile: LossProfile) -> torch.fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
+
+
+def _entropies(profile, graph, nodes, hidden, weight) -> dict[str, torch.fx.Node]:
+    """One fused_linear_logprobs(..., return_entropy=True) per temperature with an entropy
+    site, its entropy in place of each; it also gives the log-probs of the first log-prob site
+    at that temperature whose ids exist before the first entropy (returned: site node -> the
+    log-probs), else it scores token 0 (unused: only the entropy's gradient flows)."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    shared = {}
+    for temperature in sorted({e.temperature for e in profile.entropies}):
+        group = [e for e in profile.entropies if e.temperature == temperature]
+        first = min((nodes[e.node] for e in group), key=order.get)
+        partner = next((s for s in profile.sites if s.temperature == temperature
+                        and order[nodes[s.target]] < order[first]), None)  # fmt: skip
+        at = first if partner is None else min(first, nodes[partner.node], key=order.get)
+        with graph.inserting_before(at):
+            if partner is None:
+                shape = graph.call_function(getattr, (hidden, "shape"))
+                lead = graph.call_function(operator.getitem, (shape, slice(None, -1)))
+                target = graph.call_method("new_zeros", (hidden, lead), {"dtype": torch.long})
+            else:
+                target = nodes[partner.target]
+            kw = {"temperature": temperature, "ignore_index": NO_IGNORE, "return_entropy": True}
+            call = graph.call_function(fused_linear_logprobs, (hidden, weight, target), kw)
+            entropy = graph.call_function(operator.getitem, (call, 1))
+            if partner is not None:
+                shared[partner.node] = graph.call_function(operator.getitem, (call, 0))
+        for e in group:
+            node = nodes[e.node]
+            with graph.inserting_before(node):
+                value = entropy
+                if e.over == "all":
+                    value = graph.call_method("sum", (value,))
+                elif e.keepdim:
+                    value = graph.call_method("unsqueeze", (value, -1))
+                if e.negated:
+                    value = graph.call_function(operator.neg, (value,))
+            node.replace_all_uses_with(value)
+    return shared
 
 
 def _imports(globals_: dict) -> list[str]:
