@@ -379,6 +379,128 @@ def rms_norm_ignores_row_stride(x, weight=None, eps=1e-6, **kw):
     return rms_norm(packed, weight, eps, **kw)
 
 
+# --------------------------------------------------------------------------- compiled graphs
+# `kernelwright debug --compiled`: bugs in what `kernelwright.compile` inserts, planted by
+# wrapping the pass's matchers for the duration of a `with`. The model is `tiny_compiled_model`.
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d: int, h: int):
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        super().__init__()
+        self.norm = LlamaRMSNorm(d, eps=1e-6)
+        self.gate = torch.nn.Linear(d, h, bias=False)
+        self.up = torch.nn.Linear(d, h, bias=False)
+        self.down = torch.nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class _Tiny(torch.nn.Module):
+    """Two blocks (RMSNorm, then fused add + RMSNorm on the residual sum; SwiGLU each), a final
+    LayerNorm, a head and cross-entropy: six sites of the pass."""
+
+    def __init__(self, d: int = 32, h: int = 64, classes: int = 16):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(d, h), _Block(d, h)])
+        self.final_norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, classes)
+
+    def forward(self, x, target):
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.final_norm(x))
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+def tiny_compiled_model():
+    """(model, batch) for `kernelwright debug debug_planted:tiny_compiled_model --compiled`;
+    its norm weights and biases spread, so that a dropped one shows."""
+    model = _Tiny()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.5 * torch.randn(p.shape))
+    return model, (torch.randn(8, 32), torch.randint(0, 16, (8,)))
+
+
+@contextlib.contextmanager
+def _planted_match(op: str, change):
+    """The pass's matches of `op` changed by `change(match)` while the `with` lasts."""
+    import dataclasses
+
+    from kernelwright.compile import passes
+
+    saved = passes.MATCHERS
+
+    def wrapped(matcher):
+        def match(node):
+            m = matcher(node)
+            return change(m, dataclasses.replace) if m is not None and m.op == op else m
+
+        return match
+
+    passes.MATCHERS = tuple(wrapped(f) for f in saved)
+    try:
+        yield
+    finally:
+        passes.MATCHERS = saved
+
+
+class _HalfUpGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        return gate.clone(), up.clone()
+
+    @staticmethod
+    def backward(ctx, dgate, dup):
+        return dgate, dup * 0.5
+
+
+def _swiglu_half_up_grad(gate, up, **kw):
+    return swiglu(*_HalfUpGrad.apply(gate, up), **kw)  # up's gradient halved
+
+
+@dataclass(frozen=True)
+class CompileBug:
+    name: str
+    op: str  # the op of the site debug must name
+    module: str  # the module that site sits in
+    pass_name: str
+    what: str
+
+    def plant(self):
+        return _COMPILE_PLANTS[self.name]()
+
+
+_COMPILE_PLANTS = {
+    # the fused add + RMSNorm match passes eps 1e-2 (a constant read from the wrong node)
+    "compiled_fused_add_wrong_eps": lambda: _planted_match(
+        "fused_add_rms_norm", lambda m, rep: rep(m, args=(*m.args[:3], 1e-2))
+    ),
+    # the LayerNorm match drops the weight (the kernel gets None)
+    "compiled_layer_norm_drops_weight": lambda: _planted_match(
+        "layer_norm", lambda m, rep: rep(m, args=(m.args[0], None, *m.args[2:]))
+    ),
+    # the SwiGLU inserted has a backward that halves up's gradient
+    "compiled_swiglu_half_up_grad": lambda: _planted_match(
+        "swiglu", lambda m, rep: rep(m, fn=_swiglu_half_up_grad)
+    ),
+}
+
+COMPILE_BUGS = [
+    CompileBug("compiled_fused_add_wrong_eps", "fused_add_rms_norm", "blocks.1.norm", "forward",
+               "the fused add + RMSNorm site gets eps 1e-2"),
+    CompileBug("compiled_layer_norm_drops_weight", "layer_norm", "final_norm", "forward",
+               "the LayerNorm site's weight dropped"),
+    CompileBug("compiled_swiglu_half_up_grad", "swiglu", "blocks.0", "backward",
+               "the SwiGLU site's backward halves up's gradient"),
+]  # fmt: skip
+
+
 # --------------------------------------------------------------------------- the corpus
 
 
@@ -428,4 +550,4 @@ BUGS = [
         "the gradient not divided by the segment's length"),
 ]  # fmt: skip
 
-__all__ = ["BUGS", "Bug", "layer_norm_ref", "relu_squared_ref"]
+__all__ = ["BUGS", "COMPILE_BUGS", "Bug", "CompileBug", "layer_norm_ref", "relu_squared_ref"]

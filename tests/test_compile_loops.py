@@ -1,5 +1,7 @@
-"""kernelwright.compile's loop capture (compile/loops.py): Python loops that mean-pool jagged
-segments become one jagged_mean launch, with eager's values and gradients, before Dynamo."""
+"""kernelwright.compile's jagged mean: Python loops that mean-pool jagged segments become one
+jagged_mean launch before Dynamo (compile/loops.py); segment_reduce, index_add / scatter_add over
+counts and scatter_reduce "mean" become one in the graph (compile/patterns_jagged.py) — each with
+eager's values and gradients."""
 
 import sys
 from pathlib import Path
@@ -208,3 +210,117 @@ def test_segment_reduce_mean_in_the_graph(launches):
     (g,) = torch.autograd.grad(got.nan_to_num(), x, dy)
     (w,) = torch.autograd.grad(want.nan_to_num(), x, dy)
     torch.testing.assert_close(g, w)
+
+
+# --------------------------------------------------------------------------- index_add / scatter
+
+SEGMENTS, ROWS, DIM = 6, 13, 5  # ids 2 and 5 have no row; the ids are not sorted
+IDS = [4, 0, 3, 0, 1, 4, 4, 1, 0, 3, 0, 4, 1]
+
+
+def bincount_divisor(x, ids):  # bincount breaks the graph: its counts arrive as an input
+    counts = torch.bincount(ids, minlength=SEGMENTS).clamp(min=1).to(x.dtype)
+    return torch.zeros(SEGMENTS, DIM).index_add_(0, ids, x) / counts[:, None]
+
+
+def index_add_statements(x, ids):  # counted by index_add of ones, unclamped: 0 / 0 = NaN
+    sums = torch.zeros(SEGMENTS, x.shape[1])
+    sums.index_add_(0, ids, x)
+    counts = torch.zeros(SEGMENTS)
+    counts.index_add_(0, ids, torch.ones(x.shape[0]))
+    return sums / counts.unsqueeze(1)
+
+
+def index_add_out_of_place(x, ids):
+    sums = torch.index_add(x.new_zeros(SEGMENTS, DIM), 0, ids, x)
+    counts = x.new_zeros(SEGMENTS).index_add(0, ids, torch.ones_like(ids, dtype=x.dtype))
+    return sums / counts.clamp_min(1).reshape(SEGMENTS, 1)
+
+
+def scatter_add_counts(x, ids):
+    sums = torch.zeros(SEGMENTS, DIM).scatter_add_(0, ids[:, None].expand(-1, DIM), x)
+    ones = x.new_ones(x.shape[0], 1)
+    counts = torch.zeros(SEGMENTS, 1).scatter_add_(0, ids.view(-1, 1), ones)
+    return torch.div(sums, torch.clamp(counts, min=1))
+
+
+def scatter_reduce_mean(x, ids):
+    index = ids.unsqueeze(1).expand_as(x)
+    return torch.zeros(SEGMENTS, DIM).scatter_reduce(0, index, x, "mean", include_self=False)
+
+
+def index_reduce_statement(x, ids):
+    out = torch.zeros(SEGMENTS, DIM)
+    out.index_reduce_(0, ids, x, "mean", include_self=False)
+    return out * 2
+
+
+SCATTERS = {
+    bincount_divisor: "index_add(zeros, 0, ids, x) / a per-segment divisor",
+    index_add_statements: "index_add(zeros, 0, ids, x) / counts",
+    index_add_out_of_place: "index_add(zeros, 0, ids, x) / counts",
+    scatter_add_counts: "scatter_add(zeros, 0, ids column, x) / counts",
+    scatter_reduce_mean: "scatter_reduce(zeros, 0, ids column, x, 'mean', include_self=False)",
+    index_reduce_statement: "index_reduce(zeros, 0, ids, x, 'mean', include_self=False)",
+}
+
+
+@pytest.mark.filterwarnings("ignore:index_reduce")
+@pytest.mark.parametrize("fn", list(SCATTERS), ids=lambda f: f.__name__)
+def test_index_add_and_scatter_means_in_the_graph(fn, launches):
+    """Sums by unsorted ids over counts (or a reduce-mean) become one jagged_mean launch with
+    eager's values (0 or NaN for an id without rows, as the spelling gives) and gradients."""
+    x = torch.randn(ROWS, DIM, device=DEVICE, requires_grad=True)
+    ids = torch.tensor(IDS, device=DEVICE)
+    report = kernelwright.compile.CompileReport()
+    compiled = kernelwright.compile(fn, report=report, backend="aot_eager")
+    got, want = compiled(x, ids), fn(x, ids)
+    assert launches[0] == 1
+    assert [(s.pattern, s.replaced) for s in report] == [(SCATTERS[fn], True)]
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert got[2].isnan().all() == (fn is index_add_statements)
+    dy = torch.randn_like(got)
+    (g,) = torch.autograd.grad(got.nan_to_num(), x, dy)
+    (w,) = torch.autograd.grad(want.nan_to_num(), x, dy)
+    torch.testing.assert_close(g, w)
+    if fn is index_add_statements:  # an id past the segments fails, as eager's index error
+        with pytest.raises(RuntimeError, match="out of range"):
+            compiled(x.detach(), torch.tensor(IDS[:-1] + [SEGMENTS], device=DEVICE))
+
+
+def test_index_add_sites_left_alone(launches):
+    """Sites the kernel cannot compute as written are reported with the reason, not replaced."""
+
+    def fn(x, x3, ids):
+        index = ids[:, None].expand(-1, DIM)
+        counts = torch.zeros(SEGMENTS, 1).index_add_(0, ids, torch.ones(ROWS, 1))
+        a = torch.zeros(SEGMENTS, DIM).scatter_reduce(0, index, x, "mean")  # the zero averaged
+        sums = torch.zeros(SEGMENTS, DIM).index_add_(0, ids, x)  # read below as well
+        b = sums / counts
+        c = torch.zeros(SEGMENTS, 2, 3).index_add_(0, ids, x3) / counts[:, :, None]
+        return a, b + sums, c
+
+    x, x3 = torch.randn(ROWS, DIM), torch.randn(ROWS, 2, 3)
+    ids = torch.tensor(IDS)
+    report = kernelwright.compile.CompileReport()
+    got = kernelwright.compile(fn, report=report, backend="aot_eager")(x, x3, ids)
+    for g, w in zip(got, fn(x, x3, ids), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert launches[0] == 0 and not report.replaced()
+    reasons = [s.reason for s in report]
+    assert "include_self=True" in reasons[0]
+    assert "also used outside the pattern" in reasons[1]
+    assert "x is 3-D" in reasons[2]
+
+
+def test_index_add_mean_through_inductor(launches):
+    """The replacement's sort, gather and offsets compile with Inductor around the kernel."""
+    x = torch.randn(ROWS, DIM, device=DEVICE, requires_grad=True)
+    ids = torch.tensor(IDS, device=DEVICE)
+    report = kernelwright.compile.CompileReport()
+    got = kernelwright.compile(index_add_out_of_place, report=report)(x, ids)
+    want = index_add_out_of_place(x, ids)
+    assert launches[0] == 1 and len(report.replaced()) == 1
+    torch.testing.assert_close(got, want)
+    dy = torch.randn_like(got)
+    torch.testing.assert_close(*(torch.autograd.grad(y, x, dy)[0] for y in (got, want)))

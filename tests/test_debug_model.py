@@ -3,6 +3,9 @@
 The localisation is checked on planted patches that need no kernel (a wrong eps on one norm, a
 norm whose backward halves its input gradient), so it runs fast; the real `kernelwright.patch`
 of a tiny Llama (through the interpreter) must show no divergence, with its plot and report.
+A bf16 run is judged in two views (against the unpatched model in bf16, and in fp32 with the
+unpatched bf16 model's own error as an allowance): both localise the wrong eps, and a patch
+that is closer to fp32 than eager bf16 diverges in the first view only.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ import torch
 from typer.testing import CliRunner
 
 from kernelwright.cli import app
-from kernelwright.profiles.debug import ModelDebugProfile
-from kernelwright.workflows.debug.model import debug_model, is_model
+from kernelwright.profiles.debug import ModelDebugProfile, ModuleCheck, TolSpec, VsFp32
+from kernelwright.workflows.debug.model import debug_model, first_divergence, is_model
 
 
 def wrong_eps(model):
@@ -72,3 +75,51 @@ def test_the_patched_model_agrees_with_the_unpatched_one(tmp_path):
     assert "model.layers.0.input_layernorm" in profile.patched
     assert (tmp_path / "error_growth.png").is_file()
     assert "No divergence" in (tmp_path / "report.md").read_text()
+
+
+def test_bf16_both_views_localise_a_wrong_eps(tmp_path):
+    result = debug_model(
+        "llama", workspace=tmp_path, dtype="bfloat16", patch_fn=wrong_eps, batch=1, seq=8
+    )
+    profile = result.profile
+    assert profile.reference_dtype == "float32" and profile.loss_fp32 is not None
+    norm = "model.layers.1.post_attention_layernorm"
+    for view in ("same", "float32"):
+        d = profile.divergences[view]
+        assert d is not None and (d.module, d.pass_name, d.view) == (norm, "forward", view)
+    d = profile.divergence
+    assert d.view == "float32" and d.tol > profile.tolerance.fwd  # the bf16 model's own error
+    first = next(m for m in profile.modules if m.name == "model.layers.0.input_layernorm")
+    assert first.fp32.forward == first.fp32.forward_unpatched > 0  # unpatched: bf16's own error
+    text = (tmp_path / "report.md").read_text()
+    assert "against bfloat16: diverged" in text and "against fp32: diverged" in text
+
+
+def _one_module(same: float, fp32: float, unpatched: float) -> ModelDebugProfile:
+    vs = VsFp32(forward=fp32, forward_unpatched=unpatched)
+    m = ModuleCheck(index=0, name="model.layers.0.mlp", cls="LlamaMLP", forward_error=same,
+                    patched=True, fp32=vs)  # fmt: skip
+    return ModelDebugProfile(
+        name="m", target="llama", model_type="llama", architecture="LlamaForCausalLM",
+        device="cpu", dtype="bfloat16", batch=1, seq=8, tolerance_source="test",
+        tolerance=TolSpec(fwd=0.008, bwd=0.016), loss_reference=1.0, loss_patched=1.0,
+        loss_fp32=1.0, modules=[m],
+    )  # fmt: skip
+
+
+def test_the_fp32_view_allows_what_bf16_costs_already():
+    # closer to fp32 than eager bf16 (fused kernels keeping fp32 intermediates): only the
+    # bf16 view flags it
+    more_precise = _one_module(same=0.012, fp32=0.004, unpatched=0.010)
+    assert first_divergence(more_precise, "same").error == 0.012
+    assert first_divergence(more_precise, "float32") is None
+    # far from fp32 where eager bf16 is close: both
+    worse = _one_module(same=0.05, fp32=0.05, unpatched=0.003)
+    d = first_divergence(worse, "float32")
+    assert d is not None and d.tol == 0.008 + 0.003 and "own error" in d.summary
+    assert first_divergence(worse, "same") is not None
+
+
+def test_reference_dtype_is_checked():
+    result = CliRunner().invoke(app, ["debug", "llama", "--reference-dtype", "fp16"])
+    assert result.exit_code == 2 and "reference dtype" in result.output

@@ -19,7 +19,8 @@ def debug(
             "to the library, or its name or folder in kernelwright-runs/create/), "
             "package.module:function; or a "
             "Hugging Face model: a model type ('llama', built tiny), a config.json or a "
-            "directory holding one."
+            "directory holding one. With --compiled: such a model, or package.module:function "
+            "returning (model, batch)."
         ),
     ],
     ref: Annotated[
@@ -53,6 +54,31 @@ def debug(
     dtype: Annotated[
         str, typer.Option(help="MODEL: float32 or bfloat16, both models in it.")
     ] = "float32",
+    reference_dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="MODEL in bfloat16: the view that decides the verdict (both are reported): "
+            "'float32' (fp32, the default) compares with the unpatched model in fp32, each "
+            "bound the tolerance plus the unpatched bf16 model's own error there; 'same' with "
+            "the unpatched model in bf16, to the bf16 tolerance."
+        ),
+    ] = None,
+    compiled: Annotated[
+        bool,
+        typer.Option(
+            "--compiled",
+            help="MODEL through kernelwright.compile against eager; on a divergence, bisect the "
+            "replaced sites to the first whose replacement diverges (pattern, kernel, nodes, "
+            "module).",
+        ),
+    ] = False,
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="--compiled: the compiler after the rewrite (aot_eager runs on a CPU; eager, "
+            "inductor)."
+        ),
+    ] = "aot_eager",
     force: Annotated[
         bool,
         typer.Option(
@@ -76,11 +102,14 @@ def debug(
     from kernelwright.workflows.debug.target import op_like
 
     console = make_console()
+    if compiled:
+        _compiled(target, dtype, reference_dtype, backend, seed, name, out)
+        return
     if not op_like(target):
         from kernelwright.workflows.debug.model import is_model
 
         if is_model(target):
-            _model(target, dtype, seed, name, out)
+            _model(target, dtype, reference_dtype, seed, name, out)
             return
     opts = DebugOptions(
         target,
@@ -121,20 +150,27 @@ def debug(
     raise typer.Exit(1)
 
 
-def _model(target: str, dtype: str, seed: int, name: str | None, out: Path | None) -> None:
+def _label(target: str, name: str | None) -> str:
+    return name or Path(target).name.replace(":", "_") or target
+
+
+def _model(
+    target: str, dtype: str, reference_dtype: str | None, seed: int, name: str | None,
+    out: Path | None,
+) -> None:  # fmt: skip
     from rich.markup import escape
 
-    from kernelwright.workflows.debug.model import DTYPES, debug_model
+    from kernelwright.workflows.debug.model import DTYPES, debug_model, reference_view
 
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"one of {', '.join(DTYPES)}", param_hint="--dtype")
+    _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
     console = make_console()
-    label = name or Path(target).name or target
+    label = _label(target, name)
     try:
         result = debug_model(
             target,
             workspace=out or Path("kernelwright-runs/debug") / label,
             dtype=dtype,
+            reference_dtype=reference_dtype,
             seed=seed,
             name=label,
             progress=lambda line: console.print(escape(line)),
@@ -144,7 +180,61 @@ def _model(target: str, dtype: str, seed: int, name: str | None, out: Path | Non
     console.print(f"Report: {result.report}" + (f"  plot: {result.plot}" if result.plot else ""))
     d = result.profile.divergence
     if d is None:
-        console.print("[green]no divergence[/]: every module agrees with the unpatched model")
+        against = "in fp32" if result.profile.reference_dtype == "float32" else ""
+        console.print(f"[green]no divergence[/]: every module agrees with the unpatched model "
+                      f"{against}".rstrip())  # fmt: skip
+        return
+    console.print(f"[red]diverged ({d.pass_name}):[/] {escape(d.summary)}")
+    raise typer.Exit(1)
+
+
+def _check_dtypes(dtype: str, reference_dtype: str | None, dtypes, reference_view) -> None:
+    if dtype not in dtypes:
+        raise typer.BadParameter(f"one of {', '.join(dtypes)}", param_hint="--dtype")
+    try:
+        reference_view(dtype, reference_dtype)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--reference-dtype") from None
+
+
+def _compiled(
+    target: str, dtype: str, reference_dtype: str | None, backend: str, seed: int,
+    name: str | None, out: Path | None,
+) -> None:  # fmt: skip
+    from rich.markup import escape
+
+    from kernelwright.workflows.debug.compiled import debug_compiled, is_compiled_target
+    from kernelwright.workflows.debug.model import DTYPES, reference_view
+    from kernelwright.workflows.debug.target import TargetError
+
+    _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
+    if not is_compiled_target(target):
+        raise typer.BadParameter(
+            "--compiled takes a model type, a config.json, a directory holding one or "
+            "package.module:function returning (model, batch)",
+            param_hint="TARGET",
+        )
+    console = make_console()
+    label = _label(target, name)
+    try:
+        result = debug_compiled(
+            target,
+            workspace=out or Path("kernelwright-runs/debug") / label,
+            dtype=dtype,
+            reference_dtype=reference_dtype,
+            seed=seed,
+            backend=backend,
+            name=label,
+            progress=lambda line: console.print(escape(line)),
+        )
+    except (TargetError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="TARGET") from None
+    console.print(f"Report: {result.report}")
+    d = result.profile.divergence
+    if d is None:
+        replaced = sum(s.replaced for s in result.profile.sites)
+        console.print(f"[green]no divergence[/]: the compiled model ({replaced} sites replaced) "
+                      "agrees with eager")  # fmt: skip
         return
     console.print(f"[red]diverged ({d.pass_name}):[/] {escape(d.summary)}")
     raise typer.Exit(1)

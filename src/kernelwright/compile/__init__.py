@@ -15,10 +15,12 @@
 Patterns written the way models write them (HF-style RMSNorm, and the residual add before it
 as fused add + RMSNorm; LayerNorm; `silu(gate) * up`, `gelu(gate) * up`, `relu(x) ** 2`;
 softmax / log_softmax over the last dimension; HF's rotate_half RoPE; `F.cross_entropy` on
-logits, HF's upcast and flatten included; Python loops that mean-pool jagged segments,
-rewritten in the source before Dynamo runs) are replaced by kernelwright's public functions
-where the site passes the kernel's checks and the selection picks kernelwright; everything
-else stays with Inductor.
+logits, HF's upcast and flatten included; jagged mean pooling: Python loops over segments,
+rewritten in the source before Dynamo runs, `torch.segment_reduce(x, "mean", ...)`,
+`zeros.index_add_(0, ids, x)` or `zeros.scatter_add_(0, ids[:, None].expand(-1, D), x)`
+divided by the counts, `scatter_reduce` / `index_reduce` "mean" with include_self=False) are
+replaced by kernelwright's public functions where the site passes the kernel's checks and
+the selection picks kernelwright; everything else stays with Inductor.
 `KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile").
 
 This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from kernelwright.compile import loops
 from kernelwright.compile.passes import CompileReport, Site, log, make_backend, rewrite
@@ -83,6 +85,7 @@ def compile(
     backend: str | Callable = "inductor",
     db=None,
     capture_loops: bool = True,
+    only: Collection[str] | None = None,
     **torch_compile_kwargs,
 ):
     """`torch.compile(model_or_fn, **torch_compile_kwargs)` with kernelwright's graph pass.
@@ -94,13 +97,15 @@ def compile(
         db: the results database the selection reads (None: its default).
         capture_loops: first rewrite Python loops over jagged segments (`compile/loops.py`) in
             the forward of each submodule (on the instance) or in the function.
+        only: the keys (`Site.key`, "graph:node") of the graph sites that may be replaced;
+            the others are left to the backend (None: every site). For bisecting a divergence.
         **torch_compile_kwargs: fullgraph, dynamic, mode, options, ... as torch.compile takes.
     """
     import torch
 
     if model_or_fn is None:
         return lambda m: compile(
-            m, report=report, backend=backend, db=db, capture_loops=capture_loops,
+            m, report=report, backend=backend, db=db, capture_loops=capture_loops, only=only,
             **torch_compile_kwargs,
         )  # fmt: skip
     if capture_loops:
@@ -110,7 +115,7 @@ def compile(
             log.info(site.line())
         if report is not None:
             report.extend(sites)
-    be = make_backend(backend, report=report, db=db)
+    be = make_backend(backend, report=report, db=db, only=only)
     return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
 
 

@@ -14,7 +14,11 @@ from kernelwright.compile.patterns import (
     match_rms_norm,
     match_softmax,
 )
-from kernelwright.compile.patterns_jagged import match_segment_mean
+from kernelwright.compile.patterns_jagged import (
+    match_index_add_mean,
+    match_reduce_mean,
+    match_segment_mean,
+)
 from kernelwright.compile.patterns_loss import match_cross_entropy
 from kernelwright.compile.patterns_rope import match_rope
 
@@ -28,4 +32,6 @@ MATCHERS: tuple[Callable[[Node], Match | None], ...] = (
     match_cross_entropy,
     match_rope,
     match_segment_mean,
+    match_index_add_mean,
+    match_reduce_mean,
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,11 @@ class Site:
     impl: str  # the implementation chosen ("kernelwright", "inductor", ...); "" when not asked
     reason: str
     replaced: bool
+
+    @property
+    def key(self) -> str:
+        """The site's name in `rewrite(only=...)`: its graph and its output node ("0:mul_3")."""
+        return f"{self.graph}:{self.nodes[-1]}"
 
     def line(self) -> str:
         shapes = ", ".join(
@@ -191,9 +196,18 @@ def _shared(m: Match) -> Node | None:
 _OWN = ("kernelwright", "created")  # implementations the pass inserts: the op's own function
 
 
-def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=None) -> list[Site]:
+def rewrite(
+    gm: GraphModule,
+    report: list | None = None,
+    *,
+    graph: int = 0,
+    db=None,
+    only: Collection[str] | None = None,
+) -> list[Site]:
     """Replace the patterns in `gm` (a Dynamo graph) in place; returns the sites (also appended
-    to `report`). `db` is handed to the selection (None: its default results database)."""
+    to `report`). `db` is handed to the selection (None: its default results database).
+    `only`: the keys (`Site.key`) of the sites that may be replaced; every other site is left to
+    the backend (None: every site). `kernelwright debug --compiled` bisects with it."""
     g = gm.graph
     sites: list[Site] = []
     done: set[Node] = set()  # nodes consumed by a replacement (erased, or kept for others)
@@ -211,6 +225,8 @@ def rewrite(gm: GraphModule, report: list | None = None, *, graph: int = 0, db=N
             m, why_not = m.fallback, reason
             where, reason = _fit(g, m)
             reason = reason or f"{why_not}: not fused"
+        if where is not None and only is not None and f"{graph}:{m.nodes[-1].name}" not in only:
+            where, reason = None, "not among the sites asked for (only=): left to the backend"
         impl = ""
         if where is not None:
             x = value(next(iter(m.tensors.values())))
@@ -340,9 +356,14 @@ def _last_location(gm: GraphModule) -> str:
 
 
 def make_backend(
-    backend: str | Callable = "inductor", *, report: list | None = None, db=None
+    backend: str | Callable = "inductor",
+    *,
+    report: list | None = None,
+    db=None,
+    only: Collection[str] | None = None,
 ) -> Callable:
-    """A Dynamo backend: the pass on each captured graph, then `backend` on the result."""
+    """A Dynamo backend: the pass on each captured graph, then `backend` on the result (`only`:
+    the sites that may be replaced, as `rewrite` takes it)."""
     _ensure_log_handler()
     counter = [0]
     seen = dict(_break_counts())  # graph breaks Dynamo counted before this backend existed
@@ -365,7 +386,7 @@ def make_backend(
                 line = f"graph break after graph {index} at {at}: {reason[0]}{why}"
                 report.breaks.append(line)
                 log.info(line)
-        rewrite(gm, report, graph=index, db=db)
+        rewrite(gm, report, graph=index, db=db, only=only)
         return _inner_compiler(backend, kwargs)(gm, example_inputs)
 
     return kernelwright_backend

@@ -14,8 +14,9 @@ Here: the shared vocabulary (`kind`, `Match`, ...) and the norm, activation and 
 patterns: RMSNorm (HF-style; fused add + RMSNorm where its input is a residual sum, the sum
 being the call's second result), `silu(gate) * up` / `gelu(gate) * up`, `relu(x) ** 2`,
 softmax / log_softmax, LayerNorm. Beside it: cross-entropy and fused linear cross-entropy
-(patterns_loss.py), HF's rotate_half RoPE (patterns_rope.py), segment_reduce's mean
-(patterns_jagged.py); `matchers.py` lists them all in the order they are tried.
+(patterns_loss.py), HF's rotate_half RoPE (patterns_rope.py), jagged mean pooling as
+segment_reduce, index_add / scatter_add over counts, or scatter_reduce (patterns_jagged.py);
+`matchers.py` lists them all in the order they are tried.
 """
 
 from __future__ import annotations
@@ -61,8 +62,25 @@ _FUNCTIONS: dict[Any, str] = {
     torch.cat: "cat",
     torch.unsqueeze: "unsqueeze",
     operator.getitem: "getitem",
+    operator.truediv: "div",
+    torch.div: "div",
+    torch.true_divide: "div",
+    torch.zeros: "zeros",
+    torch.zeros_like: "zeros_like",
+    torch.ones: "ones",
+    torch.ones_like: "ones_like",
+    torch.index_add: "index_add",
+    torch.scatter_add: "scatter_add",
+    torch.scatter_reduce: "scatter_reduce",
+    torch.index_reduce: "index_reduce",
+    torch.bincount: "bincount",
+    torch.clamp: "clamp",
+    torch.clip: "clamp",
+    torch.clamp_min: "clamp_min",
+    torch.broadcast_to: "broadcast_to",
 }
-# Tensor methods (call_method targets) the patterns read; in-place ones ("mul_") never match.
+# Tensor methods (call_method targets) the patterns read; an in-place one ("index_add_") has its
+# own name, so that a pattern reading "mul" never matches "mul_".
 _METHODS = {
     "mul",
     "add",
@@ -79,7 +97,28 @@ _METHODS = {
     "reshape",
     "neg",
     "unsqueeze",
+    "div",
+    "double",
+    "type_as",
+    "new_zeros",
+    "new_ones",
+    "index_add",
+    "index_add_",
+    "scatter_add",
+    "scatter_add_",
+    "scatter_reduce",
+    "scatter_reduce_",
+    "index_reduce",
+    "index_reduce_",
+    "bincount",
+    "clamp",
+    "clamp_min",
+    "expand",
+    "expand_as",
+    "broadcast_to",
+    "repeat",
 }
+_METHOD_ALIASES = {"true_divide": "div", "clip": "clamp"}
 
 
 def kind(node: Any) -> str | None:
@@ -88,6 +127,8 @@ def kind(node: Any) -> str | None:
         return None
     if node.op == "call_method" and node.target in _METHODS:
         return node.target
+    if node.op == "call_method" and node.target in _METHOD_ALIASES:
+        return _METHOD_ALIASES[node.target]
     if node.op == "call_function":
         try:
             return _FUNCTIONS.get(node.target)

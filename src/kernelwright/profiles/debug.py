@@ -147,6 +147,20 @@ class DebugProfile(YamlProfile):
 # --------------------------------------------------------------------------- a model
 
 
+class VsFp32(Strict):
+    """A half-precision run against the fp32 reference (the unpatched model in float32): the
+    patched model's errors, and the unpatched model's own (what the dtype costs there already).
+    The fp32 view's bound on each is the dtype's tolerance plus the unpatched one's error
+    (times `fp32_base_factor`)."""
+
+    forward: float | None = None
+    grad: float | None = None
+    input_grad: float | None = None
+    forward_unpatched: float | None = None
+    grad_unpatched: float | None = None
+    input_grad_unpatched: float | None = None
+
+
 class ModuleCheck(Strict):
     """One module call of the reference model, in the order the calls finished (children before
     their parent), against the same call in the patched model."""
@@ -158,12 +172,15 @@ class ModuleCheck(Strict):
     grad_error: float | None = None  # the gradient of that output; None: none flowed
     input_grad_error: float | None = None  # the gradient of its input (the first tensor)
     patched: bool = False  # its forward is kernelwright's in the patched model
+    fp32: VsFp32 | None = None  # a bf16 run: the same errors against the fp32 reference
 
 
 class ParamCheck(Strict):
     name: str
-    error: float
-    ok: bool
+    error: float  # against the unpatched model in the run's dtype
+    ok: bool  # within the bound of the view that decides (`reference_dtype`)
+    fp32_error: float | None = None  # a bf16 run: against the fp32 reference
+    fp32_unpatched_error: float | None = None  # the unpatched bf16 model's, against fp32
 
 
 class ModelDivergence(Strict):
@@ -171,15 +188,18 @@ class ModelDivergence(Strict):
     module: str
     cls: str
     error: float
-    tol: float
+    tol: float  # the bound it exceeded (fp32 view: the tolerance + the unpatched one's error)
     evidence: str  # what diverged first: its output, or the gradient of its input
     summary: str
+    view: Literal["same", "float32"] = "same"  # against which reference
 
 
 class ModelDebugProfile(YamlProfile):
     """`kernelwright debug MODEL`: a patched model against the same model unpatched, module by
     module, on one batch (forward outputs, gradients of every module's output and input, and
-    every parameter's gradient)."""
+    every parameter's gradient). A bf16 run has two views: against the unpatched model in bf16
+    ("same") and against it in fp32 ("float32"); `reference_dtype` names the one that decides
+    the verdict, `divergences` holds each view's first divergence."""
 
     REGENERATE: ClassVar[str] = "kernelwright debug"
 
@@ -190,6 +210,7 @@ class ModelDebugProfile(YamlProfile):
     architecture: str
     device: str
     dtype: str
+    reference_dtype: Literal["same", "float32"] = "same"
     seed: int = 0
     batch: int
     seq: int
@@ -198,9 +219,88 @@ class ModelDebugProfile(YamlProfile):
     tolerance: TolSpec
     loss_reference: float
     loss_patched: float
+    loss_fp32: float | None = None  # a bf16 run: the unpatched model's loss in fp32
+    # the fp32 view's bound: the tolerance + this factor x the unpatched run's own error (2
+    # under Triton's interpreter, whose casts to bf16 truncate instead of rounding to nearest)
+    fp32_base_factor: float = 1.0
     verdict: Verdict = "pending"
     divergence: ModelDivergence | None = None
+    divergences: dict[str, ModelDivergence | None] = Field(default_factory=dict)
     modules: list[ModuleCheck] = Field(default_factory=list)
     params: list[ParamCheck] = Field(default_factory=list)
     plot: str | None = None  # the per-module error growth (PNG), beside the profile
+    notes: list[str] = Field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- a compiled model
+
+
+class SiteCheck(Strict):
+    """One site of `kernelwright.compile`'s rewrite (a `Site` of its report)."""
+
+    key: str  # "graph:output node" (Site.key), the name `rewrite(only=...)` takes
+    graph: int  # the captured graph; -1: a loop rewritten in the source
+    pattern: str
+    op: str
+    impl: str
+    nodes: list[str]  # the replaced nodes, output last
+    module: str = ""  # the module its output is computed in ("" when the graph does not say)
+    replaced: bool
+    reason: str
+
+
+class QuantityCheck(Strict):
+    """One compared quantity of a run: "output:<name>" (forward) or "grad:<parameter>"."""
+
+    name: str
+    error: float
+    bound: float
+    ok: bool
+
+
+class CompiledRun(Strict):
+    """One run of the compiled model with some sites replaced, against eager."""
+
+    label: str  # "every site", "no site", "first 3 sites", "only <key>", ...
+    replaced: list[str]  # the keys of the sites replaced in it
+    diverged: bool
+    failing: list[str] = Field(default_factory=list)  # the quantities beyond their bound
+    seconds: float = 0.0
+
+
+class CompiledDivergence(Strict):
+    pass_name: Literal["forward", "backward"]
+    site: SiteCheck | None  # None: it diverges with no site replaced (not the rewrite)
+    alone: bool | None = None  # the site replaced alone diverges too (None: not run)
+    evidence: list[str]  # the failing quantities where the site was localised
+    error: float  # the worst of them
+    tol: float  # its bound
+    summary: str
+
+
+class CompiledDebugProfile(YamlProfile):
+    """`kernelwright debug MODEL --compiled`: the model through `kernelwright.compile` against
+    eager; on a divergence, the replaced sites bisected to the first whose replacement
+    diverges."""
+
+    REGENERATE: ClassVar[str] = "kernelwright debug --compiled"
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    target: str
+    architecture: str
+    device: str
+    dtype: str
+    reference_dtype: Literal["same", "float32"] = "same"
+    seed: int = 0
+    backend: str  # the compiler after the rewrite
+    tolerance_source: str
+    tolerance: TolSpec
+    graphs: int = 0
+    breaks: list[str] = Field(default_factory=list)
+    sites: list[SiteCheck] = Field(default_factory=list)
+    checks: list[QuantityCheck] = Field(default_factory=list)  # every site replaced
+    runs: list[CompiledRun] = Field(default_factory=list)
+    verdict: Verdict = "pending"
+    divergence: CompiledDivergence | None = None
     notes: list[str] = Field(default_factory=list)

@@ -14,6 +14,13 @@ input; every parameter's gradient is compared too.
   candidates, the innermost. Its own backward made the difference.
 Tolerances are the project's per-dtype defaults (testing/tolerances.py); `error_growth.png`
 plots every call's error in order, with the tolerances.
+
+A bf16 run has two views. "same": against the unpatched model in bf16, to the bf16 tolerance.
+"float32": against the unpatched model in fp32, where each error's bound is the bf16 tolerance
+plus the unpatched bf16 model's own error there (what bf16 costs at that point already): a
+kernel that keeps fp32 intermediates where eager rounds to bf16 differs from the bf16 model
+but is no further from fp32, and only the second view tells the two apart. Both are reported;
+`reference_dtype` picks the one that decides (default: "float32" for a bf16 run).
 """
 
 from __future__ import annotations
@@ -33,13 +40,41 @@ from kernelwright.profiles.debug import (
     ModuleCheck,
     ParamCheck,
     TolSpec,
+    VsFp32,
 )
 from kernelwright.runtime import default_device, device_info
 from kernelwright.testing.tolerances import DEFAULT_TOLERANCES
+from kernelwright.workflows.debug.model_report import plot_growth, write_model_report
 from kernelwright.workflows.debug.numerics import _finite_error
 
 Progress = Callable[[str], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+VIEWS = ("same", "float32")
+
+
+def reference_view(dtype: str, reference_dtype: str | None) -> str:
+    """The view that decides: "same" (the unpatched model in the run's dtype) or "float32"
+    (the unpatched model in fp32; "fp32" reads the same). None: "float32" for a half-precision
+    run. A float32 run has one view ("same")."""
+    view = {"fp32": "float32", None: "float32"}.get(reference_dtype, reference_dtype)
+    if view not in VIEWS:
+        raise ValueError(f"reference dtype must be same or float32, got {reference_dtype!r}")
+    return "same" if dtype == "float32" else view
+
+
+def base_factor() -> float:
+    """How many times the unpatched run's own error against fp32 the fp32 view allows: 1, and 2
+    under Triton's interpreter, whose casts to bf16 truncate where the GPU (and torch) round to
+    nearest: twice the rounding error in every kernel's output."""
+    from kernelwright.runtime.device import interpreter_mode
+
+    return 2.0 if interpreter_mode() else 1.0
+
+
+def bound(tol: float, base: float | None, factor: float = 1.0) -> float:
+    """A bound on an error: the tolerance, plus (fp32 view) `factor` times the unpatched run's
+    own error there (`base`)."""
+    return tol + (factor * base if base is not None and math.isfinite(base) else 0.0)
 
 
 def is_model(target: str) -> bool:
@@ -173,6 +208,7 @@ def debug_model(
     *,
     workspace: Path,
     dtype: str = "float32",
+    reference_dtype: str | None = None,
     seed: int = 0,
     batch: int = 2,
     seq: int = 16,
@@ -186,12 +222,15 @@ def debug_model(
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    view = reference_view(dtype, reference_dtype)
+    two_views = dtype != "float32"
     config = build_config(target)
     device = default_device()
     torch.manual_seed(seed)
-    ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _spread(ref, seed)
-    ref = ref.to(device=device, dtype=DTYPES[dtype]).train()
+    ref32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _spread(ref32, seed)
+    ref32 = ref32.to(device=device).train()
+    ref = copy.deepcopy(ref32).to(dtype=DTYPES[dtype]) if two_views else ref32
     patched = copy.deepcopy(ref)
     (patch_fn or _default_patch)(patched)
     swapped = [n or "(model)" for n, m in patched.named_modules() if "forward" in m.__dict__]
@@ -202,7 +241,8 @@ def debug_model(
     ids, labels = ids.to(device), labels.to(device)
     recorders = {}
     losses = {}
-    for key, model in (("reference", ref), ("patched", patched)):
+    runs = [("reference", ref), ("patched", patched)] + [("fp32", ref32)] * two_views
+    for key, model in runs:
         rec = _Recorder()
         rec.attach(model)
         model.zero_grad(set_to_none=True)
@@ -212,10 +252,22 @@ def debug_model(
         recorders[key], losses[key] = rec, float(loss.detach().float())
         progress(f"[{key}] loss {losses[key]:.6f}")
     tol = DEFAULT_TOLERANCES[DTYPES[dtype]]
-    r, p = recorders["reference"], recorders["patched"]
+    factor = base_factor()
+    r, p, f = recorders["reference"], recorders["patched"], recorders.get("fp32")
     modules = []
     for i, key in enumerate(r.order):
         a, b = r.calls[key], p.calls.get(key)
+        c = f.calls.get(key) if f is not None else None
+        vs32 = None
+        if c is not None and b is not None:
+            vs32 = VsFp32(
+                forward=_error(b.out, c.out),
+                grad=_error(b.grad, c.grad),
+                input_grad=_error(b.input_grad, c.input_grad),
+                forward_unpatched=_error(a.out, c.out),
+                grad_unpatched=_error(a.grad, c.grad),
+                input_grad_unpatched=_error(a.input_grad, c.input_grad),
+            )
         modules.append(
             ModuleCheck(
                 index=i,
@@ -225,17 +277,27 @@ def debug_model(
                 grad_error=_error(b.grad, a.grad) if b else None,
                 input_grad_error=_error(b.input_grad, a.input_grad) if b else None,
                 patched=key.split("#")[0] in swapped,
+                fp32=vs32,
             )
         )
     theirs = dict(patched.named_parameters())
+    fp32_params = dict(ref32.named_parameters()) if two_views else {}
     params = []
     for pname, param in ref.named_parameters():
         other = theirs.get(pname)
         if param.grad is None or other is None or other.grad is None:
             continue
         err = _error(other.grad.float(), param.grad.float())
-        if err is not None:
-            params.append(ParamCheck(name=pname, error=err, ok=err <= tol.bwd))
+        if err is None:
+            continue
+        q = ParamCheck(name=pname, error=err, ok=err <= tol.bwd)
+        p32 = fp32_params.get(pname)
+        if p32 is not None and p32.grad is not None:
+            q.fp32_error = _error(other.grad.float(), p32.grad.float())
+            q.fp32_unpatched_error = _error(param.grad.float(), p32.grad.float())
+            if view == "float32" and q.fp32_error is not None:
+                q.ok = q.fp32_error <= bound(tol.bwd, q.fp32_unpatched_error, factor)
+        params.append(q)
     profile = ModelDebugProfile(
         name=name or Path(target).name or target,
         target=target,
@@ -243,6 +305,7 @@ def debug_model(
         architecture=type(ref).__name__,
         device=device_info(device).name,
         dtype=dtype,
+        reference_dtype=view,
         seed=seed,
         batch=batch,
         seq=seq,
@@ -251,29 +314,23 @@ def debug_model(
         tolerance=TolSpec(fwd=tol.fwd, bwd=tol.bwd),
         loss_reference=losses["reference"],
         loss_patched=losses["patched"],
+        loss_fp32=losses.get("fp32"),
+        fp32_base_factor=factor,
         modules=modules,
         params=params,
     )
-    profile.divergence = first_divergence(profile)
+    for v in VIEWS[: 1 + two_views]:
+        profile.divergences[v] = first_divergence(profile, v) or loss_divergence(profile, v)
+    profile.divergence = profile.divergences[view]
     profile.verdict = "diverged" if profile.divergence else "no divergence"
-    if profile.divergence is None and abs(losses["patched"] - losses["reference"]) > tol.fwd * max(
-        1.0, abs(losses["reference"])
-    ):
+    if profile.divergence is not None and profile.divergence.module == "(loss)":
         profile.notes.append(
             "the losses differ beyond the forward tolerance while no module's output does: "
             "the difference is in the loss itself (a fused loss replaced the lm_head)"
         )
-        profile.verdict = "diverged"
-        profile.divergence = ModelDivergence(
-            pass_name="forward",
-            module="(loss)",
-            cls=type(ref).__name__,
-            error=abs(losses["patched"] - losses["reference"])
-            / max(abs(losses["reference"]), 1e-12),
-            tol=tol.fwd,
-            evidence="the loss",
-            summary="the loss diverges with every module's output within the tolerance",
-        )
+    other = "float32" if view == "same" else "same"
+    if two_views and (profile.divergences[other] is None) != (profile.divergence is None):
+        profile.notes.append(view_note(profile, other))
     workspace.mkdir(parents=True, exist_ok=True)
     plot = plot_growth(profile, workspace / "error_growth.png")
     profile.plot = plot.name if plot else None
@@ -282,142 +339,134 @@ def debug_model(
     return ModelResult(workspace, profile, report, plot)
 
 
-def first_divergence(profile: ModelDebugProfile) -> ModelDivergence | None:
+def view_note(profile: ModelDebugProfile, other: str) -> str:
+    """Why the two views of a bf16 run disagree, in a sentence."""
+    d = profile.divergences[other]
+    if d is None:
+        return (
+            f"against the {'fp32' if other == 'float32' else profile.dtype} reference "
+            "nothing diverges"
+            + (
+                ": the patched run is no further from fp32 than the unpatched bf16 model "
+                "(a kernel that rounds less than eager), not a bug"
+                if other == "float32"
+                else ""
+            )
+        )
+    where = "the fp32 reference" if other == "float32" else f"the unpatched {profile.dtype} model"
+    return f"against {where} it diverges ({d.pass_name}) at {d.module}: {d.summary}"
+
+
+def _errors(m: ModuleCheck, view: str) -> tuple[float | None, ...]:
+    """(output, output grad, input grad) errors of `m` in `view`, then the unpatched run's own
+    (None in the same view: no allowance)."""
+    if view == "same" or m.fp32 is None:
+        return m.forward_error, m.grad_error, m.input_grad_error, None, None, None
+    v = m.fp32
+    return v.forward, v.grad, v.input_grad, v.forward_unpatched, v.grad_unpatched, \
+        v.input_grad_unpatched  # fmt: skip
+
+
+def _against(profile: ModelDebugProfile, view: str) -> str:
+    return "the fp32 reference" if view == "float32" else "the reference"
+
+
+def _bound_text(err: float, limit: float, tol: float, view: str) -> str:
+    if view == "same":
+        return f"{err:.3g} > tol {tol:g}"
+    return f"{err:.3g} > {limit:.3g} (tol {tol:g} + the unpatched model's own error there)"
+
+
+def first_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDivergence | None:
     tol = profile.tolerance
+    k = profile.fp32_base_factor
+    against = _against(profile, view)
     for m in profile.modules:
-        if m.forward_error is not None and not m.forward_error <= tol.fwd:
+        fwd, _, _, fwd0, _, _ = _errors(m, view)
+        limit = bound(tol.fwd, fwd0, k)
+        if fwd is not None and not fwd <= limit:
             return ModelDivergence(
                 pass_name="forward",
                 module=m.name,
                 cls=m.cls,
-                error=m.forward_error,
-                tol=tol.fwd,
+                error=fwd,
+                tol=limit,
                 evidence="its output",
+                view=view,
                 summary=(
                     f"{m.name} ({m.cls}{', patched' if m.patched else ''}) is the first module "
-                    f"whose output leaves the reference: {m.forward_error:.3g} > tol {tol.fwd:g}"
+                    f"whose output leaves {against}: {_bound_text(fwd, limit, tol.fwd, view)}"
                 ),
             )
 
-    def bad(e: float | None) -> bool:
-        return e is not None and not e <= tol.bwd
+    def bad(e: float | None, base: float | None) -> bool:
+        return e is not None and not e <= bound(tol.bwd, base, k)
 
-    candidates = [m for m in reversed(profile.modules)
-                  if bad(m.input_grad_error) and not bad(m.grad_error)]  # fmt: skip
-    for m in candidates:
+    candidates = []
+    for m in reversed(profile.modules):
+        _, g, ig, _, g0, ig0 = _errors(m, view)
+        if bad(ig, ig0) and not bad(g, g0):
+            candidates.append((m, ig, bound(tol.bwd, ig0, k)))
+    for m, ig, limit in candidates:
         base = m.name.split("#")[0]
-        if any(c is not m and c.name.startswith(base + ".") for c in candidates):
+        if any(c is not m and c.name.startswith(base + ".") for c, _, _ in candidates):
             continue  # an inner module explains it
         return ModelDivergence(
             pass_name="backward",
             module=m.name,
             cls=m.cls,
-            error=m.input_grad_error,
-            tol=tol.bwd,
+            error=ig,
+            tol=limit,
             evidence="the gradient of its input (its output's gradient agrees)",
+            view=view,
             summary=(
                 f"{m.name} ({m.cls}{', patched' if m.patched else ''}) is the first module, in "
-                f"the backward's order, whose input gradient leaves the reference "
-                f"({m.input_grad_error:.3g} > tol {tol.bwd:g}) while its output gradient agrees"
+                f"the backward's order, whose input gradient leaves {against} "
+                f"({_bound_text(ig, limit, tol.bwd, view)}) while its output gradient agrees"
             ),
         )
-    worst = [q for q in profile.params if not q.ok]
+    worst = []
+    for q in profile.params:
+        err, base = (q.error, None) if view == "same" else (q.fp32_error, q.fp32_unpatched_error)
+        if err is not None and not err <= bound(tol.bwd, base, k):
+            worst.append((q, err, bound(tol.bwd, base, k)))
     if worst:
-        q = worst[-1]  # parameters are listed in forward order: the backward meets the last first
+        q, err, limit = worst[-1]  # listed in forward order: the backward meets the last first
         module = q.name.rsplit(".", 1)[0]
         return ModelDivergence(
             pass_name="backward",
             module=module,
             cls="",
-            error=q.error,
-            tol=tol.bwd,
+            error=err,
+            tol=limit,
             evidence=f"the gradient of its parameter {q.name}",
-            summary=f"the gradient of {q.name} leaves the reference ({q.error:.3g} > {tol.bwd:g})",
+            view=view,
+            summary=f"the gradient of {q.name} leaves {against} "
+            f"({_bound_text(err, limit, tol.bwd, view)})",
         )
     return None
 
 
-def plot_growth(profile: ModelDebugProfile, path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        profile.notes.append("matplotlib is not installed: no error_growth.png")
-        return None
-    floor = 1e-12
-    fig, ax = plt.subplots(figsize=(11, 4.5))
-    for attr, label in (("forward_error", "output"), ("grad_error", "gradient of the output")):
-        xs = [m.index for m in profile.modules if getattr(m, attr) is not None]
-        ys = [max(getattr(m, attr), floor) if math.isfinite(getattr(m, attr)) else 1e3
-              for m in profile.modules if getattr(m, attr) is not None]  # fmt: skip
-        ax.plot(xs, ys, marker=".", linewidth=1, label=label)
-    ax.axhline(profile.tolerance.fwd, color="C0", linestyle=":", label="forward tolerance")
-    ax.axhline(profile.tolerance.bwd, color="C1", linestyle=":", label="gradient tolerance")
-    d = profile.divergence
-    if d is not None:
-        hit = next((m.index for m in profile.modules if m.name == d.module), None)
-        if hit is not None:
-            ax.axvline(hit, color="red", linewidth=1, label=f"first divergence: {d.module}")
-    layers = [m for m in profile.modules if m.name.count(".") == 2 and ".layers." in m.name]
-    ax.set_xticks([m.index for m in layers], [f"layer {m.name.split('.')[-1]}" for m in layers])
-    ax.set_xlabel("module calls in the order they finish (ticks: where each decoder layer ends)")
-    ax.set_yscale("log")
-    ax.set_ylabel(f"relative-norm error vs unpatched (0 drawn at {floor:g})")
-    ax.set_title(f"{profile.architecture} {profile.dtype}: patched vs unpatched, per module")
-    ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_model_report(profile: ModelDebugProfile, ws: Path) -> Path:
-    d = profile.divergence
-    t = profile.tolerance
-    lines = [
-        f"# debug {profile.target}",
-        "",
-        f"{profile.architecture} ({profile.model_type}), {profile.dtype}, batch {profile.batch} "
-        f"x {profile.seq} tokens, seed {profile.seed}, on {profile.device}: the patched model "
-        "against the same model unpatched. Loss: reference "
-        f"{profile.loss_reference:.6f}, patched {profile.loss_patched:.6f}.",
-        "",
-        f"Patched modules: {', '.join(profile.patched) or 'none'}.",
-        "",
-    ]
-    if d is None:
-        lines += [
-            f"**No divergence**: every module's output within {t.fwd:g} and every gradient "
-            f"within {t.bwd:g} (relative-norm error, {profile.tolerance_source}).",
-            "",
-        ]
+def loss_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDivergence | None:
+    """The loss beyond the forward tolerance while every module's output agrees."""
+    tol = profile.tolerance.fwd
+    if view == "same" or profile.loss_fp32 is None:
+        ref, base = profile.loss_reference, 0.0
     else:
-        lines += [f"**Diverged ({d.pass_name}) at {d.module}.** {d.summary}.", ""]
-        lines += [
-            "Next: bisect the op behind it with `kernelwright debug OP` (forward vs each "
-            "gradient, dtype, shapes, layouts, values, launch configs).",
-            "",
-        ]
-    if profile.plot:
-        lines += [f"![per-module error]({profile.plot})", ""]
-    lines += ["| # | module | class | patched | output | output grad | input grad |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-
-    def fmt(e: float | None) -> str:
-        return "-" if e is None else f"{e:.2e}"
-
-    for m in profile.modules:
-        lines.append(
-            f"| {m.index} | {m.name} | {m.cls} | {'yes' if m.patched else ''} | "
-            f"{fmt(m.forward_error)} | {fmt(m.grad_error)} | {fmt(m.input_grad_error)} |"
-        )
-    bad = [q for q in profile.params if not q.ok]
-    lines += ["", f"Parameter gradients: {len(profile.params) - len(bad)} of "
-              f"{len(profile.params)} within {t.bwd:g}."]  # fmt: skip
-    lines += [f"- {q.name}: {q.error:.3g}" for q in bad]
-    lines += [f"- note: {n}" for n in profile.notes]
-    path = ws / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        ref = profile.loss_fp32
+        base = abs(profile.loss_reference - ref) / max(abs(ref), 1.0)
+    err = abs(profile.loss_patched - ref) / max(abs(ref), 1.0)
+    limit = bound(tol, base, profile.fp32_base_factor)
+    if err <= limit:
+        return None
+    return ModelDivergence(
+        pass_name="forward",
+        module="(loss)",
+        cls=profile.architecture,
+        error=err,
+        tol=limit,
+        evidence="the loss",
+        view=view,
+        summary=f"the loss diverges with every module's output within the bound "
+        f"({_bound_text(err, limit, tol, view)})",
+    )
