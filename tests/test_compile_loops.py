@@ -220,14 +220,14 @@ IDS = [4, 0, 3, 0, 1, 4, 4, 1, 0, 3, 0, 4, 1]
 
 def bincount_divisor(x, ids):  # bincount breaks the graph: its counts arrive as an input
     counts = torch.bincount(ids, minlength=SEGMENTS).clamp(min=1).to(x.dtype)
-    return torch.zeros(SEGMENTS, DIM).index_add_(0, ids, x) / counts[:, None]
+    return torch.zeros(SEGMENTS, DIM, device=x.device).index_add_(0, ids, x) / counts[:, None]
 
 
 def index_add_statements(x, ids):  # counted by index_add of ones, unclamped: 0 / 0 = NaN
-    sums = torch.zeros(SEGMENTS, x.shape[1])
+    sums = torch.zeros(SEGMENTS, x.shape[1], device=x.device)
     sums.index_add_(0, ids, x)
-    counts = torch.zeros(SEGMENTS)
-    counts.index_add_(0, ids, torch.ones(x.shape[0]))
+    counts = torch.zeros(SEGMENTS, device=x.device)
+    counts.index_add_(0, ids, torch.ones(x.shape[0], device=x.device))
     return sums / counts.unsqueeze(1)
 
 
@@ -238,19 +238,23 @@ def index_add_out_of_place(x, ids):
 
 
 def scatter_add_counts(x, ids):
-    sums = torch.zeros(SEGMENTS, DIM).scatter_add_(0, ids[:, None].expand(-1, DIM), x)
+    sums = torch.zeros(SEGMENTS, DIM, device=x.device).scatter_add_(
+        0, ids[:, None].expand(-1, DIM), x
+    )
     ones = x.new_ones(x.shape[0], 1)
-    counts = torch.zeros(SEGMENTS, 1).scatter_add_(0, ids.view(-1, 1), ones)
+    counts = torch.zeros(SEGMENTS, 1, device=x.device).scatter_add_(0, ids.view(-1, 1), ones)
     return torch.div(sums, torch.clamp(counts, min=1))
 
 
 def scatter_reduce_mean(x, ids):
     index = ids.unsqueeze(1).expand_as(x)
-    return torch.zeros(SEGMENTS, DIM).scatter_reduce(0, index, x, "mean", include_self=False)
+    return torch.zeros(SEGMENTS, DIM, device=x.device).scatter_reduce(
+        0, index, x, "mean", include_self=False
+    )
 
 
 def index_reduce_statement(x, ids):
-    out = torch.zeros(SEGMENTS, DIM)
+    out = torch.zeros(SEGMENTS, DIM, device=x.device)
     out.index_reduce_(0, ids, x, "mean", include_self=False)
     return out * 2
 
@@ -293,15 +297,21 @@ def test_index_add_sites_left_alone(launches):
 
     def fn(x, x3, ids):
         index = ids[:, None].expand(-1, DIM)
-        counts = torch.zeros(SEGMENTS, 1).index_add_(0, ids, torch.ones(ROWS, 1))
-        a = torch.zeros(SEGMENTS, DIM).scatter_reduce(0, index, x, "mean")  # the zero averaged
-        sums = torch.zeros(SEGMENTS, DIM).index_add_(0, ids, x)  # read below as well
+        counts = torch.zeros(SEGMENTS, 1, device=x.device).index_add_(
+            0, ids, torch.ones(ROWS, 1, device=x.device)
+        )
+        a = torch.zeros(SEGMENTS, DIM, device=x.device).scatter_reduce(
+            0, index, x, "mean"
+        )  # the zero averaged
+        sums = torch.zeros(SEGMENTS, DIM, device=x.device).index_add_(
+            0, ids, x
+        )  # read below as well
         b = sums / counts
-        c = torch.zeros(SEGMENTS, 2, 3).index_add_(0, ids, x3) / counts[:, :, None]
+        c = torch.zeros(SEGMENTS, 2, 3, device=x.device).index_add_(0, ids, x3) / counts[:, :, None]
         return a, b + sums, c
 
-    x, x3 = torch.randn(ROWS, DIM), torch.randn(ROWS, 2, 3)
-    ids = torch.tensor(IDS)
+    x, x3 = torch.randn(ROWS, DIM, device=DEVICE), torch.randn(ROWS, 2, 3, device=DEVICE)
+    ids = torch.tensor(IDS, device=DEVICE)
     report = kernelwright.compile.CompileReport()
     got = kernelwright.compile(fn, report=report, backend="aot_eager")(x, x3, ids)
     for g, w in zip(got, fn(x, x3, ids), strict=True):

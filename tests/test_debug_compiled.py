@@ -67,7 +67,8 @@ def test_compile_replaces_only_the_sites_asked_for():
     def fn(x):
         return F.relu(torch.softmax(x, -1)) ** 2
 
-    x = torch.randn(2, 8, requires_grad=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(2, 8, device=device, requires_grad=True)
     report = kernelwright.compile.CompileReport()
     compiled = kernelwright.compile(fn, report=report, backend="eager", only={"0:pow_1"})
     torch.testing.assert_close(compiled(x), fn(x))
