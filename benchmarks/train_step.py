@@ -98,6 +98,9 @@ def _cut(model_type: str, m: ModelConfig, layers: int, rope_theta: float, extra:
 # Real models' dims (the dense ones from the shared registry of config.json values; Qwen3-MoE,
 # which the op sweeps do not use, here) cut to a few decoder layers, and tiny ones for
 # the CPU smoke test (the interpreter runs our kernels there: hidden <= 64, vocab <= 256).
+_DEEPSEEK3 = {"first_k_dense_replace": 1, "q_lora_rank": None, "qk_nope_head_dim": 128,
+              "qk_rope_head_dim": 64, "v_head_dim": 128, "n_group": 1, "topk_group": 1,
+              "norm_topk_prob": True}  # fmt: skip
 _GEMMA2_CAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # fmt: off
 MODELS: dict[str, Shape] = {
@@ -111,9 +114,19 @@ MODELS: dict[str, Shape] = {
     "qwen3moe-30b-a3b-4l": Shape("qwen3_moe", 2048, 6144, 32, 4, 128, 151936, 4, 1000000.0,
                            {"moe_intermediate_size": 768, "num_experts": 128,
                             "num_experts_per_tok": 8, "norm_topk_prob": True}),
+    # Moonlight-16B-A3B: the DeepSeek-V3 architecture (MLA, shared experts, grouped routing)
+    "moonlight-16b-a3b-4l": Shape("deepseek_v3", 2048, 11264, 16, 16, 64, 163840, 4, 50000.0,
+                           _DEEPSEEK3 | {"moe_intermediate_size": 1408, "n_routed_experts": 64,
+                            "num_experts_per_tok": 6, "n_shared_experts": 2,
+                            "kv_lora_rank": 512, "routed_scaling_factor": 2.446}),
     "tiny-llama":    Shape("llama",       64,   128,  4,   2,   16,    256, 2, 500000.0),
     "tiny-gemma2":   Shape("gemma2",      64,   128,  4,   2,   16,    256, 2, 10000.0,
                            {**_GEMMA2_CAPS, "query_pre_attn_scalar": 16, "sliding_window": 8}),
+    "tiny-deepseek3": Shape("deepseek_v3", 64, 128, 4,   4,   16,    256, 2, 50000.0,
+                           _DEEPSEEK3 | {"moe_intermediate_size": 32, "n_routed_experts": 4,
+                            "num_experts_per_tok": 2, "n_shared_experts": 1,
+                            "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+                            "v_head_dim": 16, "routed_scaling_factor": 2.5}),
     "tiny-qwen3moe": Shape("qwen3_moe",   64,   128,  4,   2,   16,    256, 2, 1000000.0,
                            {"moe_intermediate_size": 32, "num_experts": 4,
                             "num_experts_per_tok": 2, "norm_topk_prob": True}),
@@ -126,6 +139,7 @@ LIGER_APPLY = {
     "llama": "apply_liger_kernel_to_llama",
     "gemma2": "apply_liger_kernel_to_gemma2",
     "qwen3": "apply_liger_kernel_to_qwen3",
+    "deepseek_v3": "apply_liger_kernel_to_deepseek_v3",
     "qwen3_moe": "apply_liger_kernel_to_qwen3_moe",
 }
 # "+compile": the provider's model under torch.compile; "kw.compile": the unpatched model under
