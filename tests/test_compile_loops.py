@@ -287,7 +287,9 @@ def test_index_add_and_scatter_means_in_the_graph(fn, launches):
     (g,) = torch.autograd.grad(got.nan_to_num(), x, dy)
     (w,) = torch.autograd.grad(want.nan_to_num(), x, dy)
     torch.testing.assert_close(g, w)
-    if fn is index_add_statements:  # an id past the segments fails, as eager's index error
+    # An id past the segments fails, as eager's index error. On CUDA that is a device-side
+    # assert, which leaves the process's CUDA context unusable: checked on the CPU only.
+    if fn is index_add_statements and x.device.type == "cpu":
         with pytest.raises(RuntimeError, match="out of range"):
             compiled(x.detach(), torch.tensor(IDS[:-1] + [SEGMENTS], device=DEVICE))
 
