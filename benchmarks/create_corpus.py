@@ -1,21 +1,23 @@
 """The create workflow over the whole corpus (examples/create/) on a GPU: generate, test, time.
 
-    python benchmarks/create_corpus.py [--jobs 8] [--only relu_squared,dyt] [--full]
+    python benchmarks/create_corpus.py [--jobs 8] [--workers auto] [--only relu_squared,dyt]
 
 Phase 1 runs `kernelwright create <ref> --yes --bench none` for every reference, `--jobs` at a
-time (each generated test suite runs in its own process; correctness does not care what else
-the GPU runs). Phase 2 times every verified kernel against its reference, eager and under
-torch.compile, one after the other in this process (timings do care). Writes to $OUT (or
---out): create_corpus.csv (the harness's rows), corpus_summary.csv (one line per reference and
-mode: speed-ups at the largest shape, memory), summary.md with the geometric means, and each
-reference's workspace under runs/. Tier-3 references must stop cleanly: they are listed too.
+time, spread over the visible GPUs (each generated test suite runs in its own process;
+correctness does not care what else the GPU runs). Phase 2 times every verified kernel against
+its reference, eager and under torch.compile: one reference per task, `--workers` GPUs at once
+and one task per GPU (timings do care; runtime/fanout.py, Ray when installed); 1, the default,
+times them one after the other in this process. This process records the rows in the results
+database, each with the GPU that measured it. Writes to $OUT (or --out): create_corpus.csv (the
+harness's rows), corpus_summary.csv (one line per reference and mode: speed-ups at the largest
+shape, memory), summary.md with the geometric means, and each reference's workspace under
+runs/. Tier-3 references must stop cleanly: they are listed too.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import math
 import os
 import subprocess
@@ -28,21 +30,50 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "examples" / "create"
 
 
-def phase1(src: Path, runs: Path) -> tuple[str, int, str, float]:
+def phase1(src: Path, runs: Path, gpu: str | None) -> tuple[str, int, str, float]:
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "kernelwright.cli", "create", str(src), "--yes", "--bench",
            "none"]  # fmt: skip
     # run from `runs`: the workspace lands in runs/kernelwright-runs/create/<name>
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     proc = subprocess.run(cmd, cwd=runs, env=env, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).strip().splitlines()
     return src.stem, proc.returncode, out[-1] if out else "", time.perf_counter() - t0
 
 
+def phase2(job: tuple[str, str, bool, str]) -> list:
+    """Time one verified reference (in a fan-out worker: on its GPU alone) and return the rows.
+
+    The generated bench records its rows itself; here that goes to a throwaway file and the
+    parent records the rows it gets back (a Ray worker may run on another machine)."""
+    import importlib
+    import tempfile
+
+    name, pkg, full, source = job
+    sys.path.insert(0, pkg)
+    old = os.environ.get("KERNELWRIGHT_RESULTS_DB")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            os.environ["KERNELWRIGHT_RESULTS_DB"] = str(Path(tmp) / "unused.db")
+            bench = importlib.import_module(f"{name}.bench_{name}")
+            return bench.run(quick=not full, source=source)
+    finally:
+        sys.path.remove(pkg)
+        if old is None:
+            os.environ.pop("KERNELWRIGHT_RESULTS_DB", None)
+        else:
+            os.environ["KERNELWRIGHT_RESULTS_DB"] = old
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument(
+        "--workers", default="1", help="phase 2: GPUs timing at once, one reference each (auto)"
+    )
     ap.add_argument("--only", default="")
     ap.add_argument("--full", action="store_true", help="each profile's whole sweep")
     ap.add_argument("--no-bench", action="store_true", help="phase 1 only: generate and test")
@@ -54,8 +85,16 @@ def main() -> None:
 
     import torch
 
+    from kernelwright.bench.context import git_commit
+    from kernelwright.bench.db import new_run_id, record
     from kernelwright.bench.report import write_csv
+    from kernelwright.runtime.fanout import parse_workers, run_tasks, visible_gpus
     from kernelwright.workflows.create.bench import compare, geomean
+
+    try:
+        workers = parse_workers(args.workers)
+    except ValueError as e:
+        sys.exit(f"create_corpus: --workers: {e}")
 
     if not torch.cuda.is_available():
         sys.exit("create_corpus: the timings need a CUDA GPU")
@@ -72,9 +111,11 @@ def main() -> None:
             status[ref.stem] = (0, "verified earlier", 0.0) if pkg.is_dir() else (2, "", 0.0)
     else:
         print(f"phase 1: create --yes --bench none for {len(refs)} references", flush=True)
+    gpus = visible_gpus() or [None]
+    todo = [] if args.bench_only else refs
+    on = [gpus[i % len(gpus)] for i in range(len(todo))]  # round robin over the GPUs
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, rc, last, secs in pool.map(lambda p: phase1(p, runs),
-                                             [] if args.bench_only else refs):  # fmt: skip
+        for name, rc, last, secs in pool.map(lambda p, g: phase1(p, runs, g), todo, on):
             status[name] = (rc, last, secs)
             verdict = {0: "verified", 2: "stopped (tier 3)"}.get(rc, f"FAILED rc={rc}")
             print(f"  {name:22s} {verdict:18s} {secs:5.1f}s  {last}", flush=True)
@@ -90,19 +131,23 @@ def main() -> None:
           f"failed: {', '.join(failed) or 'none'}", flush=True)  # fmt: skip
     if args.no_bench:
         return
-    print("phase 2: benchmarks (kernelwright vs eager vs torch.compile)", flush=True)
+    print(f"phase 2: benchmarks (kernelwright vs eager vs torch.compile), workers {workers}",
+          flush=True)  # fmt: skip
+    verified = [ref for ref in refs if status[ref.stem][0] == 0]
+    jobs = [(ref.stem, str(runs / "kernelwright-runs" / "create" / ref.stem / "pkg"), args.full,
+             str(ref)) for ref in verified]  # fmt: skip
+    done = run_tasks(phase2, jobs, workers=workers, labels=[r.stem for r in verified],
+                     progress=lambda line: print(line, flush=True),
+                     env={"KERNELWRIGHT_COMMIT": git_commit()})  # fmt: skip
     rows, summary = [], []
-    for ref in refs:
+    for ref, res in zip(verified, done, strict=True):
         name = ref.stem
-        if status[name][0] != 0:
+        if not res.ok:
+            print(f"  {name:22s} phase 2 FAILED: {res.error}\n{res.traceback}", flush=True)
+            status[name] = (3, f"phase 2: {res.error.splitlines()[0][:200]}", status[name][2])
             continue
-        pkg = runs / "kernelwright-runs" / "create" / name / "pkg"
-        sys.path.insert(0, str(pkg))
-        try:
-            bench = importlib.import_module(f"{name}.bench_{name}")
-            got = bench.run(quick=not args.full, source=str(ref))
-        finally:
-            sys.path.remove(str(pkg))
+        got = res.value
+        record(got, source="create", run_id=new_run_id())  # the results database
         rows += got
         for c in compare(got):
             summary.append({"op": name, **c.__dict__})

@@ -67,7 +67,7 @@ Force = Annotated[
 
 
 # `kernelwright bench`: cli_bench.py
-from kernelwright.cli_bench import bench  # noqa: E402
+from kernelwright.cli_bench import Workers, bench, workers_option  # noqa: E402
 
 app.command()(bench)
 
@@ -452,6 +452,7 @@ def optimize(
         ),
     ] = False,
     force: Force = False,
+    workers: Workers = "1",
 ) -> None:
     """Make OP faster on this GPU: profile → versioned variants with notebooks → the winner.
 
@@ -478,6 +479,7 @@ def optimize(
         workspace=out,
         write_library=not plant_regression,
         planted_regression=plant_regression,
+        workers=workers_option(workers),
     )
     try:
         if plant_regression and not resume:

@@ -14,6 +14,25 @@ from kernelwright.console import make_console
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
+# optimize and `registry bench` (and benchmarks/create_corpus.py): runtime/fanout.py
+Workers = Annotated[
+    str,
+    typer.Option(
+        help="Measure on this many GPUs at once, one task per GPU (auto: every visible GPU; "
+        "with Ray installed and $KERNELWRIGHT_RAY_ADDRESS set, the cluster's). 1: in this "
+        "process, one after the other.",
+    ),
+]
+
+
+def workers_option(text: str) -> int | str:
+    from kernelwright.runtime.fanout import parse_workers
+
+    try:
+        return parse_workers(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--workers") from None
+
 
 def _split(text: str | None) -> list[str] | None:
     if text is None:

@@ -4,10 +4,13 @@ results database. Registered on the main app in cli.py."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from kernelwright.cli_bench import Workers, workers_option
 
 registry_app = typer.Typer(
     help="The ops' implementations (kernelwright, created, liger, inductor) and their "
@@ -113,7 +116,10 @@ def registry_choose(
 
 @registry_app.command("bench")
 def registry_bench(
-    op: Annotated[str, typer.Argument(help="The op.")],
+    op: Annotated[
+        str,
+        typer.Argument(help="The op, several (comma-separated), or 'all' (every benchmarked op)."),
+    ],
     mode: Annotated[
         str, typer.Option(help="forward, backward, full, or all (selection reads full first).")
     ] = "full",
@@ -122,30 +128,31 @@ def registry_bench(
         "kernelwright-runs/bench"
     ),
     db: DbOption = None,
+    workers: Workers = "1",
 ) -> None:
     """`kernelwright bench OP --quick` for the providers that time OP's implementations, rows
-    appended to the results database (what `registry choose` reads)."""
+    appended to the results database (what `registry choose` reads). Several ops with
+    --workers: one op per GPU at a time, every provider of an op on the same GPU."""
     from kernelwright.bench.specs import get_spec, importable
     from kernelwright.cli_bench import bench
 
-    entry = _entry(op)
-    if entry.bench is None:
-        raise _fail(f"{op} has no benchmark spec: nothing measures its implementations")
-    spec = get_spec(entry.bench)
-    providers = _bench_providers(entry, spec.provider_names, importable)
+    n = workers_option(workers)
     console = _console()
-    if not providers:
-        raise _fail(f"{op}: no provider of its benchmark times an implementation on this machine")
-    console.print(f"registry bench {op}: providers {', '.join(providers)}", highlight=False)
-    bench(
-        op=spec.op,
-        mode=mode,
-        providers=",".join(providers),
-        dtype=dtype,
-        out=out,
-        quick=True,
-        db=db,
-    )
+    jobs = _bench_jobs(op, mode, dtype, importable)
+    if len(jobs) > 1 or n != 1:
+        _bench_fanout(jobs, out, db, n)
+    else:
+        spec, providers = get_spec(jobs[0].spec), ", ".join(jobs[0].providers)
+        console.print(f"registry bench {jobs[0].op}: providers {providers}", highlight=False)
+        bench(
+            op=spec.op,
+            mode=mode,
+            providers=",".join(jobs[0].providers),
+            dtype=dtype,
+            out=out,
+            quick=True,
+            db=db,
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -153,6 +160,107 @@ def registry_bench(
             "[yellow]No GPU: the rows are interpreter timings, which are not speeds; "
             "`registry choose` does not read them.[/]"
         )
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One op's quick bench over the providers that time its implementations."""
+
+    op: str  # the registry entry
+    spec: str
+    providers: tuple[str, ...]
+    mode: str
+    dtype: str
+
+
+def _bench_jobs(op: str, mode: str, dtype: str, importable) -> list[BenchJob]:
+    from kernelwright import registry
+    from kernelwright.bench.specs import MODES, get_spec
+    from kernelwright.cli_bench import DTYPES
+
+    if mode != "all" and mode not in MODES:
+        raise typer.BadParameter(
+            f"{mode!r}; use one of {', '.join(MODES)} or all", param_hint="--mode"
+        )
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"{dtype!r}; use one of {', '.join(DTYPES)}", param_hint="--dtype")
+
+    everything = op == "all"
+    names = [e.name for e in registry.entries()] if everything else op.split(",")
+    jobs = []
+    for name in (n.strip() for n in names if n.strip()):
+        entry = _entry(name)
+        if entry.bench is None:
+            if everything:
+                continue
+            raise _fail(f"{name} has no benchmark spec: nothing measures its implementations")
+        spec = get_spec(entry.bench)
+        providers = _bench_providers(entry, spec.provider_names, importable)
+        if not providers:
+            if everything:
+                continue
+            raise _fail(
+                f"{name}: no provider of its benchmark times an implementation on this machine"
+            )
+        jobs.append(BenchJob(entry.name, spec.op, tuple(providers), mode, dtype))
+    if not jobs:
+        raise _fail(f"{op}: nothing to bench")
+    return jobs
+
+
+def bench_job(job: BenchJob) -> list:
+    """Run one `BenchJob` (in a fan-out worker: the rows name its GPU)."""
+    import torch
+
+    from kernelwright.bench import MODES, get_spec, make_context, plan
+    from kernelwright.bench.harness import run_plan
+    from kernelwright.cli_bench import DTYPES
+
+    modes = list(MODES) if job.mode == "all" else [job.mode]
+    p = plan(get_spec(job.spec), modes=modes, providers=list(job.providers), quick=True)
+    return run_plan(p, dtype=getattr(torch, DTYPES[job.dtype]), ctx=make_context())
+
+
+def _bench_fanout(jobs: list[BenchJob], out: Path, db: Path | None, workers: int | str) -> None:
+    """Each op in a worker (runtime/fanout.py); the rows are written here, by this process:
+    CSVs, plots, one run in the results database, the summary."""
+    from rich.markup import escape
+
+    from kernelwright.bench import print_summary, summary_markdown, write_csv, write_plots
+    from kernelwright.bench.context import git_commit
+    from kernelwright.bench.db import ResultsDB, new_run_id
+    from kernelwright.runtime.fanout import run_tasks
+
+    console = _console()
+    ops = ", ".join(f"{j.op} ({', '.join(j.providers)})" for j in jobs)
+    console.print(f"registry bench: {ops}; workers {workers}", highlight=False)
+    results = run_tasks(
+        bench_job,
+        jobs,
+        workers=workers,
+        labels=[j.op for j in jobs],
+        progress=lambda line: console.print(escape(line), highlight=False),
+        env={"KERNELWRIGHT_COMMIT": git_commit()},
+    )
+    results_db, run_id = ResultsDB(db), new_run_id()
+    all_rows, failed = [], []
+    for job, r in zip(jobs, results, strict=True):
+        if not r.ok:
+            failed.append(job.op)
+            console.print(f"[red]{escape(job.op)}: {escape(r.error)}[/]")
+            console.print(escape(r.traceback), highlight=False)
+            continue
+        csv_path = write_csv(r.value, out / f"{job.spec}.csv")
+        write_plots(r.value, out)
+        results_db.append(r.value, source="bench", run_id=run_id)
+        console.print(f"{job.op}: {len(r.value)} rows on {r.gpu} -> {csv_path}", highlight=False)
+        all_rows.extend(r.value)
+    console.print(f"Results database: {results_db.path} (run {run_id})")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(summary_markdown(all_rows))
+    print_summary(all_rows, console)
+    if failed:
+        raise _fail(f"failed: {', '.join(failed)}")
 
 
 def _bench_providers(entry, spec_providers, importable) -> list[str]:

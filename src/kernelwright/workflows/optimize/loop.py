@@ -9,6 +9,7 @@ that is nowhere slower than the current one (beyond noise) is kept.
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from kernelwright.bench.report import geomean, write_csv
 from kernelwright.profiles.optimization import OptimizationProfile, Timing, VariantRecord
+from kernelwright.runtime.fanout import Fanout
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.workflows.optimize import notebook
 from kernelwright.workflows.optimize.clock import is_backward_kernel
@@ -46,6 +48,7 @@ from kernelwright.workflows.optimize.strategies import (
     plan_next,
     table_key,
 )
+from kernelwright.workflows.optimize.sweep_task import SweepTask, measure_candidate
 from kernelwright.workflows.optimize.tables import (
     MAX_N_OPEN,
     ArchRows,
@@ -213,14 +216,29 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
                     bad[0] if bad else ([r.ms_p50 for r in got], [r.peak_mem_mb for r in got])
                 )
 
+            where: dict[LaunchConfig, tuple[str, str]] = {}  # config -> (GPU, its index)
+
+            def time_configs(
+                cfgs,
+                time_config=time_config,
+                job=(kernel, idx, max_n, mode, pts, label),
+                timed=timed,
+                where=where,
+            ) -> bool:
+                """Time `cfgs` (here, or one per GPU at once); True if the deadline cut it."""
+                fan = setup.fanout
+                if fan is None or fan.sequential:
+                    for cfg in cfgs:
+                        if setup.past_deadline():
+                            return True
+                        time_config(cfg)
+                        where[cfg] = (setup.ctx.gpu, "")
+                    return False
+                return _fan_out(setup, fan, rows, job, cfgs, timed, where)
+
             grid = [cur, *candidates(cur, max_n, max(ns), setup.varied[kernel])]
             progress(f"[v1 sweep] {label}: {len(grid)} configs on {len(pts)} shape(s) ({mode})")
-            stopped = False
-            for cfg in grid:
-                if setup.past_deadline():
-                    stopped = True
-                    break
-                time_config(cfg)
+            stopped = time_configs(grid)
             best = _pick(cur, timed, setup.opts.goal)
             # then one field at a time, around the three best so far — the best at one
             # partial-sum count need not be the best at another. The L2 flags only where the
@@ -228,13 +246,15 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
             # launcher ignores them).
             for name, values in FIELD_STEPS:
                 if name in setup.varied[kernel] and not stopped:
+                    step = []
                     for base in _top(cur, timed, setup.opts.goal, 3):
                         if name in L2_FLAGS and (base.block_n >= max(ns) or base.split_row):
                             continue
                         for v in values:
                             cfg = base.with_(**{name: v})
-                            if cfg not in timed and not setup.past_deadline():
-                                time_config(cfg)
+                            if cfg not in timed and cfg not in step:
+                                step.append(cfg)
+                    time_configs(step)
                     best = _pick(cur, timed, setup.opts.goal)
             rows[kernel][idx] = (max_n, best)
             ranked = sorted(
@@ -268,9 +288,60 @@ def launch_sweep(setup: Setup, rows: ArchRows, progress: Progress) -> SweepResul
                         else "",
                         "error": t if isinstance(t, str) else "",
                         "kept": c == best,
+                        "gpu": where.get(c, ("", ""))[0],
+                        "device": where.get(c, ("", ""))[1],
                     }
                 )
     return SweepResult(rows, lines, csv_rows)
+
+
+def _fan_out(
+    setup: Setup,
+    fan: Fanout,
+    rows: ArchRows,
+    job: tuple,
+    cfgs: list[LaunchConfig],
+    timed: dict,
+    where: dict,
+) -> bool:
+    """Time `cfgs` one per worker at a time; True if the deadline left some untimed. The table
+    each worker serves is this process's, with the candidate installed (as `time_config`
+    installs it here). `job`: (kernel, table row index, its max_n, mode, points, label)."""
+    kernel, idx, max_n, mode, pts, label = job
+    tasks = []
+    for cfg in cfgs:
+        trial = list(rows[kernel])
+        trial[idx] = (max_n, cfg)
+        with installed(setup.table, {kernel: trial}, setup.install_archs):
+            snapshot = copy.deepcopy(setup.table)
+        tasks.append(
+            SweepTask(
+                op=setup.opts.op,
+                dtype=setup.opts.dtype,
+                table=snapshot,
+                points=tuple(pts),
+                mode=mode,
+                dry_run=setup.placeholder,
+                arch=setup.arch,
+                hide_host=setup.opts.hide_host,
+            )
+        )
+    labels = [f"{label} {_short(c)}" for c in cfgs]
+    results = fan.run(measure_candidate, tasks, labels=labels, stop=setup.past_deadline)
+    stopped = False
+    for cfg, r in zip(cfgs, results, strict=True):
+        if r.skipped:
+            stopped = True
+            continue
+        where[cfg] = (r.gpu, r.device)
+        if not r.ok:  # the task itself failed (not a row): the config is out, with the reason
+            timed[cfg] = r.error.splitlines()[0] if r.error else "failed"
+            continue
+        bad = [row.error for row in r.value if not row.ok]
+        timed[cfg] = (
+            bad[0] if bad else ([x.ms_p50 for x in r.value], [x.peak_mem_mb for x in r.value])
+        )
+    return stopped
 
 
 def _short(c: LaunchConfig) -> str:

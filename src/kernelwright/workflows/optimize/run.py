@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kernelwright.profiles.optimization import OptimizationProfile, VariantRecord
 from kernelwright.profiles.reviewed import Saved
+from kernelwright.runtime.fanout import Fanout
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.workflows.optimize.finalize import FinalizeResult, finalize
 from kernelwright.workflows.optimize.loop import clear_variants, read_records, run_loop
@@ -103,7 +104,10 @@ def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResu
             return OptimizeResult(stage, setup.workspace, profile, saved=setup.saved)
     elif read_records(setup.workspace):
         progress(f"[resume] continuing after v{len(read_records(setup.workspace))}")
-    records, stop = run_loop(setup, profile, progress)
+    # the sweep's workers start on its first candidates and stop with the loop
+    env = {"KERNELWRIGHT_COMMIT": setup.ctx.commit}
+    with Fanout(opts.workers, progress=progress, env=env) as setup.fanout:
+        records, stop = run_loop(setup, profile, progress)
     progress(f"[Stage 2] stopped: {stop}")
     setup.bench.release()
     final = finalize(setup, profile, records, stop, progress)

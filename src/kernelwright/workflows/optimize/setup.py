@@ -21,6 +21,7 @@ from kernelwright.bench.harness import RunContext, Timer, default_timer, make_co
 from kernelwright.bench.specs import BenchSpec, get_spec
 from kernelwright.profiles.reviewed import Saved
 from kernelwright.runtime import default_device, device_info, interpreter_mode
+from kernelwright.runtime.fanout import Fanout, parse_workers
 from kernelwright.runtime.launch import Table
 from kernelwright.workflows.optimize.clock import FakeClock, is_backward_kernel
 from kernelwright.workflows.optimize.measure import Bench, Point, points_of
@@ -75,6 +76,9 @@ class OptimizeOptions:
     execute: bool = True  # False: placeholder rows without running kernels (tests)
     gate: Callable[[], GateResult] | None = None  # Finalize's test gate (tests inject one)
     table_path: Path | None = None  # the table file Finalize rewrites (tests: a copy)
+    # the launch sweep's candidates over this many GPUs at once ("auto": every visible one);
+    # 1: in this process (runtime/fanout.py)
+    workers: int | str = 1
 
 
 @dataclass
@@ -102,10 +106,30 @@ class Setup:
     workspace: Path
     started: float = field(default_factory=time.monotonic)
     saved: Saved | None = None  # where Stage 1 wrote the profile (profiles.reviewed)
+    fanout: Fanout | None = None  # the sweep's workers (optimize() opens and closes it)
 
     def past_deadline(self) -> bool:
         d = self.opts.deadline_s
         return d is not None and time.monotonic() - self.started > d
+
+
+def timing(
+    device: torch.device,
+    table: Table,
+    arch: str,
+    dtype: torch.dtype,
+    *,
+    dry_run: bool,
+    timer: Timer | None = None,
+    hide_host: bool = True,
+) -> tuple[RunContext, Timer, FakeClock | None]:
+    """The run's context, timer and (in a dry run) placeholder clock over `table` — the same
+    in this process and in a fan-out worker measuring sweep candidates."""
+    if dry_run:
+        clock = FakeClock(table, arch, itemsize=dtype.itemsize)
+        return make_context(device, timer=clock, copy_gbps=clock.gpu.gbps), clock, clock
+    ctx = make_context(device, timer=timer, hide_host=hide_host)
+    return ctx, timer or default_timer(device, hide_host=ctx.hide_host), None
 
 
 def _check(cond: bool, message: str) -> None:
@@ -140,6 +164,15 @@ def preflight(opts: OptimizeOptions) -> Setup:
     _check(opts.max_variants >= 1, "--max-variants must be at least 1")
     _check(opts.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}")
     _check(opts.execute or opts.dry_run, "execute=False (modelled rows) needs a dry run")
+    try:
+        workers = parse_workers(opts.workers)
+    except ValueError as e:
+        raise PreflightError(f"--workers: {e}") from None
+    _check(
+        workers == 1 or opts.timer is None or opts.dry_run,
+        "a custom timer stays in this process: it cannot time the sweep in other workers "
+        "(use workers=1)",
+    )
     try:
         entry = registry.get(op)
     except registry.UnknownOpError as e:
@@ -221,14 +254,9 @@ def preflight(opts: OptimizeOptions) -> Setup:
     points = points_of(spec, unique)
 
     dtype = DTYPES[opts.dtype]
-    clock = None
-    if opts.dry_run:
-        clock = FakeClock(table, arch, itemsize=dtype.itemsize)
-        ctx = make_context(device, timer=clock, copy_gbps=clock.gpu.gbps)
-        timer = clock
-    else:
-        ctx = make_context(device, timer=opts.timer, hide_host=opts.hide_host)
-        timer = opts.timer or default_timer(device, hide_host=ctx.hide_host)
+    ctx, timer, clock = timing(
+        device, table, arch, dtype, dry_run=opts.dry_run, timer=opts.timer, hide_host=opts.hide_host
+    )
     if opts.goal != "speed" and not opts.dry_run:
         _check(device.type == "cuda", "--goal memory/balanced needs peak-memory statistics")
     bench = Bench(spec, ctx=ctx, timer=timer, dtype=dtype, clock=clock, execute=opts.execute)
