@@ -34,7 +34,6 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: 
 import kernelwright as kw  # noqa: E402
 from kernelwright.integrations.transformers import patch_record  # noqa: E402
 from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
-from kernelwright.integrations.transformers.analysis import source as S  # noqa: E402
 from kernelwright.integrations.transformers.analysis.load import build_tiny, resolve  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
@@ -140,17 +139,12 @@ FINDINGS = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _fast_analysis():
-    # source.class_node asks inspect for the class's first line on every call, and inspect
-    # re-parses the whole modeling file for each class; the answer cannot change during the
-    # run, so caching it here leaves every decision as it is (several times less analysis). The
-    # tiny models' ops are microseconds: a second torch thread only adds its wake-ups (tens of
-    # ms a matmul on a loaded 2-core machine).
-    original, threads = S.class_node, torch.get_num_threads()
-    S.class_node = functools.cache(original)
+def _one_thread():
+    # The tiny models' ops are microseconds: a second torch thread only adds its wake-ups (tens
+    # of ms a matmul on a loaded 2-core machine).
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
-    S.class_node = original
     torch.set_num_threads(threads)
 
 

@@ -121,8 +121,12 @@ def source_file(obj) -> str | None:
         return None
 
 
+@functools.cache
 def class_node(cls: type) -> tuple[ast.ClassDef, ParsedFile] | None:
-    """The ClassDef of `cls` in its source file (None for builtins and dynamic classes)."""
+    """The ClassDef of `cls` in its source file (None for builtins and dynamic classes).
+
+    Cached per class: a class's source does not change once it is defined, and `inspect`
+    re-reads the whole modeling file for every lookup."""
     path = source_file(cls)
     if path is None or not Path(path).exists():
         return None
