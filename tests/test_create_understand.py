@@ -239,15 +239,21 @@ def test_a_reduction_over_the_rows_values_becomes_the_tail(tmp_path):
         "aten.mean.default", "aten.neg.default"]  # fmt: skip
     assert any(n.startswith("tail (PyTorch") and "mean(row0)" in n for n in p.notes)
     assert KernelProfile.from_yaml(p.to_yaml()).tail == p.tail
-    # a tail that reads the traced row count as a constant would be wrong at other sizes
-    path = _write(tmp_path, "rows_baked.py", """
-        import torch
+    # a division by the traced row count is read from the rows at run time; any other use of
+    # that count would be wrong at other sizes: it stops
+    for op, tier in (("/", 2), ("+", 3)):
+        path = _write(tmp_path, "rows_baked.py", f"""
+            import torch
 
-        def rows_baked(x):
-            return x.pow(2).sum(-1).sum() / 4
+            def rows_baked(x):
+                return x.pow(2).sum(-1).sum() {op} 4
 
-        def get_inputs():
-            return [torch.randn(4, 96)]
-        """)  # fmt: skip
-    baked = understand(str(path))
-    assert baked.tier == 3 and "row count 4" in baked.unsupported_reason
+            def get_inputs():
+                return [torch.randn(4, 96)]
+            """)  # fmt: skip
+        baked = understand(str(path))
+        assert baked.tier == tier, baked.unsupported_reason
+        if tier == 2:
+            assert "sum(row0, []) / sym_numel(row0)" in " ".join(baked.notes)
+        else:
+            assert "size 4 of the rows' values is baked into aten.add" in baked.unsupported_reason

@@ -1,7 +1,7 @@
-"""Cumulative product over the last dim, inputs kept in [0.5, 1.5). Tier 3.
+"""Cumulative product over the last dim, inputs kept in [0.5, 1.5). Tier 2.
 
-Stops at aten.cumprod: its backward divides by the running product, with a scan of
-zero masks to stay exact at zeros; not lowered.
+A scan (`tl.cumprod`); the backward divides the reversed sum of dy * y by x before the row's
+first zero and takes the products without x at that zero, so it is exact at zeros.
 """
 
 import torch

@@ -1,6 +1,7 @@
-"""KL divergence of log_softmax(x) against target probabilities, 'batchmean'. Tier 3.
+"""KL divergence of log_softmax(x) against target probabilities, 'batchmean'. Tier 2.
 
-Stops at aten.amax: reductions over two sets of dims (the row's log_softmax, then everything).
+Two sets of dims: the row's log_softmax, then a sum over everything. The kernel computes each
+row's sum; the sum over rows and the division by the batch (read at run time) are the tail.
 """
 
 import torch

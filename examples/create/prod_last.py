@@ -1,6 +1,7 @@
-"""Product over the last dim: y[r] = prod(x[r, :]), inputs kept near 1. Tier 3.
+"""Product over the last dim: y[r] = prod(x[r, :]), inputs kept near 1. Tier 2.
 
-Stops at aten.slice: prod's backward is built from scans.
+The backward is dy * p / x without a zero in the row, the product of the others at a row's only
+zero, and 0 with two or more.
 """
 
 import torch

@@ -14,17 +14,21 @@ profile says), the autograd Function saves them with only the inputs the backwar
 (`s_<name>`) instead of recomputing them. With nothing stored (the default) the files are
 exactly those generated before `stored` existed.
 
-Tier 2 (work along the row: norms, softmax, logsumexp, losses, argmax, gather, cumsum) takes
+Tier 2 (work along the row: norms, softmax, logsumexp, losses, argmax, gather, scans) takes
 the same path with one program per ROWS rows holding each row whole (BLOCK_N =
 next_power_of_2(N)): a reduction over the row becomes `tl.sum/max/min/argmax(..., axis=1)` on
-the padded tile, the padding replaced by the reduction's neutral element first; cumsum is
-`tl.cumsum` along it. Per-row values stay [ROWS, 1] tiles and broadcast against the row;
-per-row outputs store one value per row. The row is the profile's `reduction_dims`: the last
-dim, or other dims the launcher moves last (PERM) and several dims flattened into one. Rows
-longer than a table row's block_n take the looped kernels (staged.py). A per-feature
-parameter's gradient (a sum over rows) is accumulated per program in fp32 and the launcher sums
-the partial rows, like a broadcast input of tier 1. Launch configs come from the module's
-`TABLE` (the library's table form, which `kernelwright optimize` rewrites).
+the padded tile (a product `tl.reduce` with `_mul`), the padding replaced by the reduction's
+neutral element first; cumsum and cumprod are `tl.cumsum` / `tl.cumprod` along it. Per-row
+values stay [ROWS, 1] tiles and broadcast against the row; per-row outputs store one value per
+row. The row is the profile's `reduction_dims`: the last dim, several trailing dims flattened
+into one, or dims before other ones: then every tensor is an [A, N, B] view read in place, a
+program's ROWS rows being B-neighbours so that each load along the row is contiguous
+(templates/slab.py.j2), up to STRIDED_MAX elements per row; longer rows, and B = 1, are moved
+last by the launcher (PERM, a copy). Rows longer than a table row's block_n take the looped
+kernels (staged.py). A per-feature parameter's gradient (a sum over rows) is accumulated per
+program in fp32 and the launcher sums the partial rows, like a broadcast input of tier 1.
+Launch configs come from the module's `TABLE` (the library's table form, which `kernelwright
+optimize` rewrites).
 
 The node-by-node lowering is emit.py's `_Emitter`, the looped kernels' plan staged.py; this
 module fills the templates and writes the eager reference the tests compare to.
@@ -40,12 +44,13 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
-from kernelwright.workflows.create import staged
+from kernelwright.workflows.create import staged, tail
 from kernelwright.workflows.create.emit import _Emitter
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
     _CONSTS,
     _NEUTRAL,
     _REDUCE,
+    _SCANS,
     MAX_ROW,
     UnsupportedNode,
     _lit,
@@ -62,6 +67,10 @@ DEFAULT_CONFIGS = [
     {"block_n": 64, "rows": 2, "num_warps": 2},
 ]
 
+
+# the longest row of other dims than the trailing ones read in place (B-neighbours together);
+# longer rows are moved last by a copy
+STRIDED_MAX = 2048
 
 # row kernels: BLOCK_N is the whole row (next power of two of N), only ROWS and warps vary
 ROW_CONFIGS = [
@@ -123,6 +132,7 @@ def _camel(name: str) -> str:
 # where the generated op lives: a standalone package (`--out`, the workspace) or kernelwright's
 # own `kernelwright.ops.generated` (`--into-library`)
 LIBRARY_PACKAGE = "kernelwright.ops.generated"
+_PRODUCTS = {"aten.cumprod.default", "aten.prod.dim_int", "aten.prod.default"}
 
 
 def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
@@ -179,7 +189,10 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         **_test_shapes(em, looped_ok),
         "looped_ok": looped_ok,
         "float_outs": [k for k, d in enumerate(out_dtypes) if d == "None"],
-        "scan": any(n.target == "aten.cumsum.default" for n in em.fwd + em.bwd),
+        "scan": any(n.target in _SCANS for n in em.fwd + em.bwd),
+        # products along the row (prod, cumprod): a `_mul` combine, and test inputs whose
+        # products stay in range, zeros included
+        "products": any(n.target in _PRODUCTS for n in em.fwd + em.bwd),
         "looped": looped,
         # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
         "dropped": [
@@ -190,6 +203,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "combine": staged.COMBINE,
         "classic": em.classic,
         "trailing": em.trailing,
+        # a row of other dims than the trailing ones: read in place as [A, N, B] (slab.py.j2)
+        "moved": not em.trailing,
+        "strided_max": STRIDED_MAX,
         "block": em.block,
         "kept": em.kept,
         "rank": em.rank,
@@ -261,8 +277,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
 
 def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]:
     """Test shapes at the traced rank, for a row of several or other dims than the last: the
-    traced shape, odd sizes, a row longer than one program holds; on a GPU, many rows and a
-    row of about 393,216 elements."""
+    traced shape, odd sizes, a row longer than the in-place tile of a row of other dims than
+    the trailing ones, a row longer than one program holds; on a GPU, many rows and a row of
+    about 393,216 elements."""
     full = list(em.full)
     last = em.block[-1]
 
@@ -275,6 +292,8 @@ def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]
         return tuple(out)
 
     shapes = [tuple(full), tuple(s + 1 if s > 1 else s for s in full)]
+    if not em.trailing:  # a row longer than the in-place tile holds: moved last by a copy
+        shapes.append(longer(full, STRIDED_MAX + 1))
     if em.row and looped:
         shapes.append(longer(full, MAX_ROW + 1))
     gpu = []
@@ -290,6 +309,7 @@ def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]
 _SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",
               "aten._unsafe_view.default"}  # fmt: skip
 _DIM_OPS = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.flip.default"}
+_SIZES = {"aten.sym_numel.default": ".numel()", "aten.sym_size.int": ".shape[{}]"}
 
 
 def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
@@ -309,6 +329,10 @@ def _ref_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     lines.append("return " + ", ".join(outs))
     if profile.tail.nodes:  # the rows' values go on through the tail
         lines[-1] = f"return {profile.name}_tail({', '.join(outs)})"
+        # the gradients are autograd's through this reference: its softmax shifts detached, as
+        # the head was traced (tail.shifts)
+        shift = tail.shifts([n for n in em.fwd if n.op == "call_function"])
+        lines = [f"{ln}.detach()" if ln.split(" = ")[0] in shift else ln for ln in lines]
     if em.row and not any("_shape" in ln for ln in lines[1:]):
         lines.pop(0)  # no shape rewritten: keep the reference free of an unused name
     return lines
@@ -416,6 +440,9 @@ def _eager_lines(
             continue
         if n.target == "getitem":
             lines.append(f"{n.name} = {n.args[0]}[{int(n.args[1])}]")
+            continue
+        if n.target in _SIZES:  # a tail's size of the rows' values, as torch.compile reads it
+            lines.append(f"{n.name} = {n.args[0]}{_SIZES[n.target].format(*n.args[1:])}")
             continue
         conv_args = []
         for i, v in enumerate(n.args):

@@ -15,6 +15,7 @@ from kernelwright.workflows.create.lowering import (
     _IDENTITY,
     _NEUTRAL,
     _REDUCE,
+    _SCANS,
     _SUM,
     UnsupportedNode,
     _lit,
@@ -113,7 +114,7 @@ class _Emitter:
         dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
         if not self.rank:
             return "rows"
-        if n.target == "aten.sum.default" or not dims:
+        if n.target == "aten.sum.default" or dims is None or dims == []:
             norm = list(range(self.rank))  # every dim
         else:
             dims = [dims] if isinstance(dims, int) else list(dims)
@@ -198,8 +199,11 @@ class _Emitter:
             if base in ("aten.argmax", "aten.argmin"):
                 return [f"{out} = {arg}"]
             return [f"{out}_0 = {red(op, a)}", f"{out}_1 = {arg}"]
-        if base == "aten.cumsum":  # a scan along the row: the padding adds nothing
-            return [f"{out} = tl.cumsum(tl.where(cmask, {a}, 0.0), axis=1)"]
+        if n.target in _SCANS:  # a scan along the row: the padding adds (multiplies) nothing
+            fn, _, pad = _SCANS[n.target]
+            return [f"{out} = {fn}(tl.where(cmask, {a}, {pad}), axis=1)"]
+        if base == "aten.prod":  # _mul: the generated module's product combine
+            return [f"{out} = tl.reduce(tl.where(cmask, {a}, 1.0), 1, _mul)[:, None]"]
         if base == "aten.gather":  # one value per row at its target column
             if list(n.shape or []) != self.row_shape(True):
                 raise UnsupportedNode(n.name, "a gather of more than one value per row")
@@ -241,9 +245,10 @@ class _Emitter:
                 else:
                     flipped[out] = code[0]
                 continue
-            if n.target == "aten.cumsum.default" and code[0] in flipped:
-                carry = f" + {self.carry[out]}" if out in self.carry else ""
-                lines.append(f"{out}_r = tl.cumsum(tl.where(cmask, {flipped[code[0]]}, 0.0), "
+            if n.target in _SCANS and code[0] in flipped:
+                fn, join, pad = _SCANS[n.target]
+                carry = f" {join} {self.carry[out]}" if out in self.carry else ""
+                lines.append(f"{out}_r = {fn}(tl.where(cmask, {flipped[code[0]]}, {pad}), "
                              f"axis=1, reverse=True){carry}")  # fmt: skip
                 flipped[out] = f"{out}_r"
                 continue

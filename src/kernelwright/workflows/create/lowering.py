@@ -20,11 +20,15 @@ _SUM = {"aten.sum.dim_IntList", "aten.sum.default"}
 _REDUCE = _SUM | {"aten.mean.dim", "aten.mean.default", "aten.amax.default", "aten.amin.default",
                   "aten.var_mean.correction", "aten.var.correction", "aten.max.dim",
                   "aten.min.dim", "aten.argmax.default", "aten.argmin.default",
-                  "aten.gather.default", "aten.cumsum.default"}  # fmt: skip
+                  "aten.gather.default", "aten.cumsum.default", "aten.cumprod.default",
+                  "aten.prod.dim_int", "aten.prod.default"}  # fmt: skip
+# scans along the row: (tl function, how a carry joins a tile's scan, the padding's value)
+_SCANS = {"aten.cumsum.default": ("tl.cumsum", "+", "0.0"),
+          "aten.cumprod.default": ("tl.cumprod", "*", "1.0")}  # fmt: skip
 # a row's values (and their indices) at max/min: getitem 0 is the value, 1 the index
 _ARG_REDUCE = {"aten.max.dim": "max", "aten.min.dim": "min"}
 # padding of a row tile is replaced by the reduction's neutral element before reducing
-_NEUTRAL = {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")'}
+_NEUTRAL = {"sum": "0.0", "max": '-float("inf")', "min": 'float("inf")', "prod": "1.0"}
 # the widest row a row kernel holds in registers (the library norms' one-program limit);
 # wider rows need a looped kernel, which is not generated
 MAX_ROW = 32768
@@ -42,6 +46,8 @@ class UnsupportedNode(ValueError):
 
 
 def _lit(v) -> str:
+    if isinstance(v, str) and v in _CONSTS:  # inf/nan, kept as text in the YAML
+        v = _CONSTS[v]
     if isinstance(v, bool):
         return "1.0" if v else "0.0"
     if isinstance(v, (int, float)):

@@ -10,7 +10,9 @@ combines each row's partials in a fixed order (sum, max or min over the chunk ax
 mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
 mean, then the centered sum of squares — so there is no cancellation. A scan (cumsum) stores
 each tile's total; the launcher turns the totals into each tile's carry (an exclusive prefix,
-or suffix for a flipped row) and every later kernel scans its tile and adds the carry. An
+or suffix for a flipped row) and every later kernel scans its tile and adds the carry; a
+cumprod the same with products (the carry from the totals shifted by one tile, no division,
+so a zero stays exact). A prod's partials are the chunks' products. An
 argmax/argmin keeps each chunk's extreme and the column where it first occurs; the launcher
 takes the first chunk at the row's extreme (torch's tie rule). The
 last launch computes the outputs (or gradients) tile by tile from the inputs and the row
@@ -25,10 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernelwright.profiles.kernel import GraphNode
-from kernelwright.workflows.create.lowering import _NEUTRAL, UnsupportedNode, _refs
+from kernelwright.workflows.create.lowering import _NEUTRAL, _SCANS, UnsupportedNode, _refs
 
 # the combine op of each reduction target, by aten name (var_mean is split in two slots)
-_COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.amin": "min"}
+_COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.amin": "min",
+            "aten.prod": "prod"}  # fmt: skip
+
+
+def _reduce(op: str, tile: str) -> str:
+    """A [ROWS, 1] reduction of a tile along the row (`_mul`: the module's product combine)."""
+    if op == "prod":
+        return f"tl.reduce({tile}, 1, _mul)[:, None]"
+    return f"tl.{op}({tile}, axis=1)[:, None]"
 
 
 @dataclass
@@ -42,6 +52,7 @@ class Slot:
     level: int
     reverse: bool = False  # a scan from the row's end (cumsum of a flipped row)
     scan: int = -1  # a scan's index among the scans: its tile totals, then carries
+    target: str = ""  # a scan's aten target (cumsum, cumprod): how tiles and carries combine
 
 
 @dataclass
@@ -86,7 +97,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
             if arg is None:
                 raise UnsupportedNode(n.name, "a reduction of a constant")
             aten = n.target.rsplit(".", 1)[0]
-            if aten == "aten.cumsum":
+            if n.target in _SCANS:
                 # per tile of the row: its total, then (launcher) the exclusive prefix of the
                 # totals before it — or after it, for a flipped row — added to the tile's scan
                 u, reverse, src = arg, False, by_var.get(arg)
@@ -95,7 +106,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                     src = by_var.get(u)
                 owned[it.var] = [len(slots)]
                 n_scans = sum(1 for s in slots if s.op == "scan")
-                slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans))
+                slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans, n.target))
                 level[it.var] = base + 1
                 continue
             if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
@@ -177,8 +188,9 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                         "other=0.0)"
                     )
                     if not s.reverse:
+                        fn, join, pad = _SCANS[s.target]
                         loads[var] = [
-                            f"{var} = tl.cumsum(tl.where(cmask, {s.arg}, 0.0), axis=1) + "
+                            f"{var} = {fn}(tl.where(cmask, {s.arg}, {pad}), axis=1) {join} "
                             f"{carry[var]}"
                         ]
         lines: list[str] = []
@@ -200,11 +212,13 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
         lines = body(needed(start, k), k)
         for j in mine:
             s = slots[j]
-            if s.op == "scan":  # the tile's total, for the launcher's carries
-                total = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), 0.0)"
+            if s.op == "scan":  # the tile's total (or product), for the launcher's carries
+                op = "prod" if s.target == "aten.cumprod.default" else "sum"
+                total = (f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), "
+                         f"{_NEUTRAL[op]})")  # fmt: skip
                 lines.append(
                     f"tl.store(scan_ptr + ({s.scan} * M + rows) * TILES + tile, "
-                    f"tl.sum({total}, axis=1)[:, None], mask=rmask)"
+                    f"{_reduce(op, total)}, mask=rmask)"
                 )
         for t, j in enumerate(j for j in mine if slots[j].op != "scan"):
             s = slots[j]
@@ -213,7 +227,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), "
                 f"{_NEUTRAL[base_op]})"
             )
-            red = f"tl.{base_op}({tile}, axis=1)[:, None]"
+            red = _reduce(base_op, tile)
             if s.op.startswith("arg"):  # a tile's extreme replaces the chunk's only if beyond it
                 better = ">" if base_op == "max" else "<"
                 lines += [
@@ -224,6 +238,8 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                 ]
             elif s.op == "sum":
                 lines.append(f"acc{t} += {red}")
+            elif s.op == "prod":
+                lines.append(f"acc{t} *= {red}")
             else:
                 fn = "maximum" if s.op == "max" else "minimum"
                 lines.append(f"acc{t} = tl.{fn}(acc{t}, {red})")
@@ -242,7 +258,8 @@ def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
 
 # how the launcher combines a slot's partials over the chunk axis (arg slots: the chunk holding
 # the first extreme, read from the index partials)
-COMBINE = {"sum": "sum", "max": "amax", "min": "amin", "argmax": "argmax", "argmin": "argmin"}
+COMBINE = {"sum": "sum", "max": "amax", "min": "amin", "argmax": "argmax", "argmin": "argmin",
+           "prod": "prod"}  # fmt: skip
 
 
 def kernels(
@@ -274,7 +291,8 @@ def kernels(
         slots, scans = [], []
         for j in st.slots:
             s = p.slots[j]
-            info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse}
+            info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse,
+                    "prod": s.target == "aten.cumprod.default"}  # fmt: skip
             if s.op == "scan":
                 scans.append((s.scan, info))
             else:

@@ -23,6 +23,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kernelwright.profiles.kernel import Graph, GraphNode
 from kernelwright.workflows.create.load import Reference
+from kernelwright.workflows.create.products import products
 
 aten = torch.ops.aten
 
@@ -164,11 +165,12 @@ def trace(ref: Reference) -> Traced:
         decompositions=decompositions(),
     )
     try:
-        out = compiled(*tensors)
-        flat = list(out) if isinstance(out, (tuple, list)) else [out]
-        diff = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
-        if diff:
-            torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
+        with products():  # cumprod/prod with backward formulas the row templates lower
+            out = compiled(*tensors)
+            flat = list(out) if isinstance(out, (tuple, list)) else [out]
+            diff = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
+            if diff:
+                torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
     except Exception as e:
         raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0]}") from e
     if not all(isinstance(o, torch.Tensor) for o in flat):

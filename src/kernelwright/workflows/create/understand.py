@@ -4,14 +4,16 @@ Tiers, decided from the traced aten graphs (forward and backward):
 - 1: element-wise only — any number of inputs, broadcast full / per-row / per-feature / scalar;
 - 2: element-wise plus work along ONE set of adjacent dims of the main input (the row: the
   last dim, another dim, trailing dims or every dim, `reduction_dims`) — reductions (sum,
-  mean, amax/amin, var, max/min with indices, argmax/argmin), a gather/scatter of one value
-  per row by an index input, cumsum (reversed through flips) — and per-feature (or scalar)
-  parameters whose gradients reduce over all rows (rms_norm's dW, accumulated per program).
-  A reduction over the rows' values after that (cross-entropy's mean) becomes the profile's
-  tail, run in PyTorch after the kernel (tail.py);
-- 3: anything else: matmul/conv, sort/topk, cumprod, reductions over two different sets of
-  dims, layout changes (permute), data-dependent control flow (tracing fails). The profile
-  names the node that stops it and why; no code is generated.
+  mean, amax/amin, prod, var, max/min with indices, argmax/argmin), a gather/scatter of one
+  value per row by an index input, cumsum (reversed through flips) and cumprod (their
+  backward as products.py writes it) — and per-feature (or scalar) parameters whose gradients
+  reduce over all rows (rms_norm's dW, accumulated per program). A reduction over the rows'
+  values after that (cross-entropy's mean, or the rest of a reduction over the row's dims and
+  more: KL's batchmean) becomes the profile's tail, run in PyTorch after the kernel (tail.py);
+- 3: anything else: matmul/conv, sort/topk, reductions over two sets of dims neither holding
+  the other, layout changes (permute), data-dependent control flow (tracing fails), a node the
+  generator's lowering refuses (a flipped row read by an element-wise op). The profile names
+  the node that stops it and why; no code is generated.
 
 The closest library kernel (the pattern the generator follows) is picked by a fixed rule:
 tier 2 — an integer input → cross_entropy; exp and log → log_softmax; exp → softmax; a mean
@@ -36,7 +38,7 @@ from kernelwright.profiles.kernel import (
 )
 from kernelwright.workflows.create import tail
 from kernelwright.workflows.create.load import Reference, load_reference
-from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED
+from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED, UnsupportedNode
 from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
 
 # Views that keep the [rows, cols] layout: broadcasts and unit-dim reshapes.
@@ -51,7 +53,7 @@ VIEWS = frozenset([
 REDUCTIONS = frozenset([
     "sum", "mean", "amax", "amin", "prod", "var", "var_mean", "max", "min", "argmax", "argmin",
     "gather",  # one value per row picked by a target index (args[1]: the dim)
-    "cumsum",  # a scan along the row (args[1]: the dim)
+    "cumsum", "cumprod",  # scans along the row (args[1]: the dim)
 ])
 # fmt: on
 # The inverse of gather (its backward): a row written at a per-row index, a select per element.
@@ -438,13 +440,13 @@ def understand(
     inputs, outputs = _specs(ref, traced)
     main = inputs[_main_index(inputs)].example_shape
     tail_graph, tail_stop = Graph(), None
-    starts = tail.tail_start(traced.forward, len(main), REDUCTIONS)
+    # a reduction over the row's dims and more: the row's, then one over the rows' values
+    wide = tail.split_wide(traced.forward, len(main), REDUCTIONS)
+    starts = tail.tail_start(wide, len(main), REDUCTIONS)
     if starts:  # a reduction over the rows' values: the kernel computes the rows (the head)
         try:
-            head_outs, tail_graph = tail.split(
-                traced.forward, starts, ELEMENTWISE, len(traced.output_names)
-            )
-            head = trace(tail.head_reference(ref, traced.forward, head_outs))
+            head_outs, tail_graph = tail.split(wide, starts, ELEMENTWISE, len(traced.output_names))
+            head = trace(tail.head_reference(ref, wide, head_outs))
             tail_graph = tail.rename(tail_graph, head_outs)
             notes.append(
                 "tail (PyTorch, after the kernel, on its per-row outputs): "
@@ -529,4 +531,33 @@ def understand(
     )
     from kernelwright.workflows.create.stored import plan_stored  # it reads this module's sets
 
-    return plan_stored(profile, save_policy)
+    profile = plan_stored(profile, save_policy)
+    stop = _emit_stop(profile)
+    if stop is None:
+        return profile
+    return KernelProfile(
+        **common,
+        tier=3,
+        tier_reason=f"stops at {stop[0]}",
+        unsupported_node=stop[0],
+        unsupported_reason=f"generation: {stop[1]}",
+        inputs=inputs,
+        outputs=outputs,
+        notes=notes,
+    )
+
+
+def _emit_stop(profile: KernelProfile) -> tuple[str, str] | None:
+    """(node, reason) where the generator's node-by-node lowering stops on a tier-1/2 profile (a
+    flipped row read by an element-wise op), so that tier 2 means a kernel is generated."""
+    from kernelwright.workflows.create.emit import _Emitter
+
+    try:
+        em = _Emitter(profile)
+        em.forward_body()
+        if _calls(profile.backward):
+            em.backward_body()
+    except UnsupportedNode as e:
+        nodes = {n.name: n for n in _calls(profile.backward) + _calls(profile.forward)}
+        return (_label(nodes[e.node]) if e.node in nodes else e.node), e.reason
+    return None

@@ -1,0 +1,127 @@
+"""create: products along the row (cumprod, prod) and their backward at zeros; a reduction over
+the row's dims and then over the rows (KL's batchmean); a row of another dim than the last
+read in place. Each reference is generated here and its op run under the interpreter on tiny
+shapes against PyTorch's own forward and autograd."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelwright.workflows.create import understand
+from kernelwright.workflows.create.codegen import write
+
+CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
+
+
+def _op(tmp_path: Path, name: str, body: str | None = None):
+    """The generated op module of a reference written here (or the corpus file `name`)."""
+    path = CORPUS / f"{name}.py"
+    if body is not None:
+        path = tmp_path / f"{name}.py"
+        path.write_text(textwrap.dedent(body))
+    profile = understand(str(path))
+    assert profile.tier == 2, profile.unsupported_reason
+    write(profile, tmp_path)
+    spec = importlib.util.spec_from_file_location(f"gen_{name}", tmp_path / name / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, getattr(mod, name)
+
+
+def _zeros(shape) -> torch.Tensor:
+    # rows with no zero, one at the start, two, one at the end; values that keep products small
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    x[1, 0] = x[2, 2] = x[2, 5] = x[3, -1] = 0.0
+    return x
+
+
+def _check(fn, ref, xs, dy_seed=1, tol=1e-5):
+    xs = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
+    refs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
+    y, y_ref = fn(*xs), ref(*refs)
+    torch.testing.assert_close(y, y_ref, atol=tol, rtol=tol)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(dy_seed))
+    got = torch.autograd.grad(y, [x for x in xs if x.requires_grad], dy)
+    want = torch.autograd.grad(y_ref, [x for x in refs if x.requires_grad], dy)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("which", ["cumprod", "prod"])
+def test_product_gradients_are_exact_at_zeros(which, tmp_path, monkeypatch):
+    name = f"rows_{which}"
+    mod, fn = _op(tmp_path, name, f"""
+        import torch
+
+        def {name}(x):
+            return torch.{which}(x, dim=-1)
+
+        def get_inputs():
+            return [torch.randn(3, 8)]
+        """)  # fmt: skip
+    ref = getattr(torch, which)
+    x = _zeros((4, 9))
+    _check(fn, lambda t: ref(t, dim=-1), [x])
+    # the looped kernels (rows longer than a program holds): 3 tiles per row, so the carries
+    # (the product of the tiles before) and the chunks' partial products are exercised
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    _check(fn, lambda t: ref(t, dim=-1), [x])
+
+
+def test_kl_batchmean_divides_by_the_batch_at_run_time(tmp_path):
+    # traced at [4, 6, 96]: the kernel sums each token's row, the tail sums the tokens and
+    # divides by the batch read from the rows (not the traced 4, nor the token count)
+    _, fn = _op(tmp_path, "kl_div_tokens")
+    g = torch.Generator().manual_seed(2)
+    for shape in ((3, 5, 33), (7, 40)):
+        logits = torch.randn(shape, generator=g)
+        teacher = torch.log_softmax(torch.randn(shape, generator=g), dim=-1)
+
+        def ref(a, t):
+            return F.kl_div(F.log_softmax(a, -1), t, reduction="batchmean", log_target=True)
+
+        _check(fn, ref, [logits, teacher])
+
+
+def test_a_row_of_another_dim_is_read_in_place(tmp_path, monkeypatch):
+    # an RMS norm over dim 1 of [N, C, L] with a per-channel weight (its gradient summed over
+    # rows inside the kernel): the row is strided by L and read in place, no copy
+    mod, fn = _op(tmp_path, "rows_channel_norm", """
+        import torch
+        from torch import nn
+
+        class RowsChannelNorm(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(6, 1))
+
+            def forward(self, x):
+                return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6) * self.weight
+
+        def get_inputs():
+            return [torch.randn(2, 6, 5)]
+        """)  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(7, 1, generator=g)
+
+    def ref(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6) * w
+
+    def no_copy(*args):
+        raise AssertionError("the row was moved by a copy")
+
+    wide = torch.randn(3, 7, 22, generator=g)[..., ::2]  # odd sizes, inner stride 2
+    with monkeypatch.context() as m:
+        m.setattr(mod, "_rows", no_copy)
+        _check(fn, ref, [wide, w], tol=1e-5)
+    # a row longer than the in-place tile covers, and B = 1: the row moved last by a copy
+    monkeypatch.setattr(mod, "STRIDED_MAX", 4)
+    _check(fn, ref, [wide, w], tol=1e-5)
+    _check(fn, ref, [torch.randn(3, 7, 1, generator=g), w], tol=1e-5)
