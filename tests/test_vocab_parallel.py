@@ -1,11 +1,14 @@
 """kernelwright.distributed: vocab-parallel cross-entropy and fused linear cross-entropy in 2 and
 3 gloo CPU processes against the unsplit loss, F.cross_entropy in fp64 on the whole vocabulary
 (z-loss written out), values and every rank's gradients: uneven and empty slices, sizes
-gathered or given, DTensor inputs, ignored tokens, every reduction and option; errors raised on
-every rank; and checks that the comparison catches a wrong split.
+gathered or given, DTensor inputs, ignored tokens, every reduction and option, the gradient in
+place, every allocated buffer poisoned first; errors raised on every rank; and checks that the
+comparison catches a wrong split.
 
 Each world size runs once (one mp.spawn for all its cases, a module fixture); the tests then
-compare what the ranks saved."""
+compare what the ranks saved. The per-slice kernels are also checked alone in this process
+(ranks simulated, the collectives done by hand) on rows of several blocks, and compiled for
+sm_90."""
 
 from __future__ import annotations
 
@@ -21,6 +24,17 @@ from kernelwright.distributed import (
     vocab_parallel_cross_entropy,
     vocab_parallel_fused_linear_cross_entropy,
 )
+from kernelwright.distributed._vp_kernels import (
+    Options,
+    RowStats,
+    loss_grad_launch,
+    rescale_launch,
+    stats_launch,
+)
+from kernelwright.ops.cross_entropy import cross_entropy_ref
+from kernelwright.runtime.alloc import poisoned
+from kernelwright.runtime.launch import LaunchConfig
+from kernelwright.runtime.tables.vocab_parallel import TABLE
 
 H = 16
 IGNORE = -100
@@ -40,7 +54,7 @@ CASES = [
     _case("ce_mean", "ce", 2, 37, label_smoothing=0.1, lse_square_scale=1e-3, chunk_size=4),
     _case("ce_sum", "ce", 2, 37, lead=(3, 5), reduction="sum", seed=1),
     _case("ce_none", "ce", 2, 37, reduction="none", label_smoothing=0.2, lse_square_scale=1e-2,
-          softcap=4.0, seed=2),
+          softcap=4.0, in_place=True, seed=2),
     _case("ce_weights", "ce", 2, 37, class_weights=True, label_smoothing=0.1,
           lse_square_scale=1e-3, return_z_loss=True, seed=3),
     _case("ce_num_items", "ce", 2, 37, num_items_in_batch=20, lse_square_scale=1e-2,
@@ -67,7 +81,7 @@ CASES = [
     _case("ce3_mean", "ce", 3, 37, label_smoothing=0.1, lse_square_scale=1e-3, seed=20),
     _case("ce3_empty_none", "ce", 3, 37, sizes=[20, 0, 17], mode="given", reduction="none",
           class_weights=True, softcap=5.0, label_smoothing=0.1, seed=21),
-    _case("ce3_dtensor", "ce", 3, 37, mode="dtensor", reduction="sum", seed=22),
+    _case("ce3_dtensor", "ce", 3, 37, mode="dtensor", reduction="sum", in_place=True, seed=22),
     _case("flce3_dtensor", "flce", 3, 37, mode="dtensor", bias=True, label_smoothing=0.1,
           chunk_size=4, seed=23),
     _case("flce3_empty_mean", "flce", 3, 37, sizes=[20, 0, 17], mode="given",
@@ -154,7 +168,9 @@ def _run_case(case, rank: int, mesh) -> dict:
         loss = vocab_parallel_cross_entropy(x, inp["target"], cw, **kw)
         _backward(case, loss, inp)
         grads = {"logits": local(x.grad, x)}
+        aliased = not dtensor and x.numel() > 0 and x.grad.data_ptr() == x.data_ptr()
     else:
+        aliased = False
         h = inp["hidden"].clone()
         if dtensor:  # the replicated hidden states a parallelized model hands the lm-head
             h = distribute_tensor(h, mesh, [Replicate()])
@@ -170,7 +186,8 @@ def _run_case(case, rank: int, mesh) -> dict:
         if b is not None:
             grads["bias"] = local(b.grad, b)
     loss = loss if isinstance(loss, tuple) else (loss,)
-    return {"loss": [t.detach() for t in loss], "grads": grads, "slice": (sl.start, sl.stop)}
+    return {"loss": [t.detach() for t in loss], "grads": grads, "slice": (sl.start, sl.stop),
+            "aliased": aliased}  # fmt: skip
 
 
 def _error(fn) -> tuple[str, str] | None:
@@ -220,7 +237,8 @@ def _rank_main(rank: int, world: int, init: str, out: str) -> None:
                             timeout=datetime.timedelta(seconds=60))  # fmt: skip
     try:
         mesh = init_device_mesh("cpu", (world,))
-        results = {c["name"]: _run_case(c, rank, mesh) for c in CASES if c["world"] == world}
+        with poisoned():  # every buffer the ops allocate starts as NaN: unwritten ones show
+            results = {c["name"]: _run_case(c, rank, mesh) for c in CASES if c["world"] == world}
         if world == 2:
             results["errors"] = _errors(rank, mesh)
         torch.save(results, f"{out}/rank{rank}.pt")
@@ -318,6 +336,9 @@ def _check_case(ranks, name: str) -> None:
             _assert_matches(a, b, **_tol(case, "loss"))
             torch.testing.assert_close(a, per_rank[0][name]["loss"][i])  # the same on every rank
         start, stop = got["slice"]
+        in_place = case["opts"].get("in_place", False) and case["mode"] != "dtensor"
+        in_place = in_place and stop > start  # (an empty slice has no storage to share)
+        assert got["aliased"] == in_place, (r, name)  # the gradient is the logits' storage
         for k, g in got["grads"].items():
             want = want_grads[k]
             if k != "hidden":  # vocabulary-sliced: this rank's part
@@ -405,3 +426,127 @@ def test_local_checks_come_before_any_collective():
         vocab_parallel_cross_entropy(torch.randn(3, 5), torch.zeros(3))
     with pytest.raises(ValueError, match="reduction"):
         vocab_parallel_cross_entropy(torch.randn(3, 5), torch.zeros(3).long(), reduction="avg")
+
+
+# --------------------------------------------------------------------------- the kernels alone
+
+# Small blocks: rows of several blocks and a masked tail (the interpreter's table row is one
+# block for the gloo tests' slices).
+STATS_CFG = LaunchConfig(block_n=16)
+
+
+def _kernels_on_slices(x, t, sizes, cw, o, *, scale, reverse, in_place):
+    """The per-slice kernels on each slice of x [M, V] with the collectives done by hand:
+    (loss rows, lse, z rows) of every rank, and the gradient slices concatenated."""
+    M, V = x.shape
+    grad_cfg = LaunchConfig(block_n=8, reverse_pass=reverse)
+    starts = [sum(sizes[:r]) for r in range(len(sizes))]
+    xs = [x[:, a : a + n].clone() for a, n in zip(starts, sizes, strict=True)]
+    ws = [cw[a : a + n].float().contiguous() if cw is not None else None
+          for a, n in zip(starts, sizes, strict=True)]  # fmt: skip
+    stats = []
+    for xr, wr, a in zip(xs, ws, starts, strict=True):
+        s = RowStats.new(M, o.label_smoothing > 0.0, cw is not None, x.device)
+        if wr is not None:
+            s.wsum.copy_(wr.sum())
+        stats_launch(xr, t, wr, s, a, o, config=STATS_CFG)
+        stats.append(s)
+    gm = torch.stack([s.gm for s in stats]).amax(0)  # all_reduce(MAX)
+    for s in stats:
+        s.gm.copy_(gm)
+        rescale_launch(s)
+    total = torch.stack([s.flat for s in stats]).sum(0)  # all_reduce(SUM)
+    outs, grads = [], []
+    for xr, wr, s, a in zip(xs, ws, stats, starts, strict=True):
+        loss, lse, z = (torch.full((M,), float("nan")) for _ in range(3))
+        g = xr if in_place else torch.full_like(xr, float("nan"))
+        s.flat.copy_(total)
+        loss_grad_launch(xr, t, wr, s, loss, lse, z_loss=z, grad=g, scale=scale, start=a,
+                         vocab=V, o=o, config=grad_cfg)  # fmt: skip
+        outs.append((loss, lse, z))
+        grads.append(g)
+    return outs, torch.cat(grads, 1)
+
+
+# fmt: off
+KERNEL_CASES = {
+    # uneven slices, class weights with smoothing, z-loss, a per-row scale, reversed blocks
+    "weights": dict(sizes=[23, 22], dtype=torch.float32, weights=True, label_smoothing=0.1,
+                    lse_square_scale=1e-3, per_row=True, reverse=True, in_place=False),
+    # an empty slice, soft-capping, in place, one scale for all rows
+    "softcap_empty": dict(sizes=[20, 0, 25], dtype=torch.float32, weights=False,
+                          label_smoothing=0.2, softcap=4.0, per_row=False, reverse=False,
+                          in_place=True),
+    # a row whose second slice is all -inf (a padded vocabulary): exact zeros there
+    "neg_inf_slice": dict(sizes=[23, 22], dtype=torch.float32, weights=False,
+                          lse_square_scale=1e-2, per_row=True, reverse=False, in_place=False),
+    # bf16 logits: fp32 math, a bf16 gradient (the interpreter truncates its stores)
+    "bf16": dict(sizes=[23, 22], dtype=torch.bfloat16, weights=True, label_smoothing=0.1,
+                 per_row=True, reverse=True, in_place=True),
+}
+# fmt: on
+
+
+@pytest.mark.parametrize("name", list(KERNEL_CASES))
+def test_slice_kernels_equal_the_unsplit_loss(name):
+    c = KERNEL_CASES[name]
+    g = torch.Generator().manual_seed(len(name))
+    M, V = 6, sum(c["sizes"])
+    x = (torch.randn(M, V, generator=g) * 3).to(c["dtype"])
+    t = torch.randint(0, V, (M,), generator=g)
+    t[2] = IGNORE
+    t[0], t[1] = 0, V - 1
+    if name == "neg_inf_slice":
+        x[4, 23:] = -float("inf")
+        t[4] = 5
+    cw = torch.rand(V, generator=g) + 0.5 if c["weights"] else None
+    scale = torch.randn(M, generator=g) if c["per_row"] else torch.full((1,), 0.3)
+    o = Options(IGNORE, c.get("label_smoothing", 0.0), c.get("lse_square_scale", 0.0),
+                c.get("softcap"))  # fmt: skip
+    with poisoned():
+        outs, grad = _kernels_on_slices(x, t, c["sizes"], cw, o, scale=scale,
+                                        reverse=c["reverse"], in_place=c["in_place"])  # fmt: skip
+    xr = x.double().requires_grad_()
+    kw = dict(ignore_index=IGNORE, label_smoothing=o.label_smoothing,
+              lse_square_scale=o.lse_square_scale, softcap=o.softcap,
+              dtype=torch.float64)  # fmt: skip
+    rows, z_rows = cross_entropy_ref(xr, t, cw, reduction="none", return_z_loss=True, **kw)
+    (rows * scale.double()).sum().backward()
+    z = xr.detach() if o.softcap is None else o.softcap * torch.tanh(xr.detach() / o.softcap)
+    lse = torch.where(t != IGNORE, torch.logsumexp(z, -1), 0.0)
+    for loss_r, lse_r, z_r in outs:  # every rank: the whole row's loss
+        _assert_matches(loss_r, rows.detach(), atol=1e-5, rtol=1e-5)
+        _assert_matches(lse_r, lse, atol=1e-5, rtol=1e-5)
+        _assert_matches(z_r, z_rows, atol=1e-6, rtol=1e-5)
+    assert grad.dtype == c["dtype"]
+    tol = dict(atol=1e-6, rtol=1e-4) if c["dtype"] == torch.float32 else dict(atol=1e-3, rtol=2e-2)
+    _assert_matches(grad, xr.grad, **tol)
+    assert (grad[2] == 0).all()  # the ignored row
+    if name == "neg_inf_slice":
+        assert (grad[4, 23:] == 0).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles these for real")
+def test_slice_kernels_compile_for_hopper():
+    # The tables' GPU configs with every option on (bf16 logits, in place), then with none and
+    # no gradient; the compiler rejects code the interpreter runs.
+    from kernelwright.testing.gpu_compile import check_compiles
+
+    stats_cfg, grad_cfg = (TABLE[k]["default"][0][1] for k in ("stats", "grad"))
+
+    def run():
+        x, t = torch.randn(2, 5008, dtype=torch.bfloat16), torch.tensor([3, 7000])
+        for full in (True, False):
+            w = torch.rand(5008) if full else None
+            o = Options(IGNORE, 0.1 * full, 1e-3 * full, 30.0 if full else None)
+            s = RowStats.new(2, full, full, "cpu")
+            stats_launch(x, t, w, s, 2000, o, config=stats_cfg)
+            rescale_launch(s)
+            loss_grad_launch(x, t, w, s, torch.empty(2), s.m, z_loss=torch.empty(2) if full
+                             else None, grad=x if full else None, scale=torch.ones(2) if full
+                             else None, start=2000, vocab=9008, o=o, config=grad_cfg)  # fmt: skip
+
+    results = check_compiles(run)
+    failures = [f"{r.launch.name}: {r.error}" for r in results if not r.ok]
+    assert not failures, "\n".join(failures)
+    assert len(results) == 5

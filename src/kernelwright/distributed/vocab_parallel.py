@@ -13,26 +13,23 @@ and z-loss scale s, the loss is that of `kernelwright.ops.cross_entropy`:
     dloss_i/dz_j = A * p_j - (1 - eps) * w_t * [j == t] - eps / V * w_j,   p_j = exp(z_j - lse)
     A = (1 - eps) * w_t + eps / V * W + 2 * s * lse
 
-Only per-row scalars cross ranks. Each rank reduces its slice to a local max m_r, a sum of
-exp(z - m_r), the target logit when it owns the target (else 0) and, with smoothing, sum w_j z_j.
-One all-reduce (MAX) gives the row max m, each rank rescales its sum by exp(m_r - m), and one
-all-reduce (SUM) of the packed sums gives lse = m + log(sum), z_t and the smoothing sum. With
-class weights, w_t (from the rank owning t) and W are summed the same way. The gradient of a
-slice then needs nothing from other ranks: p_j, A and the one-hot term are all local once lse
-and w_t are known. The fused linear version also sums the gradient of the (replicated) hidden
-states over ranks, since every rank's slice of the logits depends on all of it.
-
-The per-slice math is plain PyTorch in fp32 (the logits are upcast chunk by chunk, whatever
-their dtype), not the Triton kernel of `ops.cross_entropy`: that kernel computes the lse of
-the row it reads, where here the lse spans all ranks. Temporaries are bounded by chunking rows
-(`chunk_size`), a few fp32 [chunk, V_r] buffers at a time.
+Only per-row scalars cross ranks. A Triton kernel reads this rank's slice once for its local
+max m_r, sum of exp(z - m_r), the target logit when it owns the target (else 0) and, with
+smoothing, sum w_j z_j (with class weights, the owned target's w_t too). One all-reduce (MAX)
+gives the row max m, each rank rescales its sum by exp(m_r - m), and one all-reduce (SUM) of
+the packed sums gives lse = m + log(sum), z_t and the rest. The gradient of a slice then needs
+nothing from other ranks: a second kernel, elementwise over the slice, writes the rows' losses
+and the gradient already scaled by the reduction (distributed/_vp_kernels.py), so the
+backward only multiplies it by the incoming gradient (skipped where that is 1), as
+`ops.cross_entropy` does. No fp32 copy of the slice is made. The fused linear version runs the
+same kernels on each chunk of its local logits and sums the gradient of the (replicated)
+hidden states over ranks, since every rank's slice of the logits depends on all of it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -41,65 +38,31 @@ from torch.autograd.function import once_differentiable
 from kernelwright.distributed._layout import (
     _from_dtensor,
     _is_dtensor,
-    _Layout,
     _layout,
     _replicated_local,
     _sharded_local,
 )
+from kernelwright.distributed._vp_kernels import Options as _Options
+from kernelwright.distributed._vp_kernels import (
+    RowStats,
+    loss_grad_launch,
+    rescale_launch,
+    stats_launch,
+)
 from kernelwright.ops._loss import check_loss_args, check_loss_values, reduce_rows
+from kernelwright.ops.cross_entropy import scale_grad_
 from kernelwright.ops.fused_linear_cross_entropy import (
     _addmm_,
     choose_chunk_rows,
     matmul_inputs,
 )
+from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.checks import rows_view
+from kernelwright.runtime.launch import traced
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# fp32 bytes per [rows, V_r] temporary of vocab_parallel_cross_entropy's per-slice math
-_MATH_BYTES = 64 << 20
 
-# --------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class _Options:
-    ignore_index: int
-    label_smoothing: float
-    lse_square_scale: float
-    softcap: float | None
-
-
-# --------------------------------------------------------------------------- per-slice math
-
-
-def _capped(x: torch.Tensor, o: _Options) -> torch.Tensor:
-    """The logits chunk in fp32, soft-capped when asked."""
-    z = x.float()
-    if o.softcap is not None:
-        z = o.softcap * torch.tanh(z / o.softcap)
-    return z
-
-
-def _ownership(t: torch.Tensor, valid: torch.Tensor, lay: _Layout):
-    """(local class index, clamped to 0 where not owned; whether this rank owns the target)."""
-    tl = t.long() - lay.start
-    owns = valid & (tl >= 0) & (tl < lay.local)
-    return torch.where(owns, tl, 0), owns
-
-
-def _local_stats(z, tl, owns, w, smooth: bool):
-    """Row max, sum of exp(z - max) (0 where the slice is empty or all -inf), the owned target
-    logit (else 0) and sum_j w_j z_j (with smoothing) over this rank's classes."""
-    rows, n = z.shape
-    if n == 0:
-        zero = z.new_zeros(rows)
-        return z.new_full((rows,), -math.inf), zero, zero, (zero if smooth else None)
-    m = z.amax(-1)
-    s = torch.exp(z - torch.where(m == -math.inf, 0.0, m)[:, None]).sum(-1)
-    z_t = torch.where(owns, z.gather(1, tl[:, None]).squeeze(1), 0.0)
-    sum_wz = None
-    if smooth:
-        sum_wz = z @ w if w is not None else z.sum(-1)
-    return m, s, z_t, sum_wz
+# --------------------------------------------------------------------------- statistics
 
 
 def _all_reduce_sum(parts: list[torch.Tensor], group) -> list[torch.Tensor]:
@@ -114,54 +77,38 @@ def _all_reduce_sum(parts: list[torch.Tensor], group) -> list[torch.Tensor]:
     return out
 
 
-def _global_stats(m, s, z_t, sum_wz, extra: list[torch.Tensor], group):
-    """lse, z_t, sum_j w_j z_j over the whole vocabulary (and `extra` summed over ranks)."""
-    gm = m.clone()
-    if gm.numel():
-        dist.all_reduce(gm, op=dist.ReduceOp.MAX, group=group)
-    s = s * torch.exp(m - gm)  # exp(-inf) = 0 where this slice is empty or all -inf
-    parts = [s, z_t] + ([sum_wz] if sum_wz is not None else []) + extra
-    out = _all_reduce_sum(parts, group)
-    lse = gm + torch.log(out[0])
-    k = 3 if sum_wz is not None else 2  # where `extra` starts
-    return lse, out[1], (out[2] if sum_wz is not None else None), out[k:]
+def _exchange(s: RowStats, group) -> None:
+    """The slice statistics of `s` turned into the whole row's: the max over ranks (MAX), each
+    rank's sum rescaled to it, then every sum over ranks (SUM, one packed buffer)."""
+    if not s.gm.numel():
+        return
+    dist.all_reduce(s.gm, op=dist.ReduceOp.MAX, group=group)
+    rescale_launch(s)
+    dist.all_reduce(s.flat, op=dist.ReduceOp.SUM, group=group)
 
 
-def _loss_rows(lse, z_t, sum_wz, w_t, W, valid, o: _Options, vocab: int):
-    """Per-row loss and z-loss (0 on ignored rows)."""
-    eps, s = o.label_smoothing, o.lse_square_scale
-    rows = (1.0 - eps) * w_t * (lse - z_t)
-    if eps > 0.0:
-        rows = rows + eps / vocab * (W * lse - sum_wz)
-    z_rows = s * lse * lse
-    if s > 0.0:
-        rows = rows + z_rows
-    return torch.where(valid, rows, 0.0), torch.where(valid, z_rows, 0.0)
+def _slice_stats(x2, t, w, lay, o: _Options) -> RowStats:
+    """Statistics of the logits slice x2 [M, V_r] over the whole vocabulary (two collectives).
+    With class weights, W is summed over ranks in the same collective."""
+    s = RowStats.new(x2.shape[0], o.label_smoothing > 0.0, w is not None, x2.device)
+    if w is not None:
+        s.wsum.copy_(w.sum())
+    stats_launch(x2, t, w, s, lay.start, o)
+    _exchange(s, lay.group)
+    return s
 
 
-def _grad_rows(z, lse, tl, owns, valid, w, w_t, W, coef, o: _Options, vocab: int):
-    """dloss/dx of one chunk of this rank's slice, in fp32, times `coef` (per row).
-
-    `z` is the (soft-capped) fp32 chunk; ignored rows get exact zeros."""
-    eps, s = o.label_smoothing, o.lse_square_scale
-    d = torch.exp(z - lse[:, None])
-    d.mul_(((1.0 - eps) * w_t + eps / vocab * W + 2.0 * s * lse)[:, None])
-    if eps > 0.0:
-        d.sub_(eps / vocab * (w if w is not None else 1.0))
-    if z.shape[1]:
-        d.scatter_add_(1, tl[:, None], (-(1.0 - eps) * w_t * owns)[:, None])
-    d.mul_(coef[:, None])
-    if o.softcap is not None:
-        d.mul_(1.0 - (z / o.softcap) ** 2)
-    return d.masked_fill_(~valid[:, None], 0.0)
-
-
-def _denominator(reduction, num_items_in_batch, valid, w_t, device):
-    """1 / the "mean" denominator ([1] fp32), or None for "sum" / "none"."""
+def _denominator(reduction, num_items_in_batch, t, ignore_index, w_t, device):
+    """1 / the "mean" denominator ([1] fp32), or None for "sum" / "none". `w_t`: the target's
+    class weight per row (0 on ignored rows), or None without class weights (then the count
+    of rows whose target `t` is not ignored)."""
     if reduction != "mean":
         return None
     if num_items_in_batch is None:
-        denom = torch.where(valid, w_t, 0.0).sum().reshape(1)
+        if w_t is not None:
+            denom = w_t.sum().reshape(1)
+        else:
+            denom = (t != ignore_index).sum(dtype=torch.float32).reshape(1)
     elif isinstance(num_items_in_batch, torch.Tensor):
         denom = num_items_in_batch.to(device=device, dtype=torch.float32).reshape(1)
     else:
@@ -169,22 +116,19 @@ def _denominator(reduction, num_items_in_batch, valid, w_t, device):
     return 1.0 / denom
 
 
-def _coef(grad_loss: torch.Tensor, inv, rows: int) -> torch.Tensor:
-    """Per-row factor of the gradient: the incoming gradient times 1 / denominator."""
-    g = grad_loss.reshape(-1).float()
-    if inv is not None:
-        g = g * inv
-    return g.expand(rows) if g.numel() == 1 else g
+def _incoming(grad_loss: torch.Tensor) -> torch.Tensor:
+    """The incoming gradient as fp32: one element, or one per row (any stride)."""
+    s = grad_loss.reshape(-1)
+    return s if s.dtype == torch.float32 else s.float()
 
 
-def _class_weight_parts(t, valid, lay, class_weight):
-    """This rank's share of w_t (owned targets) and of W, or (ones, V) without weights."""
-    tl, owns = _ownership(t, valid, lay)
-    if class_weight is None:
-        return tl, owns, None, None, None
-    w = class_weight.float()
-    w_t = torch.where(owns, w[tl], 0.0) if lay.local else torch.zeros_like(t, dtype=w.dtype)
-    return tl, owns, w, w_t, w.sum().reshape(1)
+def _targets(target: torch.Tensor) -> torch.Tensor:
+    t = target.reshape(-1)
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _class_weights(class_weight):
+    return class_weight.float().contiguous() if class_weight is not None else None
 
 
 # --------------------------------------------------------------------------- autograd
@@ -193,35 +137,46 @@ def _class_weight_parts(t, valid, lay, class_weight):
 class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, class_weight, lay, o, reduction, num_items, return_z,
-                chunk, want_grad):  # fmt: skip
-        t = target.reshape(-1)
+                in_place, want_grad):  # fmt: skip
+        op = "vocab_parallel_cross_entropy"
+        x2 = rows_view(op, "logits", logits)
+        t = _targets(target)
         M = t.numel()
-        x2 = logits.reshape(M, lay.local)
         dev = logits.device
-        valid = t != o.ignore_index
-        tl, owns, w, w_t_loc, W_loc = _class_weight_parts(t, valid, lay, class_weight)
-        smooth = o.label_smoothing > 0.0
-        m = torch.empty(M, dtype=torch.float32, device=dev)
-        s, z_t = torch.empty_like(m), torch.empty_like(m)
-        sum_wz = torch.empty_like(m) if smooth else None
-        for a in range(0, M, chunk):
-            b = min(a + chunk, M)
-            stats = _local_stats(_capped(x2[a:b], o), tl[a:b], owns[a:b], w, smooth)
-            for out, val in zip((m, s, z_t, sum_wz), stats, strict=True):
-                if out is not None:
-                    out[a:b] = val
-        extra = [w_t_loc, W_loc] if w is not None else []
-        lse, z_t, sum_wz, extra = _global_stats(m, s, z_t, sum_wz, extra, lay.group)
-        if w is not None:
-            w_t, W = extra
-        else:
-            w_t, W = torch.ones_like(lse), torch.full((1,), float(lay.vocab), device=dev)
-        rows, z_rows = _loss_rows(lse, z_t, sum_wz, w_t, W, valid, o, lay.vocab)
-        inv = _denominator(reduction, num_items, valid, w_t, dev)
+        w = _class_weights(class_weight)
+        s = _slice_stats(x2, t, w, lay, o)
+        w_t = s.st[:, s.col_w] if w is not None else None  # 0 on ignored rows
+        inv = _denominator(reduction, num_items, t, o.ignore_index, w_t, dev)
+        grad = None
+        ctx.in_place = False
         if want_grad and ctx.needs_input_grad[0]:
-            ctx.save_for_backward(logits, tl, owns, valid, lse, w, w_t, W, inv)
-        ctx.meta = (lay, o, chunk)
-        loss = reduce_rows(rows, reduction, inv, target.shape)
+            # In place only over the caller's own storage with no two rows sharing memory (as
+            # ops.cross_entropy decides it).
+            ctx.in_place = (
+                in_place
+                and not traced(logits)
+                and lay.local > 0
+                and x2.data_ptr() == logits.data_ptr()
+                and (M == 1 or x2.stride(0) >= lay.local)
+            )
+            grad = x2 if ctx.in_place else empty(x2.shape, dtype=logits.dtype, device=dev)
+        loss_rows = empty((M,), dtype=torch.float32, device=dev)
+        z_rows = empty((M,), dtype=torch.float32, device=dev) if return_z else None
+        # the lse goes over the slice's max, no longer needed
+        loss_grad_launch(x2, t, w, s, loss_rows, s.m, z_loss=z_rows, grad=grad, scale=inv,
+                         start=lay.start, vocab=lay.vocab, o=o)  # fmt: skip
+        if grad is not None:
+            if ctx.in_place:
+                # The logits now hold the gradient: another saver of them fails its version
+                # check instead of reading a gradient.
+                torch.autograd.graph.increment_version(logits)
+            # In place, a detached alias of the logits is saved: the local tensor of a DTensor
+            # is a view made by a custom Function, which autograd refuses to hand back once
+            # written.
+            ctx.save_for_backward(logits.detach() if ctx.in_place else grad)
+            ctx.logits_shape = logits.shape
+            ctx.used = False
+        loss = reduce_rows(loss_rows, reduction, inv, target.shape)
         if return_z:
             z = reduce_rows(z_rows, reduction, inv, target.shape)
             ctx.mark_non_differentiable(z)
@@ -229,53 +184,57 @@ class _VocabParallelCE(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_loss, *unused):
-        logits, tl, owns, valid, lse, w, w_t, W, inv = ctx.saved_tensors
-        lay, o, chunk = ctx.meta
-        M = tl.numel()
-        x2 = logits.reshape(M, lay.local)
-        coef = _coef(grad_loss, inv, M)
-        grad = torch.empty((M, lay.local), dtype=logits.dtype, device=logits.device)
-        for a in range(0, M, chunk):
-            b = min(a + chunk, M)
-            r = slice(a, b)
-            grad[r] = _grad_rows(_capped(x2[r], o), lse[r], tl[r], owns[r], valid[r], w, w_t[r],
-                                 W, coef[r], o, lay.vocab)  # fmt: skip
-        return (grad.view(logits.shape),) + (None,) * 9
+        (saved,) = ctx.saved_tensors
+        if ctx.used:
+            raise RuntimeError(
+                "vocab_parallel_cross_entropy: backward ran twice through the same graph; the "
+                "gradient is computed in the forward and scaled in place by the first backward. "
+                "Run the forward again for a second backward."
+            )
+        ctx.used = True
+        grad = saved.detach()  # the gradient (or the logits holding it, in place)
+        if grad.numel():  # skipped per row where the incoming gradient is 1
+            scale_grad_(grad.view(-1, grad.shape[-1]), _incoming(grad_loss))
+        return (grad.view(ctx.logits_shape),) + (None,) * 9
 
 
-def _flce_chunks(h2, weight, bias, lay, o, tl, owns, valid, w, w_t, W, chunk, *, coef=None,
-                 lse=None, loss_rows=None, z_rows=None, grad_h=None, grad_w=None,
+def _flce_chunks(h2, weight, bias, lay, o, t, w, s: RowStats, chunk, *, forward, scale=None,
+                 loss_rows=None, z_rows=None, grad_h=None, grad_w=None,
                  grad_b=None):  # fmt: skip
     """One pass over the token chunks of the local logits h @ weight.T (+ bias).
 
-    Without `lse` (the forward), each chunk's stats are all-reduced (two collectives a chunk)
-    into `lse` and the loss rows. With `coef` the chunk's gradient (times coef per row) is
-    written over its logits and accumulated into the local grad_w / grad_b and the partial
-    grad_h (this rank's classes only: the caller all-reduces it)."""
+    `forward`: each chunk's statistics are computed and exchanged into `s` (two collectives a
+    chunk) and its loss rows written; otherwise `s` holds them already (the recompute of
+    reduction="none"). With gradients asked, the chunk's gradient (times `scale`) is written
+    over its logits and accumulated into the local grad_w / grad_b and the partial grad_h
+    (this rank's classes only: the caller all-reduces it)."""
     N = h2.shape[0]
-    buf = torch.empty((min(chunk, N), lay.local), dtype=h2.dtype, device=h2.device)
+    want = grad_h is not None or grad_w is not None or grad_b is not None
+    buf = empty((min(chunk, N), lay.local), dtype=h2.dtype, device=h2.device)
+    scratch = None if forward else empty((min(chunk, N),), dtype=torch.float32, device=h2.device)
     for a in range(0, N, chunk):
         b = min(a + chunk, N)
         r = slice(a, b)
-        hc, lg = h2[r], buf[: b - a]
+        hc, lg, sr = h2[r], buf[: b - a], s.rows(a, b)
         if bias is not None:
             torch.addmm(bias, hc, weight.t(), out=lg)
         else:
             torch.mm(hc, weight.t(), out=lg)
-        z = _capped(lg, o)
-        if loss_rows is not None:
-            m, s, z_t, sum_wz = _local_stats(z, tl[r], owns[r], w, o.label_smoothing > 0.0)
-            lse[r], z_t, sum_wz, _ = _global_stats(m, s, z_t, sum_wz, [], lay.group)
-            loss_rows[r], z_rows[r] = _loss_rows(lse[r], z_t, sum_wz, w_t[r], W, valid[r], o,
-                                                 lay.vocab)  # fmt: skip
-        if coef is None:
+        if forward:
+            stats_launch(lg, t[r], w, sr, lay.start, o)
+            _exchange(sr, lay.group)
+            rows, lse, zr = loss_rows[r], sr.m, (z_rows[r] if z_rows is not None else None)
+        else:  # the loss rows again, into scratch
+            rows = lse = scratch[: b - a]
+            zr = None
+        sc = scale if scale is None or scale.numel() == 1 else scale[r]
+        loss_grad_launch(lg, t[r], w, sr, rows, lse, z_loss=zr, grad=lg if want else None,
+                         scale=sc, start=lay.start, vocab=lay.vocab, o=o)  # fmt: skip
+        if not want:
             continue
-        d = _grad_rows(z, lse[r], tl[r], owns[r], valid[r], w, w_t[r], W, coef[r], o, lay.vocab)
         if grad_b is not None:
-            grad_b += d.sum(0)
-        lg.copy_(d)  # the gradient in the matmul dtype, over the logits it came from
+            grad_b += lg.sum(0, dtype=torch.float32)
         if grad_w is not None:
             _addmm_(grad_w, lg.t(), hc)
         if grad_h is not None:
@@ -302,6 +261,20 @@ def _flce_finish(grad_h, grad_w, grad_b, weight, bias, group):
     return grad_h, grad_w, grad_b
 
 
+def _flce_weights(t, ignore_index, lay, w):
+    """(w_t per row, W) over all ranks with class weights (one collective), else (None, None)."""
+    if w is None:
+        return None, None
+    loc = t.long() - lay.start
+    owns = (t != ignore_index) & (loc >= 0) & (loc < lay.local)
+    if lay.local:
+        w_t = torch.where(owns, w[torch.where(owns, loc, 0)], 0.0)
+    else:
+        w_t = torch.zeros(t.shape, device=t.device)
+    w_t, W = _all_reduce_sum([w_t, w.sum().reshape(1)], lay.group)
+    return w_t, W
+
+
 class _VocabParallelFLCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, class_weight, lay, o, reduction, num_items,
@@ -310,27 +283,22 @@ class _VocabParallelFLCE(torch.autograd.Function):
         h2 = hidden.reshape(-1, H).contiguous()
         N = h2.shape[0]
         dev = hidden.device
-        t = target.reshape(-1)
-        valid = t != o.ignore_index
-        tl, owns, w, w_t, W = _class_weight_parts(t, valid, lay, class_weight)
-        if w is not None:  # w_t from the rank owning t, W over all ranks: one collective
-            w_t, W = _all_reduce_sum([w_t, W], lay.group)
-        else:
-            w_t, W = torch.ones(N, device=dev), torch.full((1,), float(lay.vocab), device=dev)
-        inv = _denominator(reduction, num_items, valid, w_t, dev)
+        t = _targets(target)
+        w = _class_weights(class_weight)
+        w_t, W = _flce_weights(t, o.ignore_index, lay, w)  # "mean" needs every w_t before any chunk
+        inv = _denominator(reduction, num_items, t, o.ignore_index, w_t, dev)
         need_h = want_grad and ctx.needs_input_grad[0]
         need_w = want_grad and ctx.needs_input_grad[1]
         need_b = want_grad and bias is not None and ctx.needs_input_grad[3]
         grads_now = (need_h or need_w or need_b) and reduction != "none"
         acc = accum_dtype or weight.dtype
-        lse = torch.empty(N, dtype=torch.float32, device=dev)
-        loss_rows, z_rows = torch.empty_like(lse), torch.empty_like(lse)
+        s = RowStats.new(N, o.label_smoothing > 0.0, w is not None, dev, W)
+        loss_rows = empty((N,), dtype=torch.float32, device=dev)
+        z_rows = empty((N,), dtype=torch.float32, device=dev) if return_z else None
         grads = _flce_grad_buffers(h2, lay, acc, need_h and grads_now, need_w and grads_now,
                                    need_b and grads_now)  # fmt: skip
-        coef = inv.expand(N) if inv is not None else torch.ones_like(lse)
-        _flce_chunks(h2, weight, bias, lay, o, tl, owns, valid, w, w_t, W, chunk,
-                     coef=coef if grads_now else None, lse=lse, loss_rows=loss_rows,
-                     z_rows=z_rows, grad_h=grads[0], grad_w=grads[1],
+        _flce_chunks(h2, weight, bias, lay, o, t, w, s, chunk, forward=True, scale=inv,
+                     loss_rows=loss_rows, z_rows=z_rows, grad_h=grads[0], grad_w=grads[1],
                      grad_b=grads[2])  # fmt: skip
         ctx.grads_now = grads_now
         ctx.hidden_shape = hidden.shape
@@ -338,9 +306,9 @@ class _VocabParallelFLCE(torch.autograd.Function):
         if grads_now:
             ctx.save_for_backward(*_flce_finish(*grads, weight, bias, lay.group))
         elif need_h or need_w or need_b:  # reduction="none": recompute in the backward
-            ctx.save_for_backward(h2, weight, bias, tl, owns, valid, w, w_t, W, lse)
+            ctx.save_for_backward(h2, weight, bias, t, w, s.gm, s.st, s.wsum)
             ctx.need = (need_h, need_w, need_b)
-            ctx.meta = (lay, o, acc, chunk)
+            ctx.meta = (lay, o, acc, chunk, s.col_s, s.col_w)
         loss = reduce_rows(loss_rows, reduction, inv, target.shape)
         if return_z:
             z = reduce_rows(z_rows, reduction, inv, target.shape)
@@ -363,12 +331,13 @@ class _VocabParallelFLCE(torch.autograd.Function):
             grad_h, grad_w, grad_b = (g.mul_(s) if g is not None else None
                                       for g in ctx.saved_tensors)  # fmt: skip
         else:
-            h2, weight, bias, tl, owns, valid, w, w_t, W, lse = ctx.saved_tensors
-            lay, o, acc, chunk = ctx.meta
+            h2, weight, bias, t, w, gm, st, wsum = ctx.saved_tensors
+            lay, o, acc, chunk, col_s, col_w = ctx.meta
+            s = RowStats(gm, gm, st, st.view(-1), wsum, col_s, col_w)  # m: never read here
             grads = _flce_grad_buffers(h2, lay, acc, *ctx.need)
-            _flce_chunks(h2, weight, bias, lay, o, tl, owns, valid, w, w_t, W, chunk,
-                         coef=_coef(grad_loss, None, h2.shape[0]), lse=lse, grad_h=grads[0],
-                         grad_w=grads[1], grad_b=grads[2])  # fmt: skip
+            _flce_chunks(h2, weight, bias, lay, o, t, w, s, chunk, forward=False,
+                         scale=_incoming(grad_loss), grad_h=grads[0], grad_w=grads[1],
+                         grad_b=grads[2])  # fmt: skip
             grad_h, grad_w, grad_b = _flce_finish(*grads, weight, bias, lay.group)
         if grad_h is not None:
             grad_h = grad_h.view(ctx.hidden_shape)
@@ -413,6 +382,7 @@ def vocab_parallel_cross_entropy(
     return_z_loss: bool = False,
     softcap: float | None = None,
     num_items_in_batch: int | float | torch.Tensor | None = None,
+    in_place: bool = False,
     chunk_size: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy over a vocabulary split across the ranks of `group`.
@@ -434,8 +404,9 @@ def vocab_parallel_cross_entropy(
         shard_sizes: every rank's V_r in group rank order. Without it, each call all_gathers
             the sizes (one small collective and a host sync), which also checks that the ranks
             agree on the number of tokens and on the targets.
-        chunk_size: rows per chunk of the fp32 per-slice math (default: what keeps one fp32
-            [rows, V_r] temporary within 64 MiB).
+        in_place: write the gradient over this rank's logits slice (saves one [rows, V_r]
+            buffer; the caller must not read the logits afterwards).
+        chunk_size: accepted for compatibility, no effect (the kernels need no temporaries).
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 
     Returns the loss (fp32; "none": target's shape), a plain tensor, the same on every rank of
@@ -443,8 +414,9 @@ def vocab_parallel_cross_entropy(
     and one (SUM) of [2-4 x rows] in the forward; the backward communicates nothing. Every
     rank must call it (and its backward) with the same targets and options.
 
-    The per-slice math is plain PyTorch in fp32 (see the module docstring for why not the
-    Triton kernel); the logits are saved and the gradient computed in the backward.
+    The gradient is computed in the forward (into a new [rows, V_r] tensor in the logits'
+    dtype, or over the logits with `in_place`) and the backward only scales it, so a second
+    backward through the same graph is an error, as with `ops.cross_entropy`.
     """
     op = "vocab_parallel_cross_entropy"
     mesh = mdim = None
@@ -478,9 +450,8 @@ def vocab_parallel_cross_entropy(
         lay = _layout(op, group, local, target, shard_sizes)
     check_loss_values(op, target, lay.vocab, ignore_index, num_items_in_batch)
     o = _Options(ignore_index, float(label_smoothing), float(lse_square_scale), softcap)
-    chunk = chunk_size or max(1, _MATH_BYTES // (4 * max(local, 1)))
     return _VocabParallelCE.apply(logits, target, weight, lay, o, reduction, num_items_in_batch,
-                                  return_z_loss, chunk, torch.is_grad_enabled())  # fmt: skip
+                                  return_z_loss, in_place, torch.is_grad_enabled())  # fmt: skip
 
 
 def vocab_parallel_fused_linear_cross_entropy(
@@ -529,7 +500,8 @@ def vocab_parallel_fused_linear_cross_entropy(
     rank must pass the same incoming gradient, as it does when the loss is replicated); with
     "none" the backward recomputes each chunk's logits.
 
-    The per-chunk softmax math is plain PyTorch in fp32; the matmuls run in hidden's dtype.
+    The per-chunk softmax math runs in the Triton kernels of `vocab_parallel_cross_entropy`,
+    the gradient written over the chunk's logits; the matmuls run in hidden's dtype.
     """
     op = "vocab_parallel_fused_linear_cross_entropy"
     if _is_dtensor(weight):
