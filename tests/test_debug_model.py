@@ -40,6 +40,77 @@ def half_input_grad(model):
     norm.forward = lambda x: forward(norm, _HalfGrad.apply(x))
 
 
+def mlp_halves_gate_grad(model):
+    # one MLP whose backward halves the gradient of its gate branch (as a wrong SwiGLU backward)
+    mlp = model.model.layers[1].mlp
+    mlp.forward = lambda x: mlp.down_proj(
+        mlp.act_fn(_HalfGrad.apply(mlp.gate_proj(x))) * mlp.up_proj(x)
+    )
+
+
+def test_a_module_sharing_its_input_with_a_wrong_branch_is_not_named(tmp_path):
+    # up_proj's output gradient agrees and the gradient of its input (x, also gate_proj's) does
+    # not: gate_proj's branch put the error there; the MLP holding both is named
+    result = debug_model("llama", workspace=tmp_path, patch_fn=mlp_halves_gate_grad, batch=1,
+                         seq=8)  # fmt: skip
+    d = result.profile.divergence
+    assert d is not None and (d.module, d.pass_name) == ("model.layers.1.mlp", "backward"), d
+    up = next(m for m in result.profile.modules if m.name == "model.layers.1.mlp.up_proj")
+    gate = next(m for m in result.profile.modules if m.name == "model.layers.1.mlp.gate_proj")
+    assert up.input == gate.input is not None and up.input_grad_error > 0.1
+
+
+def loss_head_halves_grad(model):
+    # the causal LM's own forward computes the logits and the loss (as a fused loss does, with
+    # no lm_head call) and halves the gradient it sends back into the hidden states
+    from transformers.loss.loss_utils import ForCausalLMLoss
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    def forward(input_ids=None, labels=None, **kwargs):
+        h = model.model(input_ids=input_ids).last_hidden_state
+        logits = torch.nn.functional.linear(_HalfGrad.apply(h), model.lm_head.weight)
+        loss = ForCausalLMLoss(logits, labels, model.config.vocab_size)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    model.forward = forward
+
+
+def test_a_wrong_gradient_from_the_loss_head_is_its_owners(tmp_path):
+    # the first wrong gradient of the backward arrives at the base model's output: no module's
+    # backward made it (a deeper module whose errors straddle the bound must not be named)
+    result = debug_model("llama", workspace=tmp_path, patch_fn=loss_head_halves_grad, batch=1,
+                         seq=8)  # fmt: skip
+    d = result.profile.divergence
+    assert d is not None and (d.module, d.pass_name) == ("(model)", "backward"), d
+    assert "model's output" in d.evidence and d.cls == "LlamaForCausalLM"
+
+
+def test_a_checkpoint_is_debugged_with_its_weights_on_the_given_batch(tmp_path):
+    # a directory with weights beside its config.json: those weights, not a fresh init
+    from transformers import AutoModelForCausalLM
+
+    from kernelwright.testing.model_configs import tiny_config
+
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + 0.5 * torch.rand(p.shape))  # nothing like an initialisation
+    model.save_pretrained(tmp_path / "ckpt")
+    ids = torch.randint(0, 256, (1, 8))
+    labels = ids.clone()
+    labels[0, 2] = -100
+    with torch.no_grad():
+        expected = float(model(input_ids=ids, labels=labels).loss)
+    result = debug_model(str(tmp_path / "ckpt"), workspace=tmp_path / "ws", patch_fn=wrong_eps,
+                         inputs=(ids, labels))  # fmt: skip
+    profile = result.profile
+    assert profile.weights == str(tmp_path / "ckpt") and (profile.batch, profile.seq) == (1, 8)
+    assert abs(profile.loss_reference - expected) < 1e-5
+    assert profile.divergence.module == "model.layers.1.post_attention_layernorm"
+    assert "Weights: loaded from" in (tmp_path / "ws" / "report.md").read_text()
+
+
 def test_model_targets():
     assert is_model("llama") and is_model("qwen3")
     assert not is_model("rms_norm") and not is_model("pkg.mod:fn")

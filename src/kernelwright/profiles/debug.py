@@ -172,6 +172,7 @@ class ModuleCheck(Strict):
     grad_error: float | None = None  # the gradient of that output; None: none flowed
     input_grad_error: float | None = None  # the gradient of its input (the first tensor)
     patched: bool = False  # its forward is kernelwright's in the patched model
+    input: int | None = None  # the tensor it took as input: calls given the same one share it
     fp32: VsFp32 | None = None  # a bf16 run: the same errors against the fp32 reference
 
 
@@ -214,6 +215,7 @@ class ModelDebugProfile(YamlProfile):
     seed: int = 0
     batch: int
     seq: int
+    weights: str | None = None  # the checkpoint folder loaded; None: initialised from the seed
     patched: list[str] = Field(default_factory=list)  # the modules the patch replaced
     tolerance_source: str
     tolerance: TolSpec

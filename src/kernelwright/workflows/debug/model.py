@@ -2,16 +2,22 @@
 
 One small model (a tiny config of the model type, or a config.json / a directory holding one,
 used as it is), its vectors spread around their init (a dropped norm weight or offset must show
-at step 0), a deep copy patched (`kernelwright.patch`, or any `patch_fn`), one batch through
-both in train mode and one backward of the loss. Hooks on every module record, per call, the
-output (the first tensor of it), the gradient of that output and the gradient of the module's
-input; every parameter's gradient is compared too.
+at step 0); or a checkpoint (a directory with weights beside its config.json: loaded as they
+are, for a bug that only trained weights reach). A deep copy patched (`kernelwright.patch`, or
+any `patch_fn`), one batch through both in train mode and one backward of the loss. Hooks on
+every module record, per call, the output (the first tensor of it), the gradient of that output
+and the gradient of the module's input; every parameter's gradient is compared too.
 
 - Forward: the first module call, in the order calls finish (a child before its parent),
   whose output leaves the reference beyond the dtype's forward tolerance.
 - Backward (when the forward agrees): walking the calls backwards (the backward's order), the
   first module whose output gradient agrees but whose input gradient does not; of nested
-  candidates, the innermost. Its own backward made the difference.
+  candidates, the innermost, and not one that shares its input tensor with a module whose
+  output gradient is out (a hook sees the input's gradient summed over its readers: up_proj
+  beside a wrong gate branch). Its own backward made the difference. If an output gradient is
+  out before that (the gradient a loss or head computed in the parent's own forward sends
+  back, e.g. a fused linear cross-entropy), the parent is named. Else the last parameter
+  whose gradient is out.
 Tolerances are the project's per-dtype defaults (testing/tolerances.py); `error_growth.png`
 plots every call's error in order, with the tolerances.
 
@@ -91,6 +97,19 @@ def is_model(target: str) -> bool:
     return target in CONFIG_MAPPING
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")  # fmt: skip
+
+
+def weights_of(target: str) -> Path | None:
+    """The folder `target` names when it holds weights beside its config.json (a checkpoint,
+    as `save_pretrained` writes it); None for a model type, a config.json or a bare config."""
+    path = Path(target)
+    if path.is_dir() and any((path / f).is_file() for f in WEIGHT_FILES):
+        return path
+    return None
+
+
 def build_config(target: str):
     from transformers import AutoConfig
 
@@ -129,15 +148,18 @@ class _Call:
     out: torch.Tensor | None = None
     grad: torch.Tensor | None = None
     input_grad: torch.Tensor | None = None
+    input: int | None = None  # which tensor it took: calls given the same one share the number
 
 
 @dataclass
 class _Recorder:
-    """Per module call: output, its gradient, the gradient of the module's input."""
+    """Per module call: output, its gradient, the gradient of the module's input (of that
+    tensor: the sum over every module and op that read it)."""
 
     calls: dict[str, _Call] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     handles: list = field(default_factory=list)
+    inputs: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)  # id -> (n, x)
 
     def attach(self, model: torch.nn.Module) -> None:
         seen: dict[str, int] = {}
@@ -159,6 +181,9 @@ class _Recorder:
                             lambda g, c=call: setattr(c, "grad", g.detach().float().clone())
                         )
                 x = _first_tensor(list(args) + list(kwargs.values()))
+                if x is not None:
+                    # the tensor is kept while the recorder lives, so that its id stays its own
+                    call.input = self.inputs.setdefault(id(x), (len(self.inputs), x))[0]
                 if x is not None and x.requires_grad:
                     x.register_hook(
                         lambda g, c=call: setattr(c, "input_grad", g.detach().float().clone())
@@ -169,6 +194,7 @@ class _Recorder:
     def detach(self) -> None:
         for h in self.handles:
             h.remove()
+        self.inputs.clear()
 
 
 def _error(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
@@ -215,7 +241,10 @@ def debug_model(
     patch_fn: Callable[[torch.nn.Module], Any] | None = None,
     name: str | None = None,
     progress: Progress = lambda _: None,
+    inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ModelResult:
+    # `inputs`: the (input_ids, labels) batch to run, e.g. one of the training run's; by
+    # default `batch` x `seq` tokens of make_batches' bigram language
     from transformers import AutoModelForCausalLM
 
     from kernelwright.testing.convergence import make_batches
@@ -227,8 +256,12 @@ def debug_model(
     config = build_config(target)
     device = default_device()
     torch.manual_seed(seed)
-    ref32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _spread(ref32, seed)
+    weights = weights_of(target)
+    if weights is None:
+        ref32 = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        _spread(ref32, seed)
+    else:  # a checkpoint: its weights as trained (a bug that needs trained weights shows)
+        ref32 = AutoModelForCausalLM.from_pretrained(weights, config=config, dtype=torch.float32)
     ref32 = ref32.to(device=device).train()
     ref = copy.deepcopy(ref32).to(dtype=DTYPES[dtype]) if two_views else ref32
     patched = copy.deepcopy(ref)
@@ -237,7 +270,11 @@ def debug_model(
     progress(f"[model] {type(ref).__name__} ({config.model_type}), {dtype}; patched: "
              f"{', '.join(swapped) or 'nothing'}")  # fmt: skip
     vocab = config.get_text_config().vocab_size
-    ids, labels = make_batches(vocab, count=1, batch=batch, seq=seq, seed=seed + 1)[0]
+    if inputs is None:
+        ids, labels = make_batches(vocab, count=1, batch=batch, seq=seq, seed=seed + 1)[0]
+    else:
+        ids, labels = inputs
+        batch, seq = ids.shape
     ids, labels = ids.to(device), labels.to(device)
     recorders = {}
     losses = {}
@@ -277,6 +314,7 @@ def debug_model(
                 grad_error=_error(b.grad, a.grad) if b else None,
                 input_grad_error=_error(b.input_grad, a.input_grad) if b else None,
                 patched=key.split("#")[0] in swapped,
+                input=a.input,
                 fp32=vs32,
             )
         )
@@ -309,6 +347,7 @@ def debug_model(
         seed=seed,
         batch=batch,
         seq=seq,
+        weights=str(weights) if weights is not None else None,
         patched=swapped,
         tolerance_source="kernelwright.testing.tolerances: DEFAULT_TOLERANCES",
         tolerance=TolSpec(fwd=tol.fwd, bwd=tol.bwd),
@@ -402,15 +441,26 @@ def first_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDiv
     def bad(e: float | None, base: float | None) -> bool:
         return e is not None and not e <= bound(tol.bwd, base, k)
 
-    candidates = []
-    for m in reversed(profile.modules):
+    # In the backward's order (calls in reverse), the first of: a module whose output gradient
+    # agrees and whose input gradient does not (its own backward), or an output gradient that is
+    # already out (made by the parent's own code: a loss or head computed in its forward, which
+    # no hooked module's backward runs). A module no gradient reached is no candidate.
+    candidates, head = [], None
+    for pos, m in enumerate(reversed(profile.modules)):
         _, g, ig, _, g0, ig0 = _errors(m, view)
-        if bad(ig, ig0) and not bad(g, g0):
-            candidates.append((m, ig, bound(tol.bwd, ig0, k)))
-    for m, ig, limit in candidates:
+        if g is None:
+            continue
+        if bad(g, g0):
+            if head is None and m.name != "(model)":
+                head = (pos, m, g, bound(tol.bwd, g0, k))
+        elif bad(ig, ig0) and not _shared_input_explains(profile, m, view):
+            candidates.append((pos, m, ig, bound(tol.bwd, ig0, k)))
+    for pos, m, ig, limit in candidates:
         base = m.name.split("#")[0]
-        if any(c is not m and c.name.startswith(base + ".") for c, _, _ in candidates):
+        if any(c is not m and c.name.startswith(base + ".") for _, c, _, _ in candidates):
             continue  # an inner module explains it
+        if head is not None and head[0] < pos:
+            break
         return ModelDivergence(
             pass_name="backward",
             module=m.name,
@@ -423,6 +473,27 @@ def first_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDiv
                 f"{m.name} ({m.cls}{', patched' if m.patched else ''}) is the first module, in "
                 f"the backward's order, whose input gradient leaves {against} "
                 f"({_bound_text(ig, limit, tol.bwd, view)}) while its output gradient agrees"
+            ),
+        )
+    if head is not None:
+        _, child, g, limit = head
+        name = child.name.split("#")[0]
+        owner = name.rsplit(".", 1)[0] if "." in name else "(model)"
+        m = next((c for c in profile.modules if c.name == owner), None)
+        cls, patched = (m.cls, m.patched) if m is not None else ("", False)
+        return ModelDivergence(
+            pass_name="backward",
+            module=owner,
+            cls=cls,
+            error=g,
+            tol=limit,
+            evidence=f"the gradient its own code passes to {child.name}'s output",
+            view=view,
+            summary=(
+                f"{owner} ({cls}{', patched' if patched else ''}): the gradient its own code "
+                f"(a loss or head in its forward) passes to {child.name}'s output leaves "
+                f"{against} ({_bound_text(g, limit, tol.bwd, view)}) before any module's "
+                "backward has run"
             ),
         )
     worst = []
@@ -445,6 +516,24 @@ def first_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDiv
             f"({_bound_text(err, limit, tol.bwd, view)})",
         )
     return None
+
+
+def _shared_input_explains(profile: ModelDebugProfile, m: ModuleCheck, view: str) -> bool:
+    """Another module read the same input tensor as `m` (q/k/v projections, gate and up) and
+    got a wrong output gradient: that one's backward may have put the error into the input's
+    gradient, which hooks see only summed. Modules inside `m` do not count (their backward is
+    part of its own)."""
+    if m.input is None:
+        return False
+    inside = m.name.split("#")[0] + "."
+    k = profile.fp32_base_factor
+    for n in profile.modules:
+        if n is m or n.input != m.input or n.name.startswith(inside):
+            continue
+        _, g, _, _, g0, _ = _errors(n, view)
+        if g is not None and not g <= bound(profile.tolerance.bwd, g0, k):
+            return True
+    return False
 
 
 def loss_divergence(profile: ModelDebugProfile, view: str = "same") -> ModelDivergence | None:

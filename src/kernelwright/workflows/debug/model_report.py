@@ -77,6 +77,8 @@ def write_model_report(profile: ModelDebugProfile, ws: Path) -> Path:
         f"x {profile.seq} tokens, seed {profile.seed}, on {profile.device}: the patched model "
         f"against the same model unpatched. Loss: {losses}.",
         "",
+        f"Weights: {'loaded from ' + profile.weights if profile.weights else 'initialised'}.",
+        "",
         f"Patched modules: {', '.join(profile.patched) or 'none'}.",
         "",
     ]
