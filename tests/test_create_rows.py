@@ -17,6 +17,7 @@ from kernelwright.workflows.create import understand
 from kernelwright.workflows.create.codegen import write
 
 CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where torch does
 
 
 def _op(tmp_path: Path, name: str, body: str | None = None):
@@ -42,11 +43,11 @@ def _zeros(shape) -> torch.Tensor:
 
 
 def _check(fn, ref, xs, dy_seed=1, tol=1e-5):
-    xs = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
+    xs = [x.to(DEVICE).requires_grad_(x.is_floating_point()) for x in xs]
     refs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in xs]
     y, y_ref = fn(*xs), ref(*refs)
     torch.testing.assert_close(y, y_ref, atol=tol, rtol=tol)
-    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(dy_seed))
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(dy_seed)).to(y.device)
     got = torch.autograd.grad(y, [x for x in xs if x.requires_grad], dy)
     want = torch.autograd.grad(y_ref, [x for x in refs if x.requires_grad], dy)
     for g, w in zip(got, want, strict=True):
