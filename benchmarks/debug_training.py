@@ -496,7 +496,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def debug_all(args, checkpoints: Path, inputs, profile, progress: Progress) -> dict:
     """Per run (clean and each bug): debug MODEL at the initial weights and at the run's last
-    ones, on the run's last batch; per bug, debug OP on the op behind the first module named."""
+    ones, on the run's last batch; per bug, debug OP on the op behind the module named
+    (at the trained weights when both name one)."""
     out = {}
     for bug in (None, *args.bugs):
         name = bug.name if bug else "clean"
@@ -506,7 +507,9 @@ def debug_all(args, checkpoints: Path, inputs, profile, progress: Progress) -> d
             for label, target in (("initial", args.out / "model"), ("trained", checkpoints / name))
         ]
         out[name] = {"model": rows}
-        named = next((r for r in rows if "module" in r), None)
+        # the trained weights' verdict first: a dormant bug acts there, while at the initial
+        # weights a small head error may first cross a tolerance downstream (a norm's weight)
+        named = next((r for r in reversed(rows) if "module" in r), None)
         if bug is not None and named is not None:
             op = OPS.get(named["module"]) or OPS.get(named["cls"])
             out[name]["op"] = debug_op_of(bug, op, ws / "op", args, progress) if op else None
