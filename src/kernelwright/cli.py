@@ -151,8 +151,8 @@ def autopatch(
     model: Annotated[
         str | None,
         typer.Argument(
-            help="A model type ('llama', 'qwen3'), a directory holding config.json, a "
-            "config.json, or a modeling_*.py file. No weights are downloaded."
+            help="A model type ('llama', 'qwen3', 'qwen2_vl'), a directory holding config.json, "
+            "a config.json, or a modeling_*.py file. No weights are downloaded."
         ),
     ] = None,
     out: Annotated[
@@ -177,11 +177,19 @@ def autopatch(
         bool,
         typer.Option(
             "--sweep",
-            help="Instead of MODEL: every causal-LM model type transformers registers, each "
-            "built tiny, analysed, patched and compared with itself unpatched (loss, every "
-            "gradient, top-k log-probs; train() and eval()). Writes a CSV and a markdown table.",
+            help="Instead of MODEL: every causal-LM and image-text-to-text model type "
+            "transformers registers, each built tiny, analysed, patched and compared with "
+            "itself unpatched (loss, every gradient, top-k log-probs; train() and eval(); "
+            "images where the model takes them). Writes a CSV and a markdown table per mapping.",
         ),
     ] = False,
+    mapping: Annotated[
+        str,
+        typer.Option(
+            help="--sweep: 'causal-lm' (cpu_fp32.*), 'image-text-to-text' (cpu_fp32_vlm.*) "
+            "or 'all'."
+        ),
+    ] = "all",
     only: Annotated[
         str | None, typer.Option(help="--sweep: these model types only (comma-separated).")
     ] = None,
@@ -207,7 +215,7 @@ def autopatch(
     if sweep:
         if model is not None:
             raise typer.BadParameter("give MODEL or --sweep, not both", param_hint="MODEL")
-        _sweep(only, out, timeout, jobs, profiles)
+        _sweep(only, out, timeout, jobs, profiles, mapping)
         return
     if model is None:
         raise typer.BadParameter("missing MODEL (or --sweep)", param_hint="MODEL")
@@ -248,34 +256,65 @@ def autopatch(
     if emit is not None:
         from kernelwright.workflows.autopatch.emit import emit_convergence_test
 
-        written = emit_convergence_test(profile, emit)
+        try:
+            written = emit_convergence_test(profile, emit)
+        except ValueError as e:
+            console.print(f"No convergence test written: {e}", style="yellow", markup=False)
+            return
         console.print(f"Convergence test: {written or emit}")
 
 
-def _sweep(only: str | None, out: Path | None, timeout: float, jobs: int, profiles: bool) -> None:
+def _sweep(
+    only: str | None, out: Path | None, timeout: float, jobs: int, profiles: bool, mapping: str
+) -> None:
     import difflib
+
+    from kernelwright.workflows.autopatch import sweep as S
+
+    mappings = list(S.MAPPINGS) if mapping == "all" else [mapping]
+    if any(m not in S.MAPPINGS for m in mappings):
+        raise typer.BadParameter(
+            f"{mapping!r}: one of {', '.join([*S.MAPPINGS, 'all'])}", param_hint="--mapping"
+        )
+    known = {m: S.sweep_types(m) for m in mappings}
+    wanted = [t.strip() for t in only.split(",") if t.strip()] if only else None
+    for t in wanted or []:
+        if not any(t in types for types in known.values()):
+            every = [t for types in known.values() for t in types]
+            close = difflib.get_close_matches(t, every, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            kinds = " or ".join(mappings)
+            raise typer.BadParameter(
+                f"{t!r} is not a {kinds} model type{hint}", param_hint="--only"
+            )
+    out = out or Path("kernelwright-runs/autopatch/sweep")
+    for m in mappings:
+        types = [t for t in known[m] if wanted is None or t in wanted]
+        if types:
+            _sweep_mapping(m, types, only, out, timeout, jobs, profiles)
+
+
+def _sweep_mapping(
+    mapping: str,
+    types: list[str],
+    only: str | None,
+    out: Path,
+    timeout: float,
+    jobs: int,
+    profiles: bool,
+) -> None:
     import time
 
     from rich.markup import escape
 
     from kernelwright.workflows.autopatch import sweep as S
 
-    known = S.sweep_types()
-    types = known
-    if only:
-        types = [t.strip() for t in only.split(",") if t.strip()]
-        for t in types:
-            if t not in known:
-                close = difflib.get_close_matches(t, known, n=3)
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise typer.BadParameter(
-                    f"{t!r} is not a causal-LM model type{hint}", param_hint="--only"
-                )
-    out = out or Path("kernelwright-runs/autopatch/sweep")
     console = make_console()
     colour = {"patched": "green", "left_alone": "yellow", "cannot_build": "red"}
     done = 0
-    console.print(f"autopatch sweep: {len(types)} model types, {max(jobs, 1)} worker(s) -> {out}")
+    console.print(
+        f"autopatch sweep ({mapping}): {len(types)} model types, {max(jobs, 1)} worker(s) -> {out}"
+    )
 
     def show(r: S.SweepRow) -> None:
         nonlocal done
@@ -288,20 +327,24 @@ def _sweep(only: str | None, out: Path | None, timeout: float, jobs: int, profil
         )
 
     start = time.perf_counter()
+    profile_dir = out / ("profiles" if mapping == "causal-lm" else "profiles_vlm")
     rows = S.run_sweep(
         types,
         jobs=jobs,
         timeout=timeout,
-        profile_dir=out / "profiles" if profiles else None,
+        profile_dir=profile_dir if profiles else None,
         on_row=show,
+        mapping=mapping,
     )
     wall = time.perf_counter() - start
     meta = {
-        "command": "kernelwright autopatch --sweep" + (f" --only {only}" if only else ""),
+        "command": f"kernelwright autopatch --sweep --mapping {mapping}"
+        + (f" --only {only}" if only else ""),
         **S.environment(),
         "wall time": f"{wall / 60:.1f} min ({max(jobs, 1)} worker(s))",
     }
-    csv_path, md_path = S.write_results(rows, out, meta=meta)
+    name, what = S.MAPPINGS[mapping][2], "causal-LM" if mapping == "causal-lm" else mapping
+    csv_path, md_path = S.write_results(rows, out, name=name, meta=meta, what=what)
     c = S.counts(rows)
     console.print(
         ", ".join(f"{k} {v}" for k, v in c.items()) + f" of {len(rows)} in {wall:.0f} s; "

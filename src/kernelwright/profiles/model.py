@@ -88,6 +88,9 @@ class NormDecision(Decision):
     weight_attribute: str | None = "weight"
     bias_attribute: str | None = None  # layer_norm with a bias
     uses: list[NormUse] = Field(default_factory=list)
+    # non-text components (vision tower, projector) holding instances of this class: the model
+    # check confirms the class there only when its batch runs them (images)
+    components: list[str] = Field(default_factory=list)
 
 
 class DecoderDecision(Decision):
@@ -115,6 +118,7 @@ class MLPDecision(Decision):
     gate_up_attribute: str | None = None  # fused layout: [gate | up] along the last dim
     down_attribute: str | None = None
     hidden_act: str | None = None  # the config value the activation was resolved from
+    components: list[str] = Field(default_factory=list)  # as NormDecision.components
 
 
 class MoEDecision(Decision):
@@ -131,7 +135,8 @@ class MoEDecision(Decision):
 
 
 class ComponentDecision(Decision):
-    """A non-text component (7): vision tower, audio encoder, projector. Never patched."""
+    """A non-text component (7): vision tower, audio encoder, projector. Not patched as a whole:
+    the norm and MLP classes inside a vision tower or projector have their own decisions."""
 
     name: str  # attribute path on the model
     class_name: str

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import operator
 import re
 import textwrap
 from collections.abc import Callable
@@ -36,8 +37,11 @@ from kernelwright.ops.fused_linear_cross_entropy import fused_linear_cross_entro
 from kernelwright.profiles.model import ModelProfile
 
 # `x = x if x is not None else self.config.key`: an argument defaulted from the config before
-# the base-model call (Mixtral's output_router_logits); resolved the same way here.
-_CONFIG_DEFAULT = re.compile(r"^(\w+) = \1 if \1 is not None else self\.config\.(\w+)$")
+# the base-model call (Mixtral's output_router_logits; a VLM's from `self.config.text_config`);
+# resolved the same way here.
+_CONFIG_DEFAULT = re.compile(
+    r"^(\w+) = \1 if \1 is not None else self\.config\.((?:text_config\.)?\w+)$"
+)
 
 
 class NotStandardForward(ValueError):
@@ -58,7 +62,9 @@ class CausalLMPlan:
     base_attribute: str
     base_positional: tuple[str, ...]  # names passed positionally to the base model
     base_keywords: tuple[tuple[str, str], ...]  # (keyword, local name) pairs
-    config_defaults: dict[str, str]  # local name -> config key
+    # (keyword, literal) pairs the original passes as constants (Gemma-3's `return_dict=True`)
+    base_constants: tuple[tuple[str, Any], ...]
+    config_defaults: dict[str, str]  # local name -> config key ("text_config.key" too)
     unforwarded: frozenset[str]  # parameters the original uses but never hands to the base
     output_class: type
     output_fields: tuple[str, ...]  # its dataclass fields (read once: torch.compile-friendly)
@@ -348,7 +354,7 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
         return node.id
 
     base_positional = tuple(local(a) for a in call.args)
-    base_keywords = []
+    base_keywords, base_constants = [], []
     for kw in call.keywords:
         if kw.arg is None:
             if not (isinstance(kw.value, ast.Name) and kw.value.id == var_keyword):
@@ -356,6 +362,11 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
                     f"{cls.__name__}.forward unpacks `{ast.unparse(kw.value)}` into the base "
                     "model call; only its own **kwargs is forwarded by the generic forward"
                 )
+            continue
+        if isinstance(kw.value, ast.Constant) and isinstance(
+            kw.value.value, bool | int | float | str | type(None)
+        ):
+            base_constants.append((kw.arg, kw.value.value))  # passed on as the same literal
             continue
         base_keywords.append((kw.arg, local(kw.value)))
     forwarded = set(base_positional) | {name for _, name in base_keywords}
@@ -378,6 +389,7 @@ def plan_causal_lm(cls: type, profile: ModelProfile) -> CausalLMPlan:
         base_attribute=out.base_model_attribute,
         base_positional=base_positional,
         base_keywords=tuple(base_keywords),
+        base_constants=tuple(base_constants),
         config_defaults=config_defaults,
         unforwarded=unforwarded,
         output_class=output_class,
@@ -452,7 +464,7 @@ def causal_lm_forward(plan: CausalLMPlan) -> Callable:
         values = {name: call.get(name, plan.defaults.get(name)) for name in plan.named}
         for name, key in plan.config_defaults.items():
             if values.get(name) is None:
-                values[name] = getattr(self.config, key)
+                values[name] = operator.attrgetter(key)(self.config)
         if values.get("output_router_logits") and plan.aux_loss_function is None:
             return original(*args, **kwargs)  # an aux loss we cannot reproduce exactly
 
@@ -466,6 +478,7 @@ def causal_lm_forward(plan: CausalLMPlan) -> Callable:
         outputs = base(
             *(values[n] for n in plan.base_positional),
             **{kw: values[n] for kw, n in plan.base_keywords},
+            **dict(plan.base_constants),
             **extra,
         )
         hidden = outputs[plan.hidden_state_field]  # [B, T, H]

@@ -75,16 +75,29 @@ TOPK = 5
 class Batch:
     input_ids: torch.Tensor  # [B, T]
     labels: torch.Tensor  # [B, T], IGNORE_INDEX where not trained on
+    # further model inputs of every call (pixel_values, image_grid_thw, ...: `pixels.py`)
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    note: str = ""  # what the batch holds beside text, or why it holds text only
+
+    @property
+    def has_images(self) -> bool:
+        return "pixel_values" in self.inputs
 
 
-def make_batch(vocab_size: int, *, batch: int = 2, seq: int = 16, seed: int = 0) -> Batch:
+def make_batch(vocab_size: int, *, batch: int = 2, seq: int = 16, seed: int = 0, avoid=()) -> Batch:
     """Random tokens below min(vocab, 512) (ids that every tiny embedding holds; the low ids
     too, so a loss that ignores another id than -100 shows), with 15 % of the labels ignored
-    and the first label of each row ignored (a prompt token)."""
+    and the first label of each row ignored (a prompt token). `avoid`: ids never drawn (a
+    multimodal model's image placeholder and other special tokens)."""
     g = torch.Generator().manual_seed(seed)
     high = max(4, min(vocab_size, 512))
     ids = torch.randint(0, high, (batch, seq), generator=g)
     ids[:, 1:3] = torch.arange(2)  # ids 0 and 1 (pad, bos in many configs) are trained on
+    allowed = [i for i in range(high) if i not in set(avoid)] if avoid else None
+    if allowed:
+        # the draws above stay the same; an avoided id becomes the next allowed one
+        pick = torch.tensor(allowed)
+        ids = pick[torch.searchsorted(pick, ids).clamp(max=len(allowed) - 1)]
     labels = ids.clone()
     labels[torch.rand(batch, seq, generator=g) < 0.15] = IGNORE_INDEX
     labels[:, 0] = IGNORE_INDEX
@@ -106,6 +119,7 @@ class Measured:
     train: ModeRun
     eval: ModeRun
     loss_kwargs: dict = field(default_factory=dict)  # what the train-mode call passed
+    ran: set[str] = field(default_factory=set)  # qualified names of the modules that ran
 
 
 def _accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -131,18 +145,19 @@ def _logits(out) -> torch.Tensor:
 def _run_mode(model: nn.Module, batch: Batch, *, train: bool, seed: int, loss_kwargs) -> ModeRun:
     device = next(model.parameters()).device
     ids, labels = batch.input_ids.to(device), batch.labels.to(device)
+    inputs = {k: v.to(device) for k, v in batch.inputs.items()}
     model.train(train)
     model.zero_grad(set_to_none=True)
     # the same draws for both models: a forward that samples in training (router jitter)
     # samples the same numbers, so only the patch can separate the runs
     torch.manual_seed(seed)
-    loss = _loss(model(input_ids=ids, labels=labels, **loss_kwargs))
+    loss = _loss(model(input_ids=ids, labels=labels, **inputs, **loss_kwargs))
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     torch.manual_seed(seed)
     with torch.no_grad():
-        logprobs = _logits(model(input_ids=ids)).float().log_softmax(-1)
+        logprobs = _logits(model(input_ids=ids, **inputs)).float().log_softmax(-1)
     return ModeRun(float(loss.detach().float()), grads, logprobs)
 
 
@@ -162,10 +177,19 @@ def measure(model: nn.Module, batch: Batch, *, seed: int = 0, loss_kwargs=None) 
             device = next(model.parameters()).device
             loss_kwargs = {"num_items_in_batch": torch.tensor(n, device=device)}
     devices = [d.index for d in {p.device for p in model.parameters()} if d.type == "cuda"]
-    with torch.random.fork_rng(devices=devices):
-        train = _run_mode(model, batch, train=True, seed=seed, loss_kwargs=loss_kwargs)
-        evaluation = _run_mode(model, batch, train=False, seed=seed, loss_kwargs={})
-    return Measured(train, evaluation, dict(loss_kwargs))
+    ran: set[str] = set()
+    hooks = [
+        m.register_forward_pre_hook(lambda *_, name=name: ran.add(name))
+        for name, m in model.named_modules()
+    ]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            train = _run_mode(model, batch, train=True, seed=seed, loss_kwargs=loss_kwargs)
+            evaluation = _run_mode(model, batch, train=False, seed=seed, loss_kwargs={})
+    finally:
+        for h in hooks:
+            h.remove()
+    return Measured(train, evaluation, dict(loss_kwargs), ran)
 
 
 @dataclass
@@ -369,7 +393,9 @@ def confirm(
     from kernelwright.integrations.transformers.patch import patch, unpatch
 
     if batch is None:
-        batch = make_batch(vocab_size(model), seed=seed)
+        from kernelwright.integrations.transformers.pixels import check_batch
+
+        batch = check_batch(model, seq=16, seed=seed)
     ref = reference if reference is not None else measure(model, batch, seed=seed)
     todo = units(profile)
     conf = Confirmation(None, [], [])
@@ -382,6 +408,12 @@ def confirm(
             )
         return result
 
+    for u in unexercised(model, profile, todo, ref, batch):
+        todo.remove(u)
+        why = f"no instance ran in its batch ({batch.note or 'text only'})"
+        conf.demoted.append((u, why))
+        d = u.decision(profile)
+        d.status, d.reason = "unsupported", f"{what} could not confirm it: {why}"
     if not todo:
         return conf
     result = run(todo)
@@ -404,10 +436,7 @@ def confirm(
             conf.record = conf.record if kept else None
         todo = kept
     conf.kept, conf.result = todo, result
-    for u, why in conf.demoted:
-        d = u.decision(profile)
-        d.status = "unsupported"
-        d.reason = f"{what} failed ({why})"
+    _demote(profile, conf, what)
     if conf.record is not None:
         # confirmed only what was applied: a decision the patcher refused on this model (a
         # causal-LM forward it cannot reproduce, an activation that differs) is left alone
@@ -424,6 +453,32 @@ def confirm(
         for u in conf.kept:
             u.decision(profile).evidence.append(ev)
     return conf
+
+
+def _demote(profile: ModelProfile, conf: Confirmation, what: str) -> None:
+    for u, why in conf.demoted:
+        d = u.decision(profile)
+        if d.status == "patch":  # not those left alone before the comparison
+            d.status = "unsupported"
+            d.reason = f"{what} failed ({why})"
+
+
+def unexercised(
+    model: nn.Module, profile: ModelProfile, todo: list[Unit], ref: Measured, batch: Batch
+) -> list[Unit]:
+    """Norm/MLP units whose class lives in a non-text component (a vision tower) and of which
+    no instance ran in the reference: a text-only batch never reaches the vision tower, so
+    nothing would confirm them there. A class the text path also uses is checked there."""
+    if not ref.ran:
+        return []
+    out = []
+    for u in todo:
+        if u.kind not in ("norm", "mlp") or not u.decision(profile).components:
+            continue
+        names = [n for n, m in model.named_modules() if type(m).__name__ == u.class_name]
+        if names and not any(n in ref.ran for n in names):
+            out.append(u)
+    return out
 
 
 _RECORD_KIND = {"causal_lm": "fused_linear_cross_entropy"}  # the record's word for a unit
@@ -443,7 +498,8 @@ def _skip_reason(u: Unit, record) -> str:
 
 
 def _shape(batch: Batch) -> str:
-    return f"{list(batch.input_ids.shape)} tokens, fp32, train() and eval()"
+    images = f" ({batch.note})" if batch.has_images else ""
+    return f"{list(batch.input_ids.shape)} tokens{images}, fp32, train() and eval()"
 
 
 def vocab_size(model: nn.Module) -> int:

@@ -336,7 +336,9 @@ def patch(
     moe_experts: bool = True,
     fused_linear_cross_entropy: bool = True,
 ) -> ModelProfile:
-    """Patch `model` (a HF causal LM, bare or PEFT-wrapped) in place with kernelwright kernels.
+    """Patch `model` (a HF causal LM or image-text-to-text model, bare or PEFT-wrapped) in place
+    with kernelwright kernels. In a VLM, the text decoder, the loss of its
+    `*ForConditionalGeneration` head and the norm/MLP classes of its vision tower are patched.
 
     Args:
         model: the module to patch; every submodule whose class the profile names is patched.
@@ -453,13 +455,32 @@ def from_pretrained(
     patch_kwargs: dict | None = None,
     **kwargs,
 ) -> torch.nn.Module:
-    """AutoModelForCausalLM.from_pretrained(name_or_path, *args, **kwargs), then patch it.
+    """AutoModelForCausalLM.from_pretrained(name_or_path, *args, **kwargs), then patch it; a
+    checkpoint of an image-text-to-text type that is no causal LM loads with
+    AutoModelForImageTextToText (the VLM: its text decoder and vision tower are patched).
 
     `patch_kwargs` go to `patch` (rms_norm=False, ...); the profile defaults to the analyser's.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, *args, **kwargs)
+    auto = AutoModelForCausalLM
+    config = kwargs.get("config")
+    if config is None:
+        hub = ("trust_remote_code", "revision", "token", "cache_dir", "local_files_only")
+        config = AutoConfig.from_pretrained(
+            name_or_path, **{k: v for k, v in kwargs.items() if k in hub}
+        )
+    model_type = getattr(config, "model_type", None)
+    if (
+        model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    ):
+        auto = AutoModelForImageTextToText
+    model = auto.from_pretrained(name_or_path, *args, **kwargs)
     patch(model, profile, **(patch_kwargs or {}))
     return model
 

@@ -60,6 +60,19 @@ def emit_convergence_test(profile: ModelProfile, path: str | Path) -> Path:
     `path` ending in ".py" is the file; anything else is a directory (created if needed) that
     receives `test_convergence_<model_type>.py`.
     """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+
+    if profile.model_type in M and M[profile.model_type] != profile.architecture:
+        raise ValueError(
+            f"{profile.architecture} is an image-text-to-text model: the emitted convergence "
+            "test trains causal LMs on text only (tests/test_autopatch_vlm.py trains a VLM with "
+            "images)"
+        )
+    if profile.model_type not in M and profile.config_source.startswith("model_type:"):
+        raise ValueError(
+            f"{profile.model_type} is not a causal-LM model type: the emitted convergence test "
+            "trains causal LMs on text only (tests/test_autopatch_vlm.py trains a VLM with images)"
+        )
     path = Path(path)
     if path.suffix != ".py":
         path = path / f"test_convergence_{_identifier(profile.model_type)}.py"

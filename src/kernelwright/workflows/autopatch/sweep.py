@@ -1,15 +1,19 @@
-"""The autopatch sweep: every causal-LM model type transformers registers, patched with parity
-or left alone with a reason.
+"""The autopatch sweep: every causal-LM and image-text-to-text model type transformers
+registers, patched with parity or left alone with a reason.
 
-    kernelwright autopatch --sweep [--only llama,gpt2] [--out DIR] [--timeout 300] [--jobs 2]
+    kernelwright autopatch --sweep [--mapping all] [--only llama,qwen2_vl] [--out DIR]
 
-For each model type in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` (`sweep_one`):
+For each model type in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` (mapping "causal-lm", its
+`AutoModelForCausalLM` class) and in `MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES` (mapping
+"image-text-to-text", its `AutoModelForImageTextToText` class: the VLM whose text decoder and
+vision tower are patched) (`sweep_one`):
 
 1. build a tiny random model (`sweep_config`: the convergence suite's config for the
    architectures it trains, else the analyser's shrunken default config; fp32, dropout off,
    seed 0, 1-D parameters spread off their init) and run it unpatched on one batch, in
-   `train()` and `eval()` (`parity.measure`). A failure here is **cannot_build**: the
-   unpatched model itself does not run, so there is nothing to compare;
+   `train()` and `eval()` (`parity.measure`). The batch holds images where the model takes
+   them (`pixels.check_batch`; the row's `inputs` says what, or why text only). A failure here
+   is **cannot_build**: the unpatched model itself does not run, so there is nothing to compare;
 2. analyse it as `kernelwright.patch(model)` does (`analyze(model)`, every check included);
 3. confirm the profile on this model (`parity.confirm`): patched against unpatched, loss,
    every gradient and top-k log-probs in both modes, within `parity.PARITY_TOLERANCES`.
@@ -39,6 +43,15 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 STATUSES = ("patched", "left_alone", "cannot_build")
+# mapping -> (transformers' mapping of model types, the Auto class, the results' file name)
+MAPPINGS = {
+    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "cpu_fp32"),
+    "image-text-to-text": (
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+        "AutoModelForImageTextToText",
+        "cpu_fp32_vlm",
+    ),
+}
 # logit conventions the fused loss must reproduce, set where a config has the key: a scale or
 # a soft-cap that the default config leaves at 1.0 or None is then exercised
 _EXERCISE = {
@@ -62,13 +75,20 @@ class SweepRow:
     logprob_diff: float | None = None  # ... largest top-k log-prob diff
     error: str = ""  # cannot_build: what the unpatched model raised
     seconds: float = 0.0
+    inputs: str = ""  # beside text: the images of the batch, or why it held text only
 
 
-def sweep_types() -> list[str]:
-    """Every causal-LM model type of the installed transformers, in its registry order."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+def sweep_types(mapping: str = "causal-lm") -> list[str]:
+    """Every model type of `mapping` (MAPPINGS) in the installed transformers, in its order."""
+    from transformers.models.auto import modeling_auto
 
-    return list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    return list(getattr(modeling_auto, MAPPINGS[mapping][0]))
+
+
+def _auto_class(mapping: str):
+    import transformers
+
+    return getattr(transformers, MAPPINGS[mapping][1])
 
 
 def sweep_config(model_type: str):
@@ -122,18 +142,20 @@ def sweep_one(
     seq: int = 16,
     profile_dir: Path | None = None,
     stage: Callable[[str], None] = lambda s: None,
+    mapping: str = "causal-lm",
 ) -> SweepRow:
     """One type through build, analysis and confirmation; see the module docstring.
 
     config: the model's config (default `sweep_config(model_type)`); profile_dir: write the
-    profile there as <model_type>.yaml; stage(name) is called as each stage starts.
+    profile there as <model_type>.yaml; stage(name) is called as each stage starts; mapping:
+    which Auto class builds the model (MAPPINGS).
     """
     _require_interpreter()
     import torch
-    import transformers
 
     from kernelwright.integrations.transformers import parity
     from kernelwright.integrations.transformers.analysis import analyze
+    from kernelwright.integrations.transformers.pixels import check_batch
 
     start = time.perf_counter()
     row = SweepRow(model_type)
@@ -145,13 +167,15 @@ def sweep_one(
     stage("build")
     try:
         config = config if config is not None else sweep_config(model_type)
-        _check_size(config)
+        auto = _auto_class(mapping)
+        _check_size(config, auto)
         torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto.from_config(config, dtype=torch.float32)
         model = model.float()
         row.architecture = type(model).__name__
         parity.spread_vectors(model, seed)
-        data = parity.make_batch(parity.vocab_size(model), batch=batch, seq=seq, seed=seed)
+        data = check_batch(model, batch=batch, seq=seq, seed=seed)
+        row.inputs = data.note
         stage("reference")
         ref = parity.measure(model, data, seed=seed)
         for mode in (ref.train, ref.eval):
@@ -190,15 +214,14 @@ def sweep_one(
     return done("patched")
 
 
-def _check_size(config) -> None:
+def _check_size(config, auto) -> None:
     """Raise when the config still builds a large model (a size key the shrinker does not
     know), counted on the meta device before any memory is allocated."""
     import torch
-    import transformers
 
     try:
         with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
+            model = auto.from_config(config)
     except Exception:  # some models do not build on meta; the real build then decides
         return
     n = sum(p.numel() for p in model.parameters())
@@ -209,7 +232,7 @@ def _check_size(config) -> None:
 # --------------------------------------------------------------------------- worker processes
 
 
-def _worker(conn: Connection, profile_dir: str | None, memory_gib: float) -> None:
+def _worker(conn: Connection, profile_dir: str | None, memory_gib: float, mapping: str) -> None:
     """Sweep the types the parent sends, one at a time, until it sends None."""
     import resource
     import warnings
@@ -236,6 +259,7 @@ def _worker(conn: Connection, profile_dir: str | None, memory_gib: float) -> Non
                 model_type,
                 profile_dir=Path(profile_dir) if profile_dir else None,
                 stage=lambda s: conn.send(("stage", s)),
+                mapping=mapping,
             )
             conn.send(("row", dataclasses.asdict(row)))
     except (EOFError, BrokenPipeError):
@@ -281,8 +305,9 @@ def run_sweep(
     profile_dir: Path | None = None,
     memory_gib: float = 8.0,
     on_row: Callable[[SweepRow], None] = lambda r: None,
+    mapping: str = "causal-lm",
 ) -> list[SweepRow]:
-    """Sweep `model_types` and return their rows in the given order.
+    """Sweep `model_types` (of `mapping`) and return their rows in the given order.
 
     jobs: worker processes (each runs one type at a time); 0 runs in this process, without
     timeouts. timeout: seconds a type may take once its worker started it; past that the
@@ -293,7 +318,7 @@ def run_sweep(
     if jobs <= 0:
         rows = []
         for t in model_types:
-            rows.append(sweep_one(t, profile_dir=profile_dir))
+            rows.append(sweep_one(t, profile_dir=profile_dir, mapping=mapping))
             on_row(rows[-1])
         return rows
     ctx = multiprocessing.get_context("spawn")
@@ -303,7 +328,7 @@ def run_sweep(
 
     def start() -> _Slot:
         parent, child = ctx.Pipe()
-        args = (child, str(profile_dir) if profile_dir else None, memory_gib)
+        args = (child, str(profile_dir) if profile_dir else None, memory_gib, mapping)
         p = ctx.Process(target=_worker, args=args, daemon=True)
         p.start()
         child.close()
@@ -386,7 +411,12 @@ def _cell(text: str, limit: int = 400) -> str:
 
 
 def write_results(
-    rows: list[SweepRow], out_dir: Path, *, name: str = "cpu_fp32", meta: Mapping[str, str]
+    rows: list[SweepRow],
+    out_dir: Path,
+    *,
+    name: str = "cpu_fp32",
+    meta: Mapping[str, str],
+    what: str = "causal-LM",
 ) -> tuple[Path, Path]:
     """<out_dir>/<name>.csv (every field) and <name>.md (counts, then one row per type)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -401,17 +431,22 @@ def write_results(
                 d[k] = "" if d[k] is None else f"{d[k]:.3g}"
             w.writerow(d)
     c = counts(rows)
-    lines = [f"# autopatch sweep: {len(rows)} causal-LM model types ({name})", ""]
+    lines = [f"# autopatch sweep: {len(rows)} {what} model types ({name})", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += [f"- {s}: **{n}**" for s, n in c.items()]
+    with_inputs = any(r.inputs for r in rows)
+    if with_inputs:
+        images = sum(1 for r in rows if r.inputs and not r.inputs.startswith("text only"))
+        lines.append(f"- checked with images (pixel_values): {images} of {len(rows)}")
     lines += [
         "",
         "Max errors are the patched model's largest difference from the unpatched one over "
         "train() and eval(): |loss diff|, relative gradient error (all parameters), top-5 "
         "log-prob diff.",
         "",
-        "| type | status | patched | left alone (why) | max loss / grad / log-prob error | s |",
-        "|---|---|---|---|---|---|",
+        "| type | status | patched | left alone (why) | max loss / grad / log-prob error | s |"
+        + (" inputs |" if with_inputs else ""),
+        "|---|---|---|---|---|---|" + ("---|" if with_inputs else ""),
     ]
     for r in rows:
         why = r.error if r.status == "cannot_build" else r.left_alone
@@ -422,7 +457,7 @@ def write_results(
         )
         lines.append(
             f"| {r.model_type} | {r.status} | {_cell(r.patched)} | {_cell(why)} | {errs} "
-            f"| {r.seconds:.1f} |"
+            f"| {r.seconds:.1f} |" + (f" {_cell(r.inputs, 160)} |" if with_inputs else "")
         )
     md_path.write_text("\n".join(lines) + "\n")
     return csv_path, md_path

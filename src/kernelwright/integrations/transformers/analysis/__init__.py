@@ -1,4 +1,5 @@
-"""The model analyser: any Hugging Face causal LM in, a ModelProfile out.
+"""The model analyser: any Hugging Face causal LM or image-text-to-text model in, a
+ModelProfile out.
 
 `patch(model)` runs it on the model it is given; the autopatch workflow runs it on a model
 type, a config or a modeling file and writes the profile for review. It reads the source of

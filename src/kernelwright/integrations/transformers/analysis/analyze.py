@@ -1,4 +1,5 @@
-"""The analyser that autopatch and `patch(model)` run: a HF causal LM in, a ModelProfile out.
+"""The analyser that autopatch and `patch(model)` run: a HF causal LM or image-text-to-text
+model (its `*ForConditionalGeneration`) in, a ModelProfile out.
 
     profile = analyze("qwen3")                 # a model type, a directory / config.json,
     profile = analyze(model)                   # a modeling_*.py, a PretrainedConfig, a model
@@ -10,8 +11,13 @@ globals they call) and the config, and writes one decision per component with th
 that fixed it. Every "patch" decision for a norm, an MLP or the RoPE function is then confirmed
 numerically (`checks.py`): the original module against exactly what the patcher will run. Last,
 the whole tiny model patched with the profile is compared with itself unpatched in train() and
-eval() (`parity.py`): what fails there is demoted too. Anything not proven is "unsupported"
-with the reason; the patcher leaves it alone.
+eval() (`parity.py`), on a batch with images where the model takes them (`pixels.py`): what
+fails there is demoted too. Anything not proven is "unsupported" with the reason; the patcher
+leaves it alone.
+
+In a VLM the text decoder is analysed as a causal LM's; the norm and MLP classes of the vision
+tower and projector get their own decisions (vision config for the activation), confirmed by
+the model check only where its batch runs them; audio towers are listed and left alone.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from kernelwright.profiles.model import (
 
 # non-text parts by class or attribute name; the text path never holds these words
 _COMPONENT = re.compile(r"vision|visual|image|audio|speech|projector|siglip|whisper", re.I)
+# components whose norms and MLPs are not analysed: no check batch runs them (no audio inputs)
+_AUDIO = re.compile(r"audio|speech|whisper", re.I)
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "top_k", "moe_topk")
 
@@ -87,6 +95,13 @@ def _analyze(source, *, check: bool) -> ModelProfile:
         p: m
         for p, m in tiny.named_modules()
         if p and not (p.startswith(skip) or p in {c.name for c in components})
+    }
+    ctx.component_modules = {
+        p: m
+        for c in components
+        if not _AUDIO.search(c.name) and not _AUDIO.search(c.class_name)
+        for p, m in tiny.named_modules()
+        if p == c.name or p.startswith(f"{c.name}.")
     }
     ctx.text_model_path = _text_model_path(tiny)
 
@@ -173,7 +188,9 @@ def _components(ctx: Context) -> list[ComponentDecision]:
                     name=path,
                     class_name=type(m).__name__,
                     status="unsupported",
-                    reason="non-text component: kernelwright patches only the text decoder",
+                    reason="non-text component: only its norm and MLP classes are patched "
+                    "(each with its own decision, confirmed where the check batch runs it); "
+                    "its attention, convolutions and rotary embedding are left as they are",
                     evidence=evidence,
                 )
             )
@@ -181,16 +198,22 @@ def _components(ctx: Context) -> list[ComponentDecision]:
 
 
 def _shared_with_components(ctx: Context, components, decisions) -> None:
-    """Note text classes that a non-text component also uses: the patcher matches by class."""
-    patched = {d.class_name for d in decisions if d.status == "patch"}
+    """Record on each norm/MLP decision the components holding its class (the patcher matches
+    by class, so it replaces them there too), and note the text classes among them."""
     model = ctx.target.instance or ctx.tiny
+    text = {type(m).__name__ for m in ctx.modules.values()}
     for c in components:
-        inside = {type(m).__name__ for m in model.get_submodule(c.name).modules()} & patched
-        for name in sorted(inside):
-            ctx.notes.append(
-                f"{name} is also used inside {c.name}; patching by class replaces it there too "
-                "(same math, checked on the text path)"
-            )
+        inside = {type(m).__name__ for m in model.get_submodule(c.name).modules()}
+        for d in decisions:
+            if d.class_name not in inside:
+                continue
+            d.components.append(c.name)
+            if d.status == "patch" and d.class_name in text:
+                ctx.notes.append(
+                    f"{d.class_name} is also used inside {c.name}; patching by class replaces "
+                    "it there too (same math; the model check runs it there when its batch "
+                    "has images)"
+                )
 
 
 # ----------------------------------------------------------------------------- norms (1-4, 12)
@@ -198,7 +221,7 @@ def _shared_with_components(ctx: Context, components, decisions) -> None:
 
 def _norms(ctx: Context) -> list[NormDecision]:
     out = []
-    for _name, found in ctx.classes().items():
+    for _name, found in ctx.classes(components=True).items():
         d = analyze_norm_class(found[0][1])
         if d is not None:
             out.append(d)
@@ -218,7 +241,7 @@ def _owner_kind(ctx: Context, owner_path: str, owner: nn.Module, decoder: Decode
 def _norm_uses(ctx: Context, norms: list[NormDecision], decoder: DecoderDecision, graph) -> None:
     by_class = {n.class_name: n for n in norms}
     seen: set[tuple[str, str]] = set()
-    for path, m in ctx.modules.items():
+    for path, m in {**ctx.modules, **ctx.component_modules}.items():
         d = by_class.get(type(m).__name__)
         if d is None:
             continue
@@ -317,11 +340,25 @@ def _group(per_layer: list[list[str]]) -> dict[str, list[str]]:
 
 def _mlps(ctx: Context) -> list[MLPDecision]:
     out = []
-    for _name, found in ctx.classes().items():
-        d = analyze_mlp_class(found[0][1], ctx.text_config)
+    for _name, found in ctx.classes(components=True).items():
+        path, module = found[0]
+        d = analyze_mlp_class(module, _config_of(ctx, path))
         if d is not None:
             out.append(d)
     return out
+
+
+def _config_of(ctx: Context, path: str):
+    """The config a module was built from: the text config on the text path, in a component
+    the `config` of the nearest enclosing model (the vision tower's vision_config)."""
+    if path in ctx.modules:
+        return ctx.text_config
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        cfg = getattr(ctx.tiny.get_submodule(".".join(parts[:i])), "config", None)
+        if cfg is not None:
+            return cfg
+    return ctx.text_config
 
 
 def _first_key(ctx: Context, keys: Iterable[str]) -> tuple[str | None, int | None]:
@@ -416,7 +453,7 @@ def _moe(ctx: Context) -> MoEDecision:
 
 
 def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fn) -> None:
-    classes = ctx.classes()
+    classes = ctx.classes(components=True)
     for d in norms:
         module = classes[d.class_name][0][1]
         C.run_check(d, C.check_norm, module)
@@ -458,9 +495,14 @@ def _confirm_model(ctx: Context, profile: ModelProfile) -> None:
 
     if not parity.units(profile):
         return
+    from kernelwright.integrations.transformers.pixels import check_batch
+
     model = ctx.tiny.to(C._device())
     parity.spread_vectors(model)
-    batch = parity.make_batch(parity.vocab_size(model), batch=2, seq=8)
+    # with images where the model takes them (its vision tower's patches are checked only then)
+    batch = check_batch(model, batch=2, seq=8)
+    if batch.note:
+        profile.notes.append(f"model check batch: {batch.note}")
     try:
         reference = parity.measure(model, batch)
     except Exception as e:  # nothing can be confirmed on a model that does not run

@@ -18,6 +18,8 @@ class Context:
     text_config: object  # the original text config: values reported come from it
     text_prefix: str  # "" or "text_config." for evidence keys of multimodal configs
     modules: dict[str, nn.Module] = field(default_factory=dict)  # text-path modules of tiny
+    # modules of the vision tower and projector (components whose norms and MLPs are analysed)
+    component_modules: dict[str, nn.Module] = field(default_factory=dict)
     text_model_path: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -27,10 +29,12 @@ class Context:
     def cfg_ev(self, key: str) -> Evidence:
         return S.config_evidence(self.text_prefix + key, self.cfg(key))
 
-    def classes(self) -> dict[str, list[tuple[str, nn.Module]]]:
-        """class name -> [(path, module)] over the text path, in registration order."""
+    def classes(self, components: bool = False) -> dict[str, list[tuple[str, nn.Module]]]:
+        """class name -> [(path, module)] over the text path (and the analysed components),
+        in registration order."""
         out: dict[str, list[tuple[str, nn.Module]]] = {}
-        for path, m in self.modules.items():
+        modules = {**self.modules, **self.component_modules} if components else self.modules
+        for path, m in modules.items():
             out.setdefault(type(m).__name__, []).append((path, m))
         return out
 

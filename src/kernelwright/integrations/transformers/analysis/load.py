@@ -1,5 +1,7 @@
-"""What the analyser reads: resolve a source to a config and a causal-LM class, and build the
-tiny CPU instance every introspection and numerical check runs on.
+"""What the analyser reads: resolve a source to a config and a causal-LM class (an
+image-text-to-text type's `*ForConditionalGeneration` when it has no causal-LM class), and build
+the tiny CPU instance every introspection and numerical check runs on (`multimodal.py` keeps a
+VLM's vision tower, special tokens and M-RoPE sections consistent with it).
 
 No weights are ever downloaded. The tiny instance comes from a shrunken copy of the config
 (hidden 64, 4 heads of 16, 2 layers, vocab 128; MoE: 4 experts, top-2; no dropout) built on
@@ -25,6 +27,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from kernelwright.integrations.transformers.analysis.multimodal import (
+    image_text_to_text_class,
+    shrink_mrope,
+    shrink_multimodal,
+)
 
 TINY = {
     "hidden_size": 64,
@@ -121,15 +129,25 @@ class Target:
     notes: list[str] = field(default_factory=list)
 
 
-def _unknown(source, hint: str = "") -> ValueError:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
+def _known_types() -> tuple[dict, dict]:
+    """(causal-LM, image-text-to-text) model type -> class name, as transformers registers them."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
-    close = difflib.get_close_matches(str(source), list(M), n=3)
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def _unknown(source, hint: str = "") -> ValueError:
+    causal, vlm = _known_types()
+    close = difflib.get_close_matches(str(source), [*causal, *vlm], n=3)
     maybe = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return ValueError(
-        f"{source!r} is not a causal-LM model type, path or model that the analyser can read."
-        f"{hint}{maybe} Pass one of: a model type transformers knows (e.g. 'llama', 'qwen3'; "
-        f"{len(M)} causal-LM types are registered), a directory holding config.json or the "
+        f"{source!r} is not a causal-LM or image-text-to-text model type, path or model that "
+        f"the analyser can read.{hint}{maybe} Pass one of: a model type transformers knows "
+        f"(e.g. 'llama', 'qwen3', 'qwen2_vl'; {len(causal)} causal-LM and {len(vlm)} "
+        "image-text-to-text types are registered), a directory holding config.json or the "
         "config.json itself, a modeling_*.py file, a PretrainedConfig, or a model instance "
         "(nn.Module, PEFT-wrapped ones included)."
     )
@@ -172,9 +190,8 @@ def resolve(source) -> Target:
         path = Path(source)
         if path.exists():
             return _from_path(path)
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        if isinstance(source, str) and source in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        causal, vlm = _known_types()
+        if isinstance(source, str) and (source in causal or source in vlm):
             return _from_model_type(source, f"model_type:{source}")
         raise _unknown(source)
     raise TypeError(
@@ -277,8 +294,8 @@ def _from_modeling_file(path: Path) -> Target:
 
 
 def _model_type_of_module(module, path: Path) -> str:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
-
+    causal, vlm = _known_types()
+    M = {**vlm, **causal}  # a type in both: its causal-LM class
     names = {n for n, v in vars(module).items() if inspect.isclass(v)}
     types_ = [mt for mt, cls in M.items() if cls in names]
     if not types_:
@@ -333,16 +350,21 @@ def _config_class_beside(path: Path):
 
 
 def _causal_lm_class(config) -> type:
+    """The causal-LM class of `config`, else its image-text-to-text class (a VLM's
+    `*ForConditionalGeneration`: the analyser patches the text decoder inside it)."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as M
 
+    M, _vlm = _known_types()
     for arch in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, arch, None)
         if cls is not None and arch in M.values():
             return cls
     name = M.get(getattr(config, "model_type", None))
     if name is None:
-        raise _unknown(getattr(config, "model_type", None), " (the config's model_type)")
+        cls = image_text_to_text_class(config)
+        if cls is None:
+            raise _unknown(getattr(config, "model_type", None), " (the config's model_type)")
+        return cls
     return getattr(transformers, name)
 
 
@@ -381,10 +403,16 @@ def tiny_config(config) -> tuple[object, list[str]]:
 
     cfg = copy.deepcopy(config)
     notes: list[str] = []
-    _shrink(cfg, notes)
-    for value in list(vars(cfg).values()):
-        if isinstance(value, PretrainedConfig):
-            _shrink(value, notes)
+
+    def shrink(c, depth: int) -> None:
+        # sub-configs of sub-configs too (pi0's vlm_config holds a whole VLM config)
+        _shrink(c, notes)
+        for value in list(vars(c).values()):
+            if isinstance(value, PretrainedConfig) and depth < 3:
+                shrink(value, depth + 1)
+        shrink_multimodal(c, notes)
+
+    shrink(cfg, 0)
     return cfg, notes
 
 
@@ -501,6 +529,7 @@ def _shrink_rope(cfg) -> None:
         for key in ("long_factor", "short_factor"):
             if isinstance(params.get(key), list):
                 params[key] = params[key][:n]
+        shrink_mrope(params, n, cfg)  # M-RoPE's frequencies per position stream sum to n
 
 
 def build_tiny(model_cls: type, config, seed: int = 0) -> tuple[nn.Module, object, list[str]]:

@@ -5,6 +5,10 @@ time; transformers 5 decorates it (`use_kernel_forward_from_hub`) and the attent
 (`use_kernelized_func`): both are recorded as evidence. The variant comes from the function's
 AST (rotate_half: half split; x[..., ::2] pairs: interleaved), the partial factor from the
 config, and where the rotated dims are cut (in the function by cos.shape[-1], or by the caller).
+M-RoPE (`mrope_section`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V) is the ordinary rotation by
+tables the rotary-embedding module builds from three position streams; it is patched like any
+half-split rope, and checked on tables from three different streams. A rotary function that
+takes `mrope_section` itself (picks the streams inside) is left alone.
 """
 
 from __future__ import annotations
@@ -113,12 +117,20 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
             d.unsqueeze_dim = int(S.const_number(kw.value))
     if len(call.args) > 4 and S.const_number(call.args[4]) is not None:
         d.unsqueeze_dim = int(S.const_number(call.args[4]))
-    # multi-section (mrope) rotary: position ids per section, no kernel
     rp = ctx.cfg("rope_parameters") or {}
-    if "mrope_section" in sig.parameters or (isinstance(rp, dict) and "mrope_section" in rp):
-        d.reason = "multi-section (mrope) rotary embedding: no kernel"
+    if "mrope_section" in sig.parameters:
+        # the sections are picked inside the function from 3-stream tables: no kernel takes those
+        d.reason = (
+            f"{call_name} takes mrope_section and picks the position stream of each frequency "
+            "itself; the rope kernel takes cos/sin tables that are already sectioned"
+        )
         d.status = "unsupported"
         return d, attention, rope_fn
+    # M-RoPE (Qwen2-VL and kin): the rotary-embedding module builds cos/sin from three position
+    # streams (temporal, height, width), a section of frequencies each, and the attention
+    # applies the ordinary rotation to those tables; the check feeds three distinct streams,
+    # so a function that did more than rotate by the tables would fail it
+    d.evidence += _mrope_evidence(ctx, rp)
     relaid = _relays_tables(fdef)
     if relaid is not None:
         d.evidence.append(fdef.ev(relaid))
@@ -157,6 +169,29 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
         key = ctx.text_prefix + "rope_parameters.rope_type"
         d.evidence.append(S.config_evidence(key, rp["rope_type"]))
     return d, attention, rope_fn
+
+
+def _mrope_evidence(ctx: Context, rp) -> list:
+    """Where the sections come from: the config's `mrope_section`, or the rotary module's own
+    (the modeling code's default, when the config has none)."""
+    if isinstance(rp, dict) and "mrope_section" in rp:
+        key = ctx.text_prefix + "rope_parameters.mrope_section"
+        return [S.config_evidence(key, rp["mrope_section"])]
+    rot = _rotary_module(ctx)
+    sections = getattr(rot, "mrope_section", None) if rot is not None else None
+    if sections is None:
+        return []
+    out = []
+    for name, (value, m) in S.init_assignments(type(rot)).items():
+        if name == "mrope_section":
+            out.append(m.ev(value))
+    out.append(
+        S.check_evidence(
+            f"{type(rot).__name__}.mrope_section = {sections} (the modeling code's default: "
+            "the config has none): cos/sin from 3 position streams"
+        )
+    )
+    return out
 
 
 def _caller_slices(fwd: S.Method, call: ast.Call) -> ast.stmt | None:
@@ -261,9 +296,9 @@ def _partial_factor(ctx: Context) -> tuple[float, str | None]:
     return 1.0, None
 
 
-def rotary_tables(ctx: Context, batch: int = 2, seq: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin from the model's own rotary-embedding module at random positions."""
-    rot = next(
+def _rotary_module(ctx: Context):
+    """The text path's rotary-embedding module: the first holding an inv_freq buffer."""
+    return next(
         (
             m
             for m in ctx.modules.values()
@@ -271,11 +306,24 @@ def rotary_tables(ctx: Context, batch: int = 2, seq: int = 5) -> tuple[torch.Ten
         ),
         None,
     )
+
+
+def rotary_tables(ctx: Context, batch: int = 2, seq: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin from the model's own rotary-embedding module at random positions."""
+    rot = _rotary_module(ctx)
     if rot is None:
         raise ValueError("no rotary-embedding module (one holding an inv_freq buffer) found")
     hidden = text_config(ctx.tiny.config).hidden_size
     x = torch.zeros(batch, seq, hidden)
-    pos = torch.randint(0, 512, (batch, seq), generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    rp = getattr(text_config(ctx.tiny.config), "rope_parameters", None)
+    if getattr(rot, "mrope_section", None) is not None or (
+        isinstance(rp, dict) and "mrope_section" in rp
+    ):
+        # M-RoPE: one position stream per section (temporal, height, width), all different
+        pos = torch.randint(0, 512, (3, batch, seq), generator=gen)
+    else:
+        pos = torch.randint(0, 512, (batch, seq), generator=gen)
     kwargs = {}
     if "layer_type" in inspect.signature(rot.forward).parameters:
         kwargs["layer_type"] = sorted(getattr(rot, "layer_types", ["full_attention"]))[0]
