@@ -61,10 +61,10 @@ class ParityTolerance:
 
 
 # One forward and backward on identical weights and inputs: only the order of floating-point
-# sums separates a correct patch from the module it replaces (fp32: ~1e-7 relative, ~1e-5 at
-# most over the causal LMs of transformers). A wrong convention (an unshifted label, another
-# reduction, a missing soft-cap) moves the loss by 1e-2 or more and the gradients by tens of
-# percent. fp32 only: the checks run the tiny model in fp32.
+# sums separates a correct patch from the module it replaces (fp32 rounding, a few ulps a sum).
+# A wrong convention (an unshifted label, another reduction, a missing soft-cap) moves the loss
+# and the gradients by orders of magnitude more. fp32 only: the checks run the tiny model in
+# fp32.
 PARITY_TOLERANCES: dict[torch.dtype, ParityTolerance] = {
     torch.float32: ParityTolerance(loss=5e-5, grads=1e-4, logprobs=1e-4),
 }

@@ -8,8 +8,8 @@ row, so the first blocks read are the ones the stats pass read last (the likelie
 
 The "default" rows are starting points (the looped cross_entropy kernel's block for the
 stats, a 4096-wide elementwise block for the gradient), not a sweep. The interpreter's
-rows are one block for the tiny CPU tests' slices (each program instance costs milliseconds
-there); tests/test_vocab_parallel.py passes small blocks to cover rows of several blocks.
+rows are one block for the tiny CPU tests' slices (the interpreter runs each program instance
+in Python); tests/test_vocab_parallel.py passes small blocks to cover rows of several blocks.
 """
 
 from kernelwright.runtime.launch import LaunchConfig as C
