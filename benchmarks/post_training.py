@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
-import importlib.metadata
 import math
 import statistics
 import sys
@@ -58,6 +57,7 @@ except ImportError:  # a checkout without `pip install -e .` (the GPU machine)
     sys.path.insert(0, str(ROOT / "src"))
     import kernelwright  # noqa: F401
 
+from kernelwright.bench.context import package_version  # noqa: E402
 from kernelwright.losses import (  # noqa: E402
     dpo_loss,
     fused_linear_distill,
@@ -68,13 +68,6 @@ from kernelwright.losses import (  # noqa: E402
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, SXM
 GROUP = 8
-
-
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -360,9 +353,9 @@ def main(argv=None) -> int:
     env = dict(
         gpu=torch.cuda.get_device_name(),
         torch=torch.__version__,
-        triton=_version("triton"),
-        liger=_version("liger-kernel"),
-        trl=_version("trl"),
+        triton=package_version("triton"),
+        liger=package_version("liger-kernel"),
+        trl=package_version("trl"),
     )
     print(env, flush=True)
     rows = []

@@ -48,7 +48,6 @@ import contextlib
 import csv
 import gc
 import importlib
-import importlib.metadata
 import math
 import os
 import subprocess
@@ -67,6 +66,7 @@ except ImportError:  # run from a checkout without `pip install -e .` (the GPU m
     sys.path.insert(0, str(ROOT / "src"))
     import kernelwright  # noqa: F401
 
+from kernelwright.bench.context import package_version  # noqa: E402
 from kernelwright.bench.models import BY_NAME, ModelConfig  # noqa: E402
 
 MIB = 2**20
@@ -268,7 +268,7 @@ def patch_provider(provider: str, model, shape: Shape, device: torch.device):
         fn = getattr(lkt, fn_name, None) if fn_name else None
         if fn is None:
             raise ProviderUnavailable(
-                f"liger_kernel {_version('liger-kernel')} has no "
+                f"liger_kernel {package_version('liger-kernel')} has no "
                 f"{fn_name or 'entry point'} for model_type {shape.model_type!r}"
             )
         fn(model=model)  # its defaults: rope, rms_norm, swiglu/geglu, fused linear CE
@@ -474,16 +474,9 @@ def environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "transformers": transformers.__version__,
-        "liger": _version("liger-kernel"),
+        "liger": package_version("liger-kernel"),
         "kernelwright_commit": git_commit(ROOT),
     }
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def compare(rows: list[dict], args) -> list[str]:

@@ -43,7 +43,6 @@ import argparse
 import csv
 import datetime
 import gc
-import importlib.metadata
 import math
 import os
 import socket
@@ -64,6 +63,8 @@ try:
 except ImportError:  # a checkout without `pip install -e .` (the GPU machine)
     sys.path.insert(0, str(ROOT / "src"))
     import kernelwright  # noqa: F401
+
+from kernelwright.bench.context import package_version  # noqa: E402
 
 IGNORE = -100
 OPS = ("ce", "flce")
@@ -215,7 +216,7 @@ def _liger(ctx: Ctx, full: dict):
                 liger_fused_linear_scaled_cross_entropy_tp,
             )
     except ImportError as e:
-        have = _version("liger-kernel") or "not installed"
+        have = package_version("liger-kernel") or "not installed"
         raise Unavailable(f"no Liger tensor-parallel {ctx.op} (liger_kernel {have}: {e})") from e
     if ctx.V % ctx.world:
         raise Unavailable(f"Liger assumes equal slices (its first class is rank * V_local); "
@@ -430,16 +431,9 @@ def _environment(device: torch.device) -> dict:
         "device": device.type,
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "liger": _version("liger-kernel"),
+        "liger": package_version("liger-kernel"),
         "kernelwright_commit": git_commit(ROOT),
     }
-
-
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def _rank(rank: int, world: int, a, init: str) -> None:

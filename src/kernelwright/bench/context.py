@@ -24,6 +24,16 @@ from kernelwright.runtime import default_device, device_info
 CPU_ARCH = "cpu-interpreter"
 
 
+def package_version(dist: str) -> str:
+    """The installed version of distribution `dist` ("" when it is not installed)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 def git_commit(cwd: str | Path | None = None) -> str:
     """The short commit kernelwright runs from, "+dirty" if tracked files changed since.
 
