@@ -10,7 +10,9 @@ Model: a `tiny_config` of the model type at the "gpu" size, widened by --hidden/
 Each rank trains on its own random batch (--batch sequences of --seq tokens). DDP wraps the
 bf16 model (gradients all-reduced in bf16, DDP's default); FSDP2 shards each decoder layer and
 the root with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over fp32 weights.
-`--checkpointing` turns activation checkpointing on. Outputs: distributed_step.csv and .md.
+`--checkpointing` turns activation checkpointing on. `--lora R` freezes the model and trains a
+PEFT LoRA of rank R on every attention and MLP projection (added after `kernelwright.patch`, as a
+user would; the fused loss then runs on a frozen `lm_head`). Outputs: distributed_step.csv and .md.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def _model(a, patched: bool, wrapper: str):
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=dtype)
     if patched:
         kernelwright.patch(model)
+    if a.lora:
+        import peft
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lora = peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, target_modules=targets)
+        model = peft.get_peft_model(model, lora)
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -61,7 +69,8 @@ def _wrap(model, wrapper: str, rank: int):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in inner.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
@@ -79,7 +88,8 @@ def _rank(rank: int, world: int, a, out: str) -> None:
         for wrapper in a.wrappers.split(","):
             for patched in (False, True):
                 model = _wrap(_model(a, patched, wrapper), wrapper, rank)
-                opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+                params = [p for p in model.parameters() if p.requires_grad]
+                opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
                 g = torch.Generator(device="cuda").manual_seed(1000 + rank)
                 ids = torch.randint(0, a.vocab, (a.batch, a.seq), device="cuda", generator=g)
                 losses, times = [], []
@@ -97,7 +107,8 @@ def _rank(rank: int, world: int, a, out: str) -> None:
                     losses.append(loss.item())
                 tokens = a.batch * a.seq * world
                 rows.append(dict(
-                    model=a.model, wrapper=wrapper, patched=patched, rank=rank, world=world,
+                    model=a.model, wrapper=wrapper, patched=patched, lora=a.lora, rank=rank,
+                    world=world,
                     gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                     tokens_per_s=tokens * len(times) / sum(times),
                     peak_mib=torch.cuda.max_memory_allocated() / 2**20,
@@ -119,7 +130,7 @@ def _write(rows, out: Path, a) -> None:
         w.writerows(rows)
     lines = [f"{a.model}, hidden {a.hidden}, {a.layers} layers, V {a.vocab}, {a.batch}x{a.seq} "
              f"tokens per GPU, {rows[0]['world']}x {rows[0]['gpu']}, checkpointing "
-             f"{a.checkpointing}", "",
+             f"{a.checkpointing}, LoRA rank {a.lora or 'off'}", "",
              "| wrapper | patched | tokens/s (all GPUs) | peak MiB (GPU 0) | max loss diff |",
              "|---|---|---|---|---|"]  # fmt: skip
     base = {r["wrapper"]: r for r in rows if not r["patched"]}
@@ -146,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--wrappers", default="ddp,fsdp2")
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--lora", type=int, default=0, help="train a LoRA of this rank (0: off)")
     ap.add_argument("--out", default="kernelwright-runs/distributed_step")
     a = ap.parse_args(argv)
     world = torch.cuda.device_count()
