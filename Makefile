@@ -14,7 +14,7 @@ TRITON := triton==3.9.0
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= benchmarks/results/latest
 
-.PHONY: demo test lint format gpu-check gpu-test gpu-bench bench clean
+.PHONY: demo test lint format gpu-check gpu-test gpu-bench gpu-multi bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,22 @@ gpu-bench:
 		$(GPU_ENV) $(PYTHON) -m kernelwright.cli bench $$op --strict --hide-host $(if $(FLUSH),--flush $(FLUSH)) \
 			--out $(OUT) \
 		|| exit 1; done
+
+# On a machine of several GPUs (about 6 minutes on 4 H100s): patched vs unpatched models under
+# DDP and FSDP2 (Llama; Qwen3 with activation checkpointing; Llama with LoRA), the
+# vocabulary-parallel losses against the unsplit op, Liger's and torch's, and one optimize run
+# on one GPU and fanned out over all of them (a winner, if any, is applied to this checkout's
+# table, as optimize does). Rows and tables under $(OUT)/multi.
+gpu-multi:
+	$(GPU_ENV) $(PYTHON) benchmarks/distributed_step.py --model llama --out $(OUT)/multi/llama
+	$(GPU_ENV) $(PYTHON) benchmarks/distributed_step.py --model qwen3 --checkpointing \
+		--out $(OUT)/multi/qwen3
+	$(GPU_ENV) $(PYTHON) benchmarks/distributed_step.py --model llama --lora 16 \
+		--out $(OUT)/multi/llama_lora
+	$(GPU_ENV) $(PYTHON) benchmarks/vocab_parallel.py --tokens 8192 --vocabs 128256 --reps 5 \
+		--out $(OUT)/multi/vocab_parallel
+	for w in 1 auto; do $(GPU_ENV) $(PYTHON) -m kernelwright.cli optimize rms_norm --yes --quick \
+		--max-variants 1 --workers $$w --out $(OUT)/multi/optimize_$$w || exit 1; done
 
 bench: $(STAMP)
 	$(BIN)/kernelwright bench all --out $(OUT)
