@@ -12,13 +12,15 @@ Providers:
     hf            the model as transformers builds it (attn_implementation="sdpa")
     kernelwright  `kernelwright.patch(model)`: analyse the model, patch it from the profile
     liger         Liger Kernel's `apply_liger_kernel_to_<model>(model=model)`, its defaults
+                  (`notes` lists names it set that the modeling module lacks: no effect)
     <p>+compile   any of the above, then `torch.compile(model)` (hf+compile, ...)
     kw.compile    the unpatched model under `kernelwright.compile(model)`: the registry's graph
                   pass picks the kernels (no per-model code); its notes count the sites replaced
 
 Compile time lands in `warmup_s` (the first steps compile). `--process-per-provider` runs each
 provider in its own process (this script again, one provider each) and merges the rows, so that
-one provider's compiled graphs, caches and allocator state cannot touch the next one's.
+one provider's compiled graphs, caches and allocator state cannot touch the next one's; with
+`--batch auto` the batch search gets its own process too.
 
 Batch: `--batch auto` (default) takes the largest candidate batch at which the UNPATCHED model's
 step fits on the GPU and runs every provider at that same batch (side by side);
@@ -29,6 +31,13 @@ Memory: `peak_mem_mib` is torch.cuda.max_memory_allocated over the timed steps (
 warm-up: the steady state, weights + gradients + AdamW state + activations) and is what the
 table, the ratios and the plot use; `peak_mem_first_step_mib` covers the first step alone, where
 AdamW allocates its state. Both count everything allocated, not an increment.
+
+Vision-language shapes (qwen2.5-vl-7b-4l: Qwen2.5-VL-7B's 4 first text layers and 4 of its 32
+vision blocks; tiny-qwen2.5-vl) train the whole model, vision tower included, on samples of
+`--seq` tokens holding one image each (448x448 pixels: 1024 patches, 256 placeholder tokens; the
+batch is kernelwright.bench.train_models'). tokens/s and `tokens_per_step` count the decoder's
+positions, batch x seq, the image's tokens included; `inputs` says what a sample holds;
+`--layers` cuts the text decoder only.
 
 Correctness guard: every provider starts from identical weights and data, so the first-step
 losses must agree within bf16 tolerance (--loss-atol/--loss-rtol); a provider that disagrees is
@@ -54,7 +63,6 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -67,73 +75,28 @@ except ImportError:  # run from a checkout without `pip install -e .` (the GPU m
     import kernelwright  # noqa: F401
 
 from kernelwright.bench.context import package_version  # noqa: E402
-from kernelwright.bench.models import BY_NAME, ModelConfig  # noqa: E402
+from kernelwright.bench.train_models import (  # noqa: E402
+    FULL_MODELS,
+    MODELS,
+    Shape,
+    build_config,
+    describe_inputs,
+    make_batch,
+)
+from kernelwright.bench.train_report import (  # noqa: E402
+    compare,
+    fmt,
+    print_table,
+    write_csv,
+    write_plot,
+)
 
 MIB = 2**20
 
 
-# --------------------------------------------------------------------------- model registry
+# --------------------------------------------------------------------------- providers and columns
 
-
-@dataclass(frozen=True)
-class Shape:
-    model_type: str  # transformers' model_type
-    hidden: int
-    intermediate: int  # dense MLP inner size (MoE: the expert inner size, see extra)
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    layers: int
-    rope_theta: float
-    extra: dict = field(default_factory=dict)  # any other config keys, as transformers names them
-
-
-def _cut(model_type: str, m: ModelConfig, layers: int, rope_theta: float, extra: dict) -> Shape:
-    """A model of the shared registry (kernelwright.bench.models) cut to `layers` layers."""
-    dims = (m.hidden, m.intermediate, m.heads, m.kv_heads, m.head_dim, m.vocab)
-    return Shape(model_type, *dims, layers, rope_theta, extra)
-
-
-# Real models' dims (the dense ones from the shared registry of config.json values; Qwen3-MoE,
-# which the op sweeps do not use, here) cut to a few decoder layers, and tiny ones for
-# the CPU smoke test (the interpreter runs our kernels there: hidden <= 64, vocab <= 256).
-_DEEPSEEK3 = {"first_k_dense_replace": 1, "q_lora_rank": None, "qk_nope_head_dim": 128,
-              "qk_rope_head_dim": 64, "v_head_dim": 128, "n_group": 1, "topk_group": 1,
-              "norm_topk_prob": True}  # fmt: skip
-_GEMMA2_CAPS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
-# fmt: off
-MODELS: dict[str, Shape] = {
-    #                     type         hidden inter  heads kv  hd   vocab   L  rope_theta
-    "llama3-8b-4l":  _cut("llama", BY_NAME["Llama-3-8B"], 4, 500000.0,
-                          {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192}),
-    "gemma2-9b-4l":  _cut("gemma2", BY_NAME["Gemma-2-9B"], 4, 10000.0,
-                          {**_GEMMA2_CAPS, "query_pre_attn_scalar": 256, "sliding_window": 4096}),
-    "qwen3-8b-4l":   Shape("qwen3",      4096, 12288, 32,  8,   128, 151936, 4, 1000000.0,
-                           {"rms_norm_eps": 1e-6, "max_position_embeddings": 40960}),
-    "qwen3moe-30b-a3b-4l": Shape("qwen3_moe", 2048, 6144, 32, 4, 128, 151936, 4, 1000000.0,
-                           {"moe_intermediate_size": 768, "num_experts": 128,
-                            "num_experts_per_tok": 8, "norm_topk_prob": True}),
-    # Moonlight-16B-A3B: the DeepSeek-V3 architecture (MLA, shared experts, grouped routing)
-    "moonlight-16b-a3b-4l": Shape("deepseek_v3", 2048, 11264, 16, 16, 64, 163840, 4, 50000.0,
-                           _DEEPSEEK3 | {"moe_intermediate_size": 1408, "n_routed_experts": 64,
-                            "num_experts_per_tok": 6, "n_shared_experts": 2,
-                            "kv_lora_rank": 512, "routed_scaling_factor": 2.446}),
-    "tiny-llama":    Shape("llama",       64,   128,  4,   2,   16,    256, 2, 500000.0),
-    "tiny-gemma2":   Shape("gemma2",      64,   128,  4,   2,   16,    256, 2, 10000.0,
-                           {**_GEMMA2_CAPS, "query_pre_attn_scalar": 16, "sliding_window": 8}),
-    "tiny-deepseek3": Shape("deepseek_v3", 64, 128, 4,   4,   16,    256, 2, 50000.0,
-                           _DEEPSEEK3 | {"moe_intermediate_size": 32, "n_routed_experts": 4,
-                            "num_experts_per_tok": 2, "n_shared_experts": 1,
-                            "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
-                            "v_head_dim": 16, "routed_scaling_factor": 2.5}),
-    "tiny-qwen3moe": Shape("qwen3_moe",   64,   128,  4,   2,   16,    256, 2, 1000000.0,
-                           {"moe_intermediate_size": 32, "num_experts": 4,
-                            "num_experts_per_tok": 2, "norm_topk_prob": True}),
-}
-# fmt: on
-FULL_MODELS = ("llama3-8b-4l", "gemma2-9b-4l", "qwen3moe-30b-a3b-4l")
-
+# Model shapes (MODELS), their configs and batches: kernelwright.bench.train_models.
 # Liger's per-architecture entry points (present in Liger 0.8.x's liger_kernel.transformers).
 LIGER_APPLY = {
     "llama": "apply_liger_kernel_to_llama",
@@ -141,6 +104,7 @@ LIGER_APPLY = {
     "qwen3": "apply_liger_kernel_to_qwen3",
     "deepseek_v3": "apply_liger_kernel_to_deepseek_v3",
     "qwen3_moe": "apply_liger_kernel_to_qwen3_moe",
+    "qwen2_5_vl": "apply_liger_kernel_to_qwen2_5_vl",
 }
 # "+compile": the provider's model under torch.compile; "kw.compile": the unpatched model under
 # kernelwright.compile (the registry's graph pass chooses the kernels, no per-model code).
@@ -157,32 +121,12 @@ COLUMNS = (
     # beyond the required schema
     "error", "loss_ok", "loss_diff_vs_ref", "speedup_vs_liger", "mem_ratio_vs_liger",
     "ms_p50", "peak_reserved_mib", "weights_mib", "params_m", "setup_s", "warmup_s", "warmup",
-    "device", "experts_impl", "notes", "losses",
+    "device", "experts_impl", "notes", "losses", "inputs",
 )  # fmt: skip
 MAX_BATCH_COLUMNS = (
     "model", "provider", "seq", "max_batch", "tried", "ms_per_step", "tokens_per_s",
     "peak_mem_mib", "gpu", "error",
 )  # fmt: skip
-
-
-def build_config(shape: Shape, *, layers: int | None, seq: int):
-    from transformers import AutoConfig
-
-    kw = dict(
-        hidden_size=shape.hidden,
-        intermediate_size=shape.intermediate,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        vocab_size=shape.vocab,
-        num_hidden_layers=layers or shape.layers,
-        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-        use_cache=False,
-    )
-    kw.update(shape.extra)
-    # the rotary tables must cover the sequence
-    kw["max_position_embeddings"] = max(kw.get("max_position_embeddings", 0), seq)
-    return AutoConfig.for_model(shape.model_type, **kw)
 
 
 # --------------------------------------------------------------------------- providers
@@ -243,6 +187,7 @@ def patch_provider(provider: str, model, shape: Shape, device: torch.device):
     if provider == "kernelwright":
         try:
             from kernelwright import patch
+            from kernelwright.integrations.transformers import patch_record
         except ImportError as e:
             dep = getattr(e, "name", None) or ""
             if isinstance(e, ModuleNotFoundError) and dep and not dep.startswith("kernelwright"):
@@ -251,12 +196,13 @@ def patch_provider(provider: str, model, shape: Shape, device: torch.device):
                 why = f"{e}; the autopatch patcher must be in this checkout"
             raise ProviderUnavailable(f"kernelwright.patch is not importable: {why}") from e
         profile = patch(model)
-        notes = ""
+        record = patch_record(model)  # what was patched, by kind and class
+        notes = [f"patched {record.patched()}"] if record is not None else []
         unsupported = getattr(profile, "unsupported", None)
         if callable(unsupported):
             left = [what for what, _ in unsupported()]
-            notes = "unsupported: " + "; ".join(left) if left else "all decisions patched"
-        return notes, profile
+            notes += ["unsupported: " + "; ".join(left) if left else "all decisions patched"]
+        return "; ".join(notes), profile
     if provider == "liger":
         if device.type != "cuda":
             raise ProviderUnavailable("liger needs a CUDA GPU (skipped on CPU)")
@@ -271,7 +217,13 @@ def patch_provider(provider: str, model, shape: Shape, device: torch.device):
                 f"liger_kernel {package_version('liger-kernel')} has no "
                 f"{fn_name or 'entry point'} for model_type {shape.model_type!r}"
             )
+        modeling = sys.modules[type(model).__module__]
+        before = set(vars(modeling))
         fn(model=model)  # its defaults: rope, rms_norm, swiglu/geglu, fused linear CE
+        # a name it sets that the modeling module did not have is one no code there calls
+        unused = sorted(set(vars(modeling)) - before)
+        if unused:
+            return f"{fn_name}; not in this modeling module (no effect): {', '.join(unused)}", None
         return fn_name, None
     raise ValueError(f"unknown provider {provider!r}; choose from {', '.join(PROVIDERS)}")
 
@@ -284,33 +236,31 @@ class ProviderUnavailable(RuntimeError):
 
 
 def build(shape: Shape, args, device: torch.device, provider: str):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = build_config(shape, layers=args.layers, seq=args.seq)
+    auto = AutoModelForCausalLM if shape.vlm is None else AutoModelForImageTextToText
     kw = {}
     if args.experts_impl and shape.extra.get("num_experts"):
         kw["experts_implementation"] = args.experts_impl
     torch.manual_seed(args.seed)  # identical random init for every provider
     with device:
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=torch.bfloat16, attn_implementation="sdpa", **kw
-        )
-    model.config.use_cache = False
+        model = auto.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa", **kw)
+    model.config.get_text_config().use_cache = False
     model.train()
     model, notes, profile = apply_provider(provider, model, shape, device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=device.type == "cuda")
     return model, opt, notes, profile
 
 
-def make_batch(vocab: int, batch: int, seq: int, seed: int, device: torch.device):
-    g = torch.Generator().manual_seed(seed + 1)  # drawn on the CPU: the same on every device
-    return torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+def _batch_kw(args, device) -> dict:
+    return {"seed": args.seed, "layers": args.layers, "device": device}
 
 
-def train_step(model, opt, ids) -> torch.Tensor:
-    # labels = input_ids: the causal-LM forward shifts them. Only the loss is kept (as a
-    # trainer does), so HF's logits are freed once its loss is computed.
-    loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+def train_step(model, opt, inputs: dict) -> torch.Tensor:
+    # `inputs` holds the labels. Only the loss is kept (as a trainer does), so HF's logits are
+    # freed once its loss is computed.
+    loss = model(**inputs, use_cache=False).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -339,7 +289,8 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
     """Warm-up and timed steps of one provider; a row for the CSV."""
     row = {"model": name, "provider": provider, "batch": batch, "seq": args.seq}
     row.update(tokens_per_step=batch * args.seq, steps=args.steps, warmup=args.warmup)
-    model = opt = ids = None
+    row["inputs"] = describe_inputs(shape, args.seq, args.layers)
+    model = opt = inputs = None
     module_name = f"transformers.models.{shape.model_type}.modeling_{shape.model_type}"
     importlib.import_module(module_name)
     try:
@@ -358,7 +309,7 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
             row["weights_mib"] = (
                 torch.cuda.memory_allocated() / MIB if device.type == "cuda" else math.nan
             )
-            ids = make_batch(shape.vocab, batch, args.seq, args.seed, device)
+            inputs = make_batch(shape, batch, args.seq, **_batch_kw(args, device))
 
             losses, times = [], []
             for i in range(args.warmup + args.steps):
@@ -366,7 +317,7 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
                     # step 0 alone (AdamW allocates its state there), then the steady state
                     torch.cuda.reset_peak_memory_stats()
                 t = time.perf_counter()
-                loss = train_step(model, opt, ids)
+                loss = train_step(model, opt, inputs)
                 sync(device)
                 times.append(time.perf_counter() - t)
                 losses.append(loss.item())
@@ -399,7 +350,7 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
         traceback.print_exc()
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     finally:
-        del model, opt, ids
+        del model, opt, inputs
         free(device)
     return row
 
@@ -420,20 +371,20 @@ def max_batch(name, shape, provider, candidates, args, device) -> dict:
             free(device)
             model, opt, _, _ = build(shape, args, device, provider)
             for b in sorted(candidates):
-                ids = make_batch(shape.vocab, b, args.seq, args.seed, device)
+                inputs = make_batch(shape, b, args.seq, **_batch_kw(args, device))
                 ok = False
                 try:
                     torch.cuda.reset_peak_memory_stats()
-                    train_step(model, opt, ids)
+                    train_step(model, opt, inputs)
                     sync(device)
                     t = time.perf_counter()
-                    train_step(model, opt, ids)
+                    train_step(model, opt, inputs)
                     sync(device)
                     dt = time.perf_counter() - t
                     ok = True
                 except torch.OutOfMemoryError:
                     pass
-                del ids
+                del inputs
                 # after an OOM half-made gradients and graph tensors must go before a retry
                 opt.zero_grad(set_to_none=True)
                 peak = peak_mib(device)
@@ -479,124 +430,6 @@ def environment(device: torch.device) -> dict:
     }
 
 
-def compare(rows: list[dict], args) -> list[str]:
-    """Ratios against hf and liger, and the first-step loss check; returns warning lines."""
-    warnings = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        group = {r["provider"]: r for r in rows if r["model"] == model and not r.get("error")}
-        ref = group.get("hf") or next(iter(group.values()), None)
-        for r in group.values():
-            for peer in ("hf", "liger"):
-                p = group.get(peer)
-                if p is None:
-                    continue
-                r[f"speedup_vs_{peer}"] = r["tokens_per_s"] / p["tokens_per_s"]
-                if p["peak_mem_mib"] > 0:  # NaN on CPU compares False: ratio stays empty
-                    r[f"mem_ratio_vs_{peer}"] = r["peak_mem_mib"] / p["peak_mem_mib"]
-            diff = abs(r["loss_first"] - ref["loss_first"])
-            r["loss_diff_vs_ref"] = diff
-            r["loss_ok"] = diff <= args.loss_atol + args.loss_rtol * abs(ref["loss_first"])
-            if not r["loss_ok"]:
-                warnings.append(
-                    f"WARNING {model}/{r['provider']}: first-step loss {r['loss_first']:.5f} "
-                    f"differs from {ref['provider']}'s {ref['loss_first']:.5f} by {diff:.2e} "
-                    f"(> {args.loss_atol} + {args.loss_rtol} x ref): its speed and memory are "
-                    "not comparable until the patch is fixed"
-                )
-    return warnings
-
-
-def _fmt(v, spec: str) -> str:
-    if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
-        width = spec.split(".")[0]
-        return format("-", f">{width}") if width else "-"
-    return format(v, spec)
-
-
-def print_table(rows: list[dict]) -> None:
-    head = (
-        f"{'model':22} {'provider':13} {'batch':>5} {'ms/step':>9} {'tokens/s':>10} "
-        f"{'peak MiB':>9} {'1st MiB':>9} {'x hf':>6} {'mem/hf':>6} {'loss0':>9}  notes"
-    )
-    print("\n" + head + "\n" + "-" * len(head))
-    for r in rows:
-        if r.get("error"):
-            print(f"{r['model']:22} {r['provider']:13} {r['batch']:>5}  error: {r['error']}")
-            continue
-        flag = "" if r.get("loss_ok", True) else " ! LOSS MISMATCH"
-        print(
-            f"{r['model']:22} {r['provider']:13} {r['batch']:>5} {_fmt(r['ms_per_step'], '9.1f')} "
-            f"{_fmt(r['tokens_per_s'], '10.0f')} {_fmt(r['peak_mem_mib'], '9.0f')} "
-            f"{_fmt(r.get('peak_mem_first_step_mib'), '9.0f')} "
-            f"{_fmt(r.get('speedup_vs_hf'), '6.2f')} {_fmt(r.get('mem_ratio_vs_hf'), '6.2f')} "
-            f"{_fmt(r['loss_first'], '9.5f')}{flag}  {r.get('notes', '')}"
-        )
-    print("(peak MiB: max allocated over the timed steps; 1st MiB: over the first step)")
-
-
-def write_csv(path: Path, rows: list[dict], columns) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({c: _csv_value(r.get(c, "")) for c in columns})
-    return path
-
-
-def _csv_value(v):
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.6g}"
-    return v
-
-
-def write_plot(path: Path, rows: list[dict]) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(2, len(models), figsize=(4.2 * len(models), 6.5), squeeze=False)
-    for j, model in enumerate(models):
-        group = [r for r in rows if r["model"] == model]
-        names = [r["provider"] for r in group]
-        for i, (key, label, scale) in enumerate(
-            (("tokens_per_s", "tokens/s", 1.0), ("peak_mem_mib", "peak memory (GiB)", 1 / 1024))
-        ):
-            ax = axes[i][j]
-            vals = [
-                0.0 if r.get("error") or not _finite(r.get(key)) else r[key] * scale for r in group
-            ]
-            bars = ax.bar(names, vals, color=[_COLORS.get(n, "grey") for n in names])
-            for b, r in zip(bars, group, strict=True):
-                text = "error" if r.get("error") else ""
-                ratio = r.get("speedup_vs_hf" if i == 0 else "mem_ratio_vs_hf")
-                if not text and _finite(ratio):
-                    text = f"{ratio:.2f}x"
-                if not text and not r.get("loss_ok", True):
-                    text = "loss!"
-                xy = (b.get_x() + b.get_width() / 2, b.get_height())
-                ax.annotate(text, xy, ha="center", va="bottom", fontsize=8)
-            ax.set_ylabel(label)
-            if i == 0:
-                b = group[0]["batch"] if group else "?"
-                ax.set_title(f"{model}\nbatch {b} x seq {group[0]['seq'] if group else '?'}")
-    gpu = rows[0].get("gpu", "") if rows else ""
-    fig.suptitle(f"training step (fwd+bwd+AdamW), bf16 — {gpu}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-_COLORS = {"hf": "#999999", "kernelwright": "#1f77b4", "liger": "#ff7f0e"}
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v)
-
-
 # --------------------------------------------------------------------------- CLI
 
 
@@ -636,19 +469,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--process-per-provider",
         action="store_true",
-        help="run each provider in its own process (needs an explicit --batch)",
+        help="run each provider, and the batch search, in its own process",
     )
+    p.add_argument("--search-only", action="store_true", help=argparse.SUPPRESS)  # its process
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
-    if args.process_per_provider and (args.batch == "auto" or args.batch_per_provider):
-        p.error("--process-per-provider needs an explicit --batch (and no --batch-per-provider)")
+    if args.process_per_provider and args.batch_per_provider:
+        p.error("--process-per-provider does not take --batch-per-provider")
     return args
 
 
-def run_in_subprocess(name: str, provider: str, batch: int, argv, out: Path) -> dict:
-    """One provider's row, measured by this script in a fresh process."""
-    sub = out / f"_{name}_{provider}"
+def run_in_subprocess(name: str, provider: str, batch, argv, out: Path, search=False) -> dict:
+    """One provider's row, measured by this script in a fresh process; `search`: the row of
+    its batch search (--batch auto) instead."""
+    sub = out / f"_{name}_{'search' if search else provider}"
     rest = list(sys.argv[1:] if argv is None else argv)
     for flag in ("--model", "--providers", "--out", "--batch"):  # drop ours, set them below
         while flag in rest:
@@ -658,12 +493,19 @@ def run_in_subprocess(name: str, provider: str, batch: int, argv, out: Path) -> 
     rest = [a for a in rest if a != "--process-per-provider"]
     cmd = [sys.executable, __file__, "--model", name, "--providers", provider]
     cmd += ["--batch", str(batch), "--out", str(sub), "--no-plot", *rest]
-    print(f"  {name}/{provider}: own process", flush=True)
+    cmd += ["--search-only"] if search else []
+    print(
+        f"  {name}/{provider}: {'batch search' if search else 'run'} in its own process", flush=True
+    )
     done = subprocess.run(cmd, check=False)
-    path = sub / "train_step.csv"
+    path = sub / ("train_step_max_batch.csv" if search else "train_step.csv")
     if done.returncode != 0 or not path.exists():
-        err = f"its process exited with {done.returncode}"
-        return {"model": name, "provider": provider, "batch": batch, "error": err}
+        row = {
+            "model": name,
+            "provider": provider,
+            "error": f"its process exited with {done.returncode}",
+        }
+        return row | ({"max_batch": 0} if search else {"batch": batch})
     with path.open() as f:
         row = next(csv.DictReader(f))
     return {k: _parse(v) for k, v in row.items() if v != ""}
@@ -713,7 +555,10 @@ def main(argv=None) -> list[dict]:
         elif device.type != "cuda":
             batch = min(candidates)  # no out-of-memory signal on CPU: smallest candidate
         else:
-            found = max_batch(name, shape, "hf", candidates, args, device)
+            if args.process_per_provider:
+                found = run_in_subprocess(name, "hf", "auto", argv, out, search=True)
+            else:
+                found = max_batch(name, shape, "hf", candidates, args, device)
             max_rows.append(found)
             batch = found["max_batch"]
             if not batch:
@@ -722,6 +567,8 @@ def main(argv=None) -> list[dict]:
                 for pr in providers:
                     rows.append({"model": name, "provider": pr, "batch": 0, "seq": args.seq})
                     rows[-1].update(env, error=err)
+                continue
+            if args.search_only:
                 continue
         print(f"{name}: batch {batch} x seq {args.seq}", flush=True)
         for pr in providers:
@@ -734,7 +581,7 @@ def main(argv=None) -> list[dict]:
             if row.get("error"):
                 print(f"  {name}/{pr}: error: {row['error']}", flush=True)
             else:
-                peak = _fmt(row["peak_mem_mib"], ".0f")
+                peak = fmt(row["peak_mem_mib"], ".0f")
                 print(
                     f"  {name}/{pr}: {row['ms_per_step']:.1f} ms/step, "
                     f"{row['tokens_per_s']:.0f} tokens/s, peak {peak} MiB, "
@@ -747,7 +594,7 @@ def main(argv=None) -> list[dict]:
                     continue  # searched above
                 max_rows.append(max_batch(name, shape, pr, candidates, args, device))
 
-    warnings = compare(rows, args)
+    warnings = compare(rows, atol=args.loss_atol, rtol=args.loss_rtol)
     print_table(rows)
     for w in warnings:
         print(w)
@@ -760,8 +607,8 @@ def main(argv=None) -> list[dict]:
         print("\nlargest batch per provider (searched over " + args.batch_candidates + "):")
         for r in max_rows:
             tail = r.get("error") or (
-                f"{_fmt(r.get('tokens_per_s'), '.0f')} tokens/s, "
-                f"peak {_fmt(r.get('peak_mem_mib'), '.0f')} MiB (one step)"
+                f"{fmt(r.get('tokens_per_s'), '.0f')} tokens/s, "
+                f"peak {fmt(r.get('peak_mem_mib'), '.0f')} MiB (one step)"
             )
             print(f"  {r['model']:22} {r['provider']:13} {r['max_batch']:>4}  {tail}")
         print(f"wrote {mpath}")

@@ -105,3 +105,46 @@ def test_wrong_patch_is_flagged_and_does_not_leak(bench, tmp_path, monkeypatch):
     hf, kw, hf_again = rows
     assert kw["loss_ok"] is False and kw["loss_diff_vs_ref"] > 0.05
     assert hf_again["loss_first"] == hf["loss_first"]
+
+
+def test_vlm_rows_with_images(bench, tmp_path, monkeypatch):
+    # tiny Qwen2.5-VL: the vision tower and the text decoder trained on a batch with one image a
+    # sample; hf and kernelwright must agree on the first loss, and the M-RoPE positions must
+    # come from the model's get_rope_index (transformers 5 falls back to 1-D positions silently
+    # when the batch lacks what it needs).
+    try:
+        from kernelwright import patch
+        from kernelwright.integrations.transformers.analysis import analyze
+    except ImportError as e:
+        pytest.skip(f"kernelwright.patch is not importable: {e}")
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    # the analyser's numerical model check (test_autopatch_vlm's subject) would dominate here
+    monkeypatch.setattr(kernelwright, "patch", lambda m: patch(m, analyze(m, check=False)))
+    positions = []
+    rope_index = Qwen2_5_VLModel.get_rope_index
+
+    def spy(self, *a, **kw):
+        out = rope_index(self, *a, **kw)
+        positions.append(out[0])
+        return out
+
+    monkeypatch.setattr(Qwen2_5_VLModel, "get_rope_index", spy)
+    argv = ["--model", "tiny-qwen2.5-vl", "--providers", "hf,kernelwright", "--out", str(tmp_path)]
+    argv += ["--seq", "12", "--warmup", "0", "--steps", "1", "--batch", "1", "--device", "cpu"]
+    hf, kw = bench.main([*argv, "--no-plot"])
+    for r in (hf, kw):
+        assert r.get("error") is None, r["error"]
+        assert r["inputs"] == "1 image 8x8 (16 patches -> 4 of the 12 tokens)"
+        assert r["tokens_per_step"] == 12
+        assert all(math.isfinite(x) for x in (r["loss_first"], r["loss_last"]))
+        assert 4.5 < r["loss_first"] < 7.0  # near ln(256): a random tiny model
+    assert kw["loss_ok"] is True and kw["loss_diff_vs_ref"] < 0.02
+    # the text decoder's MLP and attention (rope) classes, and the vision tower's MLP
+    assert all(c in kw["notes"] for c in ("Qwen2MLP", "Qwen2_5_VLAttention", "Qwen2_5_VLMLP"))
+    # one step per provider; the image's 2x2 merged tokens (positions 5..8): one temporal
+    # position, heights 0 0 1 1 and widths 0 1 0 1 from its start
+    assert len(positions) == 2
+    t, h, w = positions[0][:, 0, 5:9]
+    assert t.unique().numel() == 1 and (h - h[0]).tolist() == [0, 0, 1, 1]
+    assert (w - w[0]).tolist() == [0, 1, 0, 1]

@@ -1,6 +1,7 @@
 """Benchmark harness: specs (what to run, a module per op family; our ops' modules and functions
 come from the op registry), harness (timing, memory, bandwidth), report (CSV, plots, summary),
-models (the shape registry).
+models (the shape registry); train_models and train_report hold benchmarks/train_step.py's model
+cuts, input batches and results.
 
     from kernelwright.bench import SPECS, make_context, run_spec, write_csv, print_summary
     ctx = make_context()                      # device, versions, commit, copy bandwidth (once)
