@@ -4,9 +4,10 @@ debug target `debug_planted:<name>`, with a library op as its reference (`--ref 
 Each one is a library op with one thing wrong: a wrong constant or option, a cast left out,
 a backward that drops or scales one input's gradient, a mask, a stride, a launch-table row.
 Some are small Triton kernels of their own (a missing tail tile, the wrong `other` on a masked
-load). Never shipped: this module lives in tests/ only. `BUGS` lists each bug with where
-`debug` must localise it: the pass, and per axis a value its regime must contain while not
-being every value of that axis.
+load, programs storing over each other's dW partial, an offset computed in int32). Never
+shipped: this module lives in tests/ only. `BUGS` lists each bug with where `debug` must
+localise it: the pass, and per axis a value its regime must contain while not being every
+value of that axis. `GPU_BUGS` are those only a GPU reaches (inputs past 2^31 elements).
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import contextlib
 from dataclasses import dataclass, field
 
 import torch
-import triton
-import triton.language as tl
 
 import kernelwright  # noqa: F401  (selects the interpreter before the kernels below exist)
 from kernelwright.ops import rms_norm as rms_norm_mod
@@ -26,14 +25,21 @@ from kernelwright.ops.geglu import geglu
 from kernelwright.ops.jagged_mean import jagged_mean
 from kernelwright.ops.layer_norm import layer_norm, layer_norm_ref
 from kernelwright.ops.relu_squared import relu_squared_ref
-from kernelwright.ops.rms_norm import rms_norm, rms_norm_ref
+from kernelwright.ops.rms_norm import rms_norm
 from kernelwright.ops.rope import rope, rope_ref
 from kernelwright.ops.softmax import softmax
 from kernelwright.ops.swiglu import swiglu
 from kernelwright.runtime import device_info
-from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables import softmax as softmax_table
+
+# the bugs written as Triton kernels, re-exported: their targets are `debug_planted:<name>` too
+from debug_planted_kernels import (  # isort: skip
+    relu_squared_int32_offsets,
+    relu_squared_tail_tiles,
+    rms_norm_dw_race,
+    rms_norm_masked_other,
+)
 
 
 @dataclass(frozen=True)
@@ -297,80 +303,7 @@ def rms_norm_four_row_programs(x, weight=None, eps=1e-6, **kw):
     return y * 1.01 if cfg.rows == 4 and cfg.block_n >= x.shape[-1] else y
 
 
-# --------------------------------------------------------------------------- Triton kernels
-
-
-@triton.jit
-def _relu2_tiles_kernel(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.maximum(x, 0.0)
-    tl.store(y_ptr + row * stride_y + cols, (y * y).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-class _Relu2Tiles(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        y = empty(x2.shape, dtype=x.dtype, device=x.device)
-        m, n = x2.shape
-        block = 16
-        # the bug: floor instead of ceil, the last partial tile of a row is never written
-        _relu2_tiles_kernel[(m, n // block)](x2, y, n, x2.stride(0), y.stride(0), BLOCK=block)
-        ctx.save_for_backward(x)
-        return y.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return (2 * torch.relu(x.float()) * dy.float()).to(x.dtype)
-
-
-def relu_squared_tail_tiles(x):
-    return _Relu2Tiles.apply(x)
-
-
-@triton.jit
-def _rms_fwd_other_kernel(x_ptr, w_ptr, y_ptr, N, stride_x, stride_y, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    # the bug: masked lanes read as 1.0, not 0.0, so they join the sum of squares
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=1.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * stride_y + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-class _RmsOther(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        x2 = x.reshape(-1, x.shape[-1]).contiguous()
-        y = empty(x2.shape, dtype=x.dtype, device=x.device)
-        m, n = x2.shape
-        block = triton.next_power_of_2(n)
-        _rms_fwd_other_kernel[(m,)](x2, weight, y, n, x2.stride(0), y.stride(0), eps, BLOCK=block)
-        ctx.save_for_backward(x, weight)
-        ctx.eps = eps
-        return y.view(x.shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        with torch.enable_grad():
-            xr = x.detach().float().requires_grad_(True)
-            wr = weight.detach().float().requires_grad_(True)
-            y = rms_norm_ref(xr, wr, ctx.eps)
-            dx, dw = torch.autograd.grad(y, [xr, wr], dy.float())
-        return dx.to(x.dtype), dw.to(weight.dtype), None
-
-
-def rms_norm_masked_other(x, weight=None, eps=1e-6, **kw):
-    if weight is None or kw.get("offset", 0.0) or kw.get("casting_mode", "llama") == "gemma":
-        return rms_norm(x, weight, eps, **kw)
-    return _RmsOther.apply(x, weight, eps)
+# --------------------------------------------------------------------------- strides
 
 
 def rms_norm_ignores_row_stride(x, weight=None, eps=1e-6, **kw):
@@ -536,6 +469,8 @@ BUGS = [
         "dx scaled on the looped backward path"),
     Bug("rms_norm_four_row_programs", "rms_norm", "forward", {"config": "rows=4"},
         "wrong when a program holds 4 rows (a GPU table's config)"),
+    Bug("rms_norm_dw_race", "rms_norm", "grad:weight", {"shape": "many_rows"},
+        "programs store their dW partials over each other (a race: the last one wins)"),
     Bug("softmax_bad_table_row", "softmax", "forward",
         {"config": "n <= 1024"},
         "a table row of 257..1024 columns with a block of 768"),
@@ -550,4 +485,15 @@ BUGS = [
         "the gradient not divided by the segment's length"),
 ]  # fmt: skip
 
-__all__ = ["BUGS", "COMPILE_BUGS", "Bug", "CompileBug", "layer_norm_ref", "relu_squared_ref"]
+# Only a GPU reaches these: the huge regime (inputs past 2^31 elements) is not tried under
+# Triton's interpreter (tests/test_debug_huge.py).
+GPU_BUGS = [
+    Bug("relu_squared_int32_offsets", "relu_squared", "forward", {"shape": "huge"},
+        "row offsets computed in int32: rows past 2^31 elements wrap onto earlier ones"),
+]  # fmt: skip
+
+__all__ = [
+    "BUGS", "COMPILE_BUGS", "GPU_BUGS", "Bug", "CompileBug", "layer_norm_ref", "relu_squared_ref",
+    "relu_squared_int32_offsets", "relu_squared_tail_tiles", "rms_norm_dw_race",
+    "rms_norm_masked_other",
+]  # fmt: skip

@@ -139,9 +139,11 @@ def debug(
     console.print(f"Report: {result.report}")
     if profile.divergence is None:
         skipped = sum(p.status == "skipped" for p in profile.probes)
+        untried = [p for p in profile.probes if p.status == "not tried"]
+        agree = len(profile.probes) - skipped - len(untried)
         console.print(
-            f"[green]no divergence[/]: {len(profile.probes) - skipped} probes agree with the "
-            f"reference ({skipped} skipped)"
+            f"[green]no divergence[/]: {agree} probes agree with the reference ({skipped} "
+            f"skipped, {len(untried)} not tried: see the report)"
         )
         return
     d = profile.divergence

@@ -11,7 +11,8 @@ contiguous, normal values, the launch table as it is):
 - case: the op's registered cases (options such as `casting_mode="gemma"`, `softcap`);
 - dtype: float32, bfloat16, float16;
 - shape: pow2 (powers of two), tail (odd sizes), tiny (short rows), many_rows, long_row
-  (past the launch table's last bounded row: the looped kernels);
+  (past the launch table's last bounded row: the looped kernels), huge (the largest input
+  past 2^31 elements: on a CUDA device with the memory free only, else "not tried");
 - layout: contiguous, row_strided (rows padded), transposed (last dim not contiguous);
 - values: normal, large (x 1000), all_equal (each row one value), inf (-inf at some
   positions), nan (NaN at some positions);
@@ -34,7 +35,7 @@ SCHEMA_VERSION = 1
 
 AXES = ("case", "dtype", "shape", "layout", "values", "config")
 DTYPES = ("float32", "bfloat16", "float16")
-SHAPES = ("pow2", "tail", "tiny", "many_rows", "long_row")
+SHAPES = ("pow2", "tail", "tiny", "many_rows", "long_row", "huge")
 LAYOUTS = ("contiguous", "row_strided", "transposed")
 VALUES = ("normal", "large", "all_equal", "inf", "nan")
 Verdict = Literal["pending", "no divergence", "diverged"]
@@ -86,11 +87,13 @@ class Probe(Strict):
     layout: str
     values: str
     config: str  # "table" (as it is) or the launch config row in force
-    status: Literal["pass", "fail", "skipped"]
+    # skipped: it ran and says nothing (the reference raised); not tried: it cannot run here
+    # (a huge input without a GPU or the memory it needs), `message` says why
+    status: Literal["pass", "fail", "skipped", "not tried"]
     failing: list[str] = Field(default_factory=list)  # the failing passes, in order
     max_error: float = 0.0  # the largest error / tol ratio's error
     passes: list[PassResult] = Field(default_factory=list)
-    message: str = ""  # an exception, or why the probe was skipped
+    message: str = ""  # an exception, why the probe was skipped or not tried, how it compared
     seconds: float = 0.0
 
 
@@ -111,6 +114,8 @@ class Divergence(Strict):
     message: str = ""
     minimal_shape: list[int]
     shrink_steps: list[list[int]] = Field(default_factory=list)  # the shapes tried that failed
+    # a huge input: the inputs split into chunks of rows for the reference (None: whole)
+    rows: list[str] | None = None
     # per axis, the values whose probe failed (the base point's value included when it failed)
     regime: dict[str, list[str]] = Field(default_factory=dict)
     summary: str  # one sentence: what diverges, where, and where not

@@ -9,6 +9,10 @@ dtype and one regime, is found without a full product of the axes). When the bas
 failing probes are then run at the dtypes not yet tried, which confines the divergence in
 dtype. The first failing probe is the divergence; the failing values per axis are its regime;
 its shape is then halved, dim by dim, while the same pass still fails.
+
+The huge shape regime (past 2^31 elements) runs only on a CUDA device with the memory it needs
+free (huge.py); elsewhere its probe is "not tried", with the reason, and counts as no probe
+of its axis.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from kernelwright.profiles.debug import AXES, DebugProfile, Divergence, PassResu
 from kernelwright.runtime import default_device, device_info
 from kernelwright.runtime.alloc import poisoned
 from kernelwright.runtime.launch import LaunchConfig, next_pow2, table_rows
+from kernelwright.workflows.debug import huge
 from kernelwright.workflows.debug import shapes as S
 from kernelwright.workflows.debug.numerics import compare, with_layout, with_values
 from kernelwright.workflows.debug.target import add_paths, decode, load, maker_of
@@ -76,6 +81,7 @@ class Runner:
         arch = device_info(self.device).arch
         self.arch_of = lambda k: arch if self.table and arch in self.table[k] else "default"
         self.interpreter = arch == "interpreter"
+        self._huge: dict[tuple, huge.Plan] = {}
 
     # ------------------------------------------------------------------- one probe
 
@@ -95,20 +101,35 @@ class Runner:
                 else:
                     self.table[kernel][key] = rows
 
-    def run(self, point: Point, axis: str, value: str, quiet: bool = False) -> Probe:
-        spec, fn, ref, maker, kwargs = self.cases[point.case]
-        tol = self.profile.tolerances[point.dtype]
-        seed = self.profile.seed
-        start = time.perf_counter()
-        inputs = maker(point.shape, DTYPES[point.dtype], self.device, seed)
-        inputs = with_layout(with_values(inputs, point.values, seed), point.layout)
-        # NaN, inf and overflow are what some regimes are about: numpy's warnings say nothing
-        with self._forced(point.forced), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            rows, skipped = compare(
-                fn, ref, inputs, kwargs, spec.grad_inputs, tol.model_dump(), seed, poisoned
+    def huge_plan(self, point: Point) -> huge.Plan:
+        """What a huge probe at `point` costs and how it compares (cached per case, dtype,
+        shape)."""
+        key = (point.case, point.dtype, point.shape)
+        if key not in self._huge:
+            spec, _, ref, maker, kwargs = self.cases[point.case]
+            dtype, seed = DTYPES[point.dtype], self.profile.seed
+            self._huge[key] = huge.plan(
+                maker, ref, kwargs, spec.inputs, spec.grad_inputs, point.shape, dtype, seed
             )
-        passes = [PassResult(**r) for r in rows]
+        return self._huge[key]
+
+    def run(self, point: Point, axis: str, value: str, quiet: bool = False) -> Probe:
+        start = time.perf_counter()
+        plan = self.huge_plan(point) if point.regime == "huge" else None
+        if plan is not None:
+            reason = huge.not_tried(plan, self.device, self.interpreter)
+            if reason:
+                return self._not_tried(point, axis, value, reason, start, quiet)
+        try:
+            passes, skipped = self._compare(point, plan)
+        except torch.cuda.OutOfMemoryError as e:
+            if plan is None:
+                raise
+            reason = huge.out_of_memory(plan, e)
+            return self._not_tried(point, axis, value, reason, start, quiet)
+        finally:
+            if plan is not None and self.device.type == "cuda":
+                huge.free_device_memory(self.device)
         failing = []
         for p in passes:
             if not p.ok and p.name not in failing:
@@ -118,10 +139,35 @@ class Runner:
         message = skipped or ("no finite reference value" if not passes else "")
         message = message or "; ".join(f"{p.name}: {p.detail}" for p in passes
                                        if not p.ok and "raised" in p.detail)  # fmt: skip
-        probe = Probe(
+        if plan is not None:
+            message = "; ".join(m for m in (message, huge.describe(plan)) if m)
+        probe = self._probe(point, axis, value, status, start, message)
+        probe.failing, probe.passes = failing, passes
+        probe.max_error = worst.error if worst is not None else 0.0
+        if not quiet:
+            self.progress(progress_line(probe))
+        return probe
+
+    def _compare(self, point: Point, plan: huge.Plan | None) -> tuple[list[PassResult], str]:
+        spec, fn, ref, maker, kwargs = self.cases[point.case]
+        tol = self.profile.tolerances[point.dtype]
+        seed = self.profile.seed
+        inputs = maker(point.shape, DTYPES[point.dtype], self.device, seed)
+        inputs = with_layout(with_values(inputs, point.values, seed), point.layout)
+        rows = list(plan.rows) if plan is not None and plan.chunked else None
+        # NaN, inf and overflow are what some regimes are about: numpy's warnings say nothing
+        with self._forced(point.forced), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got, skipped = compare(fn, ref, inputs, kwargs, spec.grad_inputs, tol.model_dump(),
+                                   seed, poisoned, rows=rows)  # fmt: skip
+        return [PassResult(**r) for r in got], skipped
+
+    def _probe(self, point: Point, axis: str, value: str, status: str, start: float,
+               message: str) -> Probe:  # fmt: skip
+        return Probe(
             axis=axis,
             value=value,
-            case=spec.label,
+            case=self.cases[point.case][0].label,
             dtype=point.dtype,
             shape=list(point.shape),
             shape_regime=point.regime,
@@ -129,12 +175,12 @@ class Runner:
             values=point.values,
             config=point.config,
             status=status,
-            failing=failing,
-            max_error=worst.error if worst is not None else 0.0,
-            passes=passes,
             message=message,
             seconds=round(time.perf_counter() - start, 4),
         )
+
+    def _not_tried(self, point, axis, value, reason, start, quiet) -> Probe:
+        probe = self._probe(point, axis, value, "not tried", start, reason)
         if not quiet:
             self.progress(progress_line(probe))
         return probe
@@ -219,6 +265,8 @@ def progress_line(p: Probe) -> str:
     where = f"[{p.axis}] {p.value} | {p.dtype} {tuple(p.shape)} {p.layout} {p.values}"
     if p.status == "skipped":
         return f"  skip {where}: {p.message}"
+    if p.status == "not tried":
+        return f"  --   {where}: {p.message}"
     if p.status == "pass":
         return f"  ok   {where}: max err {p.max_error:.2e}"
     bad = next(x for x in p.passes if not x.ok)
@@ -277,6 +325,9 @@ def bisect(profile: DebugProfile, progress: Progress) -> DebugProfile:
     if profile.shrink:
         progress(f"[shrink] {pass_name} at {first.dtype} {minimal}")
         minimal, steps = shrink(runner, point, pass_name)
+    rows = None  # a huge input: the inputs the repro compares chunk by chunk of rows
+    if first.shape_regime == "huge":
+        rows = list(runner.huge_plan(dataclasses.replace(point, shape=tuple(minimal))).rows) or None
     row = next(p for p in first.passes if p.name == pass_name)
     regime = regime_of(profile, probes)
     profile.divergence = Divergence(
@@ -294,6 +345,7 @@ def bisect(profile: DebugProfile, progress: Progress) -> DebugProfile:
         message=first.message,
         minimal_shape=list(minimal),
         shrink_steps=[list(s) for s in steps],
+        rows=rows,
         regime=regime,
         summary=summary(profile, first, pass_name, row, regime),
     )
@@ -337,14 +389,15 @@ def regime_of(profile: DebugProfile, probes: list[Probe]) -> dict[str, list[str]
 
 
 def probed_values(profile: DebugProfile, probes: list[Probe]) -> dict[str, list[str]]:
-    """Per axis, every value probed (the base's included)."""
+    """Per axis, every value probed (the base's included; not one that was not tried)."""
     base_values = {"case": profile.cases[0].label, **BASE}
     out = {}
     for axis in AXES:
         if axis == "dtype":
             out[axis] = list(profile.dtypes)
             continue
-        values = [base_values[axis]] + [p.value for p in probes if p.axis == axis]
+        values = [base_values[axis]]
+        values += [p.value for p in probes if p.axis == axis and p.status != "not tried"]
         out[axis] = list(dict.fromkeys(values))
     return out
 

@@ -49,6 +49,7 @@ GRAD_INPUTS = {grad_inputs!r}
 # {tol_source}, {dtype}
 TOL = {{"fwd": {fwd!r}, "bwd": {bwd!r}}}
 PASS = {pass_name!r}  # the pass that diverged
+ROWS = {rows!r}  # inputs the reference takes in chunks of rows (a huge input), or None
 
 
 # ------------------------------------------- copied from kernelwright.workflows.debug.numerics
@@ -64,7 +65,9 @@ def main():
     inputs = make_inputs(SHAPE, DTYPE, device, SEED)
     inputs = with_layout(with_values(inputs, VALUES, SEED), LAYOUT)
     with launch_config():
-        passes, skipped = compare(op, reference, inputs, KWARGS, GRAD_INPUTS, TOL, SEED, poisoned)
+        passes, skipped = compare(
+            op, reference, inputs, KWARGS, GRAD_INPUTS, TOL, SEED, poisoned, rows=ROWS
+        )
     assert not skipped, skipped
     for p in passes:
         mark = "ok  " if p["ok"] else "FAIL"
@@ -162,6 +165,7 @@ def write_repro(
         fwd=tol.fwd,
         bwd=tol.bwd,
         pass_name=d.pass_name,
+        rows=d.rows,
         numerics=body.rstrip() + "\n",
         forced=_forced_source(profile, forced),
     )

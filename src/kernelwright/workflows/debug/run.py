@@ -131,11 +131,12 @@ def write_report(profile: DebugProfile, ws: Path, repro: Path | None) -> Path:
     d = profile.divergence
     lines = [f"# debug {profile.target}", ""]
     lines += [describe_plan(profile) + f", on {profile.device}; seed {profile.seed}.", ""]
+    untried = [p for p in profile.probes if p.status == "not tried"]
     if d is None:
         lines += [
             f"**No divergence**: {sum(p.status == 'pass' for p in profile.probes)} probes "
             f"agree with the reference ({sum(p.status == 'skipped' for p in profile.probes)} "
-            "skipped).",
+            f"skipped, {len(untried)} not tried).",
             "",
         ]
     else:
@@ -164,6 +165,11 @@ def write_report(profile: DebugProfile, ws: Path, repro: Path | None) -> Path:
             mark = "every value" if failed and len(failed) == len(values) else ", ".join(failed)
             lines.append(f"| {axis} | {mark or '-'} | {len(values)} |")
         lines.append("")
+    if untried:
+        lines += ["## Not tried", ""]
+        lines += [f"- {p.axis} {p.value}, {p.dtype}, shape {tuple(p.shape)}: {p.message}"
+                  for p in untried]  # fmt: skip
+        lines.append("")
     lines += ["## Probes", "", "| axis | value | dtype | shape | layout | values | result | "
               "worst pass | error |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for p in profile.probes:
@@ -171,6 +177,7 @@ def write_report(profile: DebugProfile, ws: Path, repro: Path | None) -> Path:
         worst = worst or max(p.passes, key=lambda x: x.error / x.tol if x.tol else 0, default=None)
         name = worst.name if worst is not None else "-"
         result = p.status + (f" ({p.message[:60]})" if p.status == "skipped" else "")
+        result += " (see Not tried)" if p.status == "not tried" else ""
         lines.append(
             f"| {p.axis} | {p.value} | {p.dtype} | {tuple(p.shape)} | {p.layout} | {p.values} "
             f"| {result} | {name} | {p.max_error:.2e} |"

@@ -10,7 +10,9 @@ Regimes: pow2 (every size a power of two: the base point), tail (odd sizes, a ro
 multiple of any block), tiny (rows far shorter than any block; enough of them that a
 relative-norm error averages over more than a few roundings), many_rows (long reductions over
 rows: dW, dB), long_row (past the launch table's last bounded row and its block: the looped
-kernels). Launch-table rows are reached at a row length `n` of their regime (`with_n`).
+kernels), huge (the largest input past 2^31 elements, where an offset computed in int32 wraps;
+see workflows/debug/huge.py for where it runs and how it is compared). Launch-table rows are
+reached at a row length `n` of their regime (`with_n`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ OPEN = 2**31 - 1
 # a long row when there is no table: past the interpreter tables' one-block rows
 DEFAULT_LONG_ROW = 1500
 TAIL = 37  # added to a bound: an odd length inside the next regime
+HUGE = 2**31  # elements: past this, an offset computed in int32 wraps
+HUGE_ROW = 4096  # the huge regime's row: one block of the GPU tables, a model's hidden size
+# rows of HUGE_ROW whose last 1/16 lie past 2^31 elements: a bug that spoils only those rows
+# still moves the relative-norm error past every dtype's tolerance (a few rows would not)
+HUGE_ROWS = HUGE // HUGE_ROW + HUGE // HUGE_ROW // 16
 
 
 def family_of(maker_name: str) -> str:
@@ -51,6 +58,10 @@ def regime_shapes(family: str, long_n: int) -> dict[str, list[int]]:
             "tiny": (16, 3, 5),
             "many_rows": (256, 8, 16),
             "long_row": (2, 32, long_n),
+            # hidden [T, H] and its gradient past 2^31 elements: the op walks the [T, V]
+            # logits in chunks of bounded size (they never exist whole), so the offsets that
+            # grow are those of hidden; a small V keeps the fp32 reference's logits small
+            "huge": (HUGE_ROWS, HUGE_ROW, 256),
         }
     elif family == "rope":
         shapes = {
@@ -59,6 +70,8 @@ def regime_shapes(family: str, long_n: int) -> dict[str, list[int]]:
             "tiny": (1, 4, 2, 1, 2, 2),
             "many_rows": (2, 16, 2, 1, 16, 16),
             "long_row": (1, 3, 8, 2, 256, 256),
+            # q [B, Hq, S, D] past 2^31 elements through its batch dim (offsets b * stride)
+            "huge": (HUGE_ROWS // 64, 64, 32, 8, 128, 128),
         }
     else:
         shapes = {
@@ -67,6 +80,7 @@ def regime_shapes(family: str, long_n: int) -> dict[str, list[int]]:
             "tiny": (16, 3),
             "many_rows": (256, 16),
             "long_row": (2, long_n),
+            "huge": (HUGE_ROWS, HUGE_ROW),
         }
     return {k: list(v) for k, v in shapes.items()}
 

@@ -333,8 +333,9 @@ def plan(
     if device.backend != "cuda":
         notes.append(
             "run through Triton's interpreter on the CPU: fp32 -> bf16 casts in kernels "
-            "truncate there (the tolerance tables allow for it); GPU-only bugs (races, "
-            "TF32) do not show"
+            "truncate there (the tolerance tables allow for it); GPU-only bugs (races that "
+            "need programs to interleave, TF32) do not show, and the huge shape regime (past "
+            "2^31 elements) is not tried"
         )
     return DebugProfile(
         name=name or _name_of(target),
