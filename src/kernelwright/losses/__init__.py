@@ -19,6 +19,7 @@ from kernelwright.losses.logprobs import (
     sequence_logprobs,
 )
 from kernelwright.losses.preference import (
+    CPO_LOSS_TYPES,
     DPO_LOSS_TYPES,
     cpo_loss,
     dpo_loss,
@@ -29,6 +30,7 @@ from kernelwright.losses.preference import (
 from kernelwright.losses.rl import GRPO_LOSS_TYPES, grpo_loss
 
 __all__ = [
+    "CPO_LOSS_TYPES",
     "DPO_LOSS_TYPES",
     "GRPO_LOSS_TYPES",
     "LogprobStats",

@@ -2,16 +2,23 @@
 mean where a method says so: `sequence_logprobs(..., average=True)`).
 
 Each returns (per-pair losses, chosen rewards, rejected rewards); reduce the losses as the
-trainer does (a mean over pairs). Definitions as TRL states them:
-- DPO (Rafailov et al. 2023): logits = (pi_c - pi_r) - (ref_c - ref_r), with ref = 0 when
-  reference-free; "sigmoid": -log σ(β·logits) (label smoothing ε mixes in -log σ(-β·logits),
-  the conservative DPO); "robust": the same mix debiased by 1 / (1 - 2ε) (Chowdhury et al.
-  2024); "hinge": relu(1 - β·logits) (RSO); "ipo": (logits - 1 / (2β))², on mean log-probs
-  (Azar et al. 2023). Rewards: β·(pi - ref).
-- SimPO (Meng et al. 2024): -log σ(β·(avg_c - avg_r) - γ), mean log-probs, no reference.
-- CPO (Xu et al. 2024): -log σ(β·(pi_c - pi_r)); the trainer adds α·NLL of the chosen.
-- ORPO (Hong et al. 2024), on mean log-probs: log_odds = (c - r) - (log(1 - e^c) - log(1 -
-  e^r)); the term -β·log σ(log_odds) is added to the NLL of the chosen.
+trainer does (a mean over pairs). Definitions, option names and defaults are TRL 1.16's
+(`DPOTrainer`, `trl.experimental`'s `CPOTrainer` and `ORPOTrainer`, `KTOTrainer`):
+- DPO (Rafailov et al. 2023): h = (pi_c - pi_r) - (ref_c - ref_r), with ref = 0 when
+  reference-free; "sigmoid": -log σ(β·h); "robust" (Chowdhury et al. 2024): label noise ε,
+  ((1 - ε)·-log σ(β·h) - ε·-log σ(-β·h)) / (1 - 2ε); "hinge" (RSO): relu(1 - β·h); "ipo"
+  (Azar et al. 2023): (h - 1 / (2β))², on mean log-probs. `label_smoothing` changes "robust"
+  only: TRL 1.16 dropped the conservative-DPO smoothing of "sigmoid" (and never smoothed
+  "hinge" and "ipo"), so there it is ignored, with a warning. Rewards: β·(pi - ref).
+- CPO (Xu et al. 2024), no reference: h = pi_c - pi_r (sums; means for "ipo" and "simpo");
+  "sigmoid": (1 - ε)·-log σ(β·h) + ε·-log σ(-β·h) (ε = label_smoothing; conservative);
+  "simpo" (Meng et al. 2024): the same on h - γ/β (γ = simpo_gamma, the target margin);
+  "hinge" and "ipo" as in DPO, ε ignored. `alpha` ≠ 0 (AlphaPO, Gupta et al. 2025) replaces
+  each log-prob by the reward (1 - p^(-α)) / α first. The trainer adds cpo_alpha·NLL of the
+  chosen responses ("alphapo" is "simpo" with cpo_alpha = 0). SimPO is CPO's "simpo".
+- ORPO (Hong et al. 2024), on mean log-probs (< 0): log_odds = (c - r) - (log(1 - e^c) -
+  log(1 - e^r)), log(1 - e^x) evaluated stably; the term -β·log σ(log_odds) is added to the
+  NLL of the chosen (TRL returns β·log σ(log_odds) and subtracts it).
 - KTO (Ethayarajh et al. 2024), unpaired: desirable 1 - σ(β·(logratio - z)), undesirable
   1 - σ(β·(z - logratio)), weighted, with z the reference-KL estimate clamped at 0 (no
   gradient); rewards β·logratio.
@@ -19,10 +26,14 @@ trainer does (a mean over pairs). Definitions as TRL states them:
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 import torch.nn.functional as F
 
 DPO_LOSS_TYPES = ("sigmoid", "robust", "hinge", "ipo")
+CPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "alphapo")
 
 
 def _check(name: str, *ts: torch.Tensor | None) -> None:
@@ -35,6 +46,14 @@ def _sigmoid_mix(z: torch.Tensor, eps: float) -> torch.Tensor:
     return -F.logsigmoid(z) * (1 - eps) - F.logsigmoid(-z) * eps
 
 
+def _ignored_smoothing(name: str, loss_type: str, label_smoothing: float) -> None:
+    if label_smoothing != 0:
+        warnings.warn(
+            f"{name}: label_smoothing has no effect on loss_type {loss_type!r} (as in TRL 1.16)",
+            stacklevel=3,
+        )
+
+
 def dpo_loss(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
@@ -45,31 +64,69 @@ def dpo_loss(
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DPO and its loss types on [pairs] sequence log-probs; no reference log-probs (both
-    None) is the reference-free form."""
+    """DPO and its loss types on [pairs] sequence log-probs (mean log-probs for "ipo"); no
+    reference log-probs (both None) is the reference-free form. `label_smoothing` is the
+    "robust" loss's label-flip probability, in [0, 0.5) (TRL only warns outside it)."""
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"dpo_loss: loss_type must be one of {DPO_LOSS_TYPES}, got {loss_type!r}")
     if (ref_chosen_logps is None) != (ref_rejected_logps is None):
         raise ValueError("dpo_loss: pass both reference log-probs, or neither (reference-free)")
-    if not 0 <= label_smoothing < 0.5:
+    if loss_type == "robust" and not 0 <= label_smoothing < 0.5:
         raise ValueError(f"dpo_loss: label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    if loss_type != "robust":
+        _ignored_smoothing("dpo_loss", loss_type, label_smoothing)
     _check("dpo_loss", chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
     ref_c = torch.zeros_like(chosen_logps) if ref_chosen_logps is None else ref_chosen_logps
     ref_r = torch.zeros_like(rejected_logps) if ref_rejected_logps is None else ref_rejected_logps
-    logits = (chosen_logps - rejected_logps) - (ref_c - ref_r)
+    chosen_ratio, rejected_ratio = chosen_logps - ref_c, rejected_logps - ref_r
+    h = chosen_ratio - rejected_ratio
     if loss_type == "sigmoid":
-        losses = _sigmoid_mix(beta * logits, label_smoothing)
+        losses = -F.logsigmoid(beta * h)
     elif loss_type == "robust":  # the label noise's bias removed
         eps = label_smoothing
-        losses = -F.logsigmoid(beta * logits) * (1 - eps) + F.logsigmoid(-beta * logits) * eps
+        losses = -F.logsigmoid(beta * h) * (1 - eps) + F.logsigmoid(-beta * h) * eps
         losses = losses / (1 - 2 * eps)
     elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * logits)
+        losses = torch.relu(1 - beta * h)
     else:  # ipo
-        losses = (logits - 1 / (2 * beta)) ** 2
-    chosen_rewards = beta * (chosen_logps - ref_c).detach()
-    rejected_rewards = beta * (rejected_logps - ref_r).detach()
-    return losses, chosen_rewards, rejected_rewards
+        losses = (h - 1 / (2 * beta)) ** 2
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
+
+
+def cpo_loss(
+    chosen_logps: torch.Tensor,
+    rejected_logps: torch.Tensor,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    simpo_gamma: float = 0.5,
+    alpha: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CPO's preference term and its loss types (no reference model) on [pairs] sequence
+    log-probs: sums for "sigmoid" and "hinge", means for "ipo" and "simpo" ("alphapo" is
+    "simpo"). Add cpo_alpha·NLL of the chosen responses (TRL's default cpo_alpha is 1; 0 for
+    "alphapo")."""
+    if loss_type not in CPO_LOSS_TYPES:
+        raise ValueError(f"cpo_loss: loss_type must be one of {CPO_LOSS_TYPES}, got {loss_type!r}")
+    if loss_type in ("hinge", "ipo"):
+        _ignored_smoothing("cpo_loss", loss_type, label_smoothing)
+    _check("cpo_loss", chosen_logps, rejected_logps)
+    if alpha != 0:  # AlphaPO's reward shape: (1 - p^(-α)) / α
+        chosen = (1 - torch.exp(chosen_logps).pow(-alpha)) / alpha
+        rejected = (1 - torch.exp(rejected_logps).pow(-alpha)) / alpha
+    else:
+        chosen, rejected = chosen_logps, rejected_logps
+    h = chosen - rejected
+    if loss_type in ("simpo", "alphapo"):
+        losses = _sigmoid_mix(beta * (h - simpo_gamma / beta), label_smoothing)
+    elif loss_type == "sigmoid":
+        losses = _sigmoid_mix(beta * h, label_smoothing)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * h)
+    else:  # ipo
+        losses = (h - 1 / (2 * beta)) ** 2
+    return losses, beta * chosen.detach(), beta * rejected.detach()
 
 
 def simpo_loss(
@@ -80,38 +137,34 @@ def simpo_loss(
     gamma: float = 0.5,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SimPO on mean (length-normalised) log-probs; γ is the target reward margin."""
-    _check("simpo_loss", chosen_avg_logps, rejected_avg_logps)
-    z = beta * (chosen_avg_logps - rejected_avg_logps) - gamma
-    losses = _sigmoid_mix(z, label_smoothing)
-    return losses, beta * chosen_avg_logps.detach(), beta * rejected_avg_logps.detach()
+    """SimPO on mean (length-normalised) log-probs, γ the target reward margin: CPO's
+    "simpo" loss type (without CPO's NLL term)."""
+    return cpo_loss(chosen_avg_logps, rejected_avg_logps, beta=beta, loss_type="simpo",
+                    simpo_gamma=gamma, label_smoothing=label_smoothing)  # fmt: skip
 
 
-def cpo_loss(
-    chosen_logps: torch.Tensor,
-    rejected_logps: torch.Tensor,
-    *,
-    beta: float = 0.1,
-    label_smoothing: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """CPO's preference term (no reference model); add α·NLL of the chosen responses."""
-    _check("cpo_loss", chosen_logps, rejected_logps)
-    losses = _sigmoid_mix(beta * (chosen_logps - rejected_logps), label_smoothing)
-    return losses, beta * chosen_logps.detach(), beta * rejected_logps.detach()
+_MINUS_LN2 = -math.log(2)
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - e^x) for x < 0 without cancellation: log1p(-e^x) below -ln 2, log(-expm1(x))
+    above; each branch sees only its own inputs, so neither sends an inf or NaN gradient."""
+    low = x < _MINUS_LN2
+    a = torch.log1p(-torch.exp(torch.where(low, x, _MINUS_LN2)))
+    b = torch.log(-torch.expm1(torch.where(low, _MINUS_LN2, x)))
+    return torch.where(low, a, b)
 
 
 def orpo_loss(
     chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, *, beta: float = 0.1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """ORPO's odds-ratio term per pair (add it to the chosen NLL), the rewards, and the log
-    odds ratio. Mean log-probs must be < 0 (a probability below one)."""
+    odds ratio, in fp32. Mean log-probs must be < 0 (a probability below one)."""
     _check("orpo_loss", chosen_avg_logps, rejected_avg_logps)
-    log_odds = (chosen_avg_logps - rejected_avg_logps) - (
-        torch.log1p(-torch.exp(chosen_avg_logps)) - torch.log1p(-torch.exp(rejected_avg_logps))
-    )
+    c, r = chosen_avg_logps.float(), rejected_avg_logps.float()
+    log_odds = (c - r) - (_log1mexp(c) - _log1mexp(r))
     losses = -beta * F.logsigmoid(log_odds)
-    return (losses, beta * chosen_avg_logps.detach(), beta * rejected_avg_logps.detach(),
-            log_odds.detach())  # fmt: skip
+    return losses, beta * c.detach(), beta * r.detach(), log_odds.detach()
 
 
 def kto_loss(
