@@ -106,6 +106,49 @@ def test_offsets_as_a_tensor_a_count_and_a_subset(launches):
         loops.segment_means(v, [0, 2, 4], count=3)
 
 
+def test_a_loop_that_falls_back_says_so(launches):
+    new, (capture,) = loops.rewrite_function(by_range)
+    site = kernelwright.compile.loop_site(capture)
+    assert "falls back to the loop as written where the kernel would differ" in site.line()
+    v = torch.randn(OFFSETS[-1], 5, device=DEVICE)
+    torch.testing.assert_close(new(v, OFFSETS), by_range(v, OFFSETS))
+    empty = [0, 3, 3, 9]
+    torch.testing.assert_close(new(v, empty), by_range(v, empty), equal_nan=True)
+    v64 = v.double()
+    torch.testing.assert_close(new(v64, OFFSETS), by_range(v64, OFFSETS))
+    assert launches[0] == 1 and capture.kernel_calls == 1
+    assert capture.fallbacks == {
+        "an empty segment (eager's mean is NaN)": 1,
+        f"float64 on {DEVICE.type}: the kernel takes float32/float16/bfloat16 on CUDA": 1,
+    }
+    assert site.line().endswith(
+        "; calls so far: 1 by the kernel, 1 by the loop (an empty segment (eager's mean is NaN)),"
+        f" 1 by the loop (float64 on {DEVICE.type}: the kernel takes float32/float16/bfloat16"
+        " on CUDA)"
+    )
+
+
+def test_loop_sites_are_logged_with_the_env_var_alone(monkeypatch, capsys):
+    """KERNELWRIGHT_LOG=registry, no logging configured: the loop's line reaches stderr
+    (the loops are captured when compile is called, before any graph)."""
+    import logging
+
+    monkeypatch.setenv("KERNELWRIGHT_LOG", "registry")
+    log, root = logging.getLogger("kernelwright.compile"), logging.getLogger()
+    saved = root.handlers[:], log.handlers[:], log.level
+    root.handlers.clear()  # as in a script: pytest's own capture handlers out of the way
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
+    try:
+        kernelwright.compile(by_loop, backend="aot_eager")
+    finally:
+        root.handlers[:], log.handlers[:] = saved[0], saved[1]
+        log.setLevel(saved[2])
+    err = capsys.readouterr().err
+    assert "kernelwright.compile: source: segment-mean for loop at" in err
+    assert "by_loop" in err and "rewritten to call kernelwright" in err
+
+
 def pooled_then_len(v, o):
     out = []
     for i in range(len(o) - 1):
@@ -169,12 +212,41 @@ def test_encoder_example_compiles_without_unrolling(launches):
         torch.testing.assert_close(p.grad, q.grad)
     (site,) = [s for s in report if s.graph == -1]
     assert site.replaced and site.op == "jagged_mean" and "Encoder.forward" in site.nodes[0]
+    assert site.line().endswith("calls so far: 1 by the kernel")
     assert "source: segment-mean for loop" in report.summary()
     # new offsets of another length: no recompile of the pooled part (it is outside the graph)
     ids2, offsets2, _ = make_batch(samples=5, parts=3, max_len=6, vocab=50, device=DEVICE, seed=4)
     torch.testing.assert_close(compiled(ids2, offsets2), eager(ids2, offsets2))
     assert type(model).forward is Encoder.forward  # the class is untouched
     assert "forward" in vars(model)
+
+
+def test_encoder_example_measures_and_writes_its_table(tmp_path):
+    """The example's harness, tiny: eager and kernelwright.compile in this process (the error
+    against eager measured), plain torch.compile in a child killed at its time limit."""
+    import csv
+
+    import pooling_encoder as pe
+
+    tiny = "--samples 4 --parts 2 --max-len 4 --dim 8 --hidden 8 --vocab 50 --reps 1"
+    args = pe.parser().parse_args([*tiny.split(), "--device", DEVICE.type, "--backend",
+                                   "aot_eager", "--limit", "1"])  # fmt: skip
+    ref = tmp_path / "eager.pt"
+    rows = [pe.measure("eager", args, ref), pe.measure("kernelwright", args, ref)]
+    assert 0 <= rows[1]["max_rel_err"] < 1e-5 and "max_rel_err" not in rows[0]
+    rows.append(pe.run_provider("torch_compile", args, {}, ref))  # import alone takes > 1 s
+    assert rows[2]["status"] == "did not finish compiling in 1 s"
+    for r in rows:
+        r.setdefault("status", "ok")
+        r.update(partitions=8, samples=4, parts=2, max_len=4, dim=8, hidden=8)
+    env = pe.environment(DEVICE.type)
+    table, md = pe.write_outputs(pe.with_speedups(rows), tmp_path, env, "the command")
+    got = list(csv.DictReader(table.open()))
+    assert [r["provider"] for r in got] == ["eager", "kernelwright", "torch_compile"]
+    assert float(got[0]["encoder_x_eager"]) == 1.0 and float(got[1]["step_ms"]) > 0
+    text = md.read_text()
+    assert "did not finish compiling in 1 s" in text and "| kernelwright.compile |" in text
+    assert "rewritten to call kernelwright" in text and env["torch"] in text
 
 
 def test_capture_can_be_turned_off():

@@ -10,13 +10,14 @@ import json
 import sqlite3
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from kernelwright import registry
 from kernelwright.bench.db import ResultsDB, ResultsDBError, new_run_id
 from kernelwright.bench.harness import BenchRow
 from kernelwright.cli import app
-from kernelwright.compile.select import Bucket, bucket_of, choose, pow2, row_bucket
+from kernelwright.compile.select import INSERTABLE, Bucket, bucket_of, choose, pow2, row_bucket
 from kernelwright.registry.entry import INDUCTOR, Capability, Impl, OpEntry, unsupported
 
 HOST = "cuda_events_demote_flush"
@@ -191,6 +192,57 @@ def test_interpreter_device_defaults_to_kernelwright(tmp_path):
     assert c.fn() is rms_norm
 
 
+def test_the_pass_chooses_among_what_it_can_insert(db, tmp_path):
+    # Liger fastest: the fastest of kernelwright / Inductor wins, and the reason says why
+    c = choose("rms_norm", **SITE, db=db.path, among=INSERTABLE)
+    assert (c.impl, c.measured) == ("kernelwright", True)
+    assert c.reason.startswith(
+        "liger measured fastest; not insertable by the pass; chose kernelwright, the fastest it"
+        " can insert measured in rows~8192 n~4096 on sm_90 bfloat16 (full, GPU-only): liger"
+    )
+    assert dict(c.timings) == {"liger": 0.8, "kernelwright": 1.0, "inductor": 1.5}
+    # Inductor faster than kernelwright, Liger fastest: Inductor
+    faster = _write(tmp_path / "a.db", [_row("liger", 0.5), _row("kernelwright", 2.0),
+                                        _row("torch_compile", 1.0)])  # fmt: skip
+    c = choose("rms_norm", **SITE, db=faster.path, among=INSERTABLE)
+    assert c.impl == "inductor" and "chose inductor" in c.reason
+    # only Liger measured: the default, said so
+    alone = _write(tmp_path / "b.db", [_row("liger", 0.5)])
+    c = choose("rms_norm", **SITE, db=alone.path, among=INSERTABLE)
+    assert (c.impl, c.measured) == ("kernelwright", False)
+    assert c.reason == (
+        "liger measured fastest; not insertable by the pass; chose kernelwright, the default "
+        "(not measured in rows~8192 n~4096)"
+    )
+    # the fastest insertable wins without comment
+    c = choose("rms_norm", **(SITE | {"shape": (1024, 16384)}), db=db.path, among=INSERTABLE)
+    assert c.impl == "kernelwright" and c.reason.startswith("fastest measured")
+
+
+def test_jagged_mean_rows_land_in_their_workloads_bucket(tmp_path):
+    """A bench row of segments x max_len lands in the bucket of the values [total, D] its
+    inputs hold, which is what a call site of the same workload measures."""
+    from kernelwright.bench.specs import get_spec
+
+    entry, spec = registry.get("jagged_mean"), get_spec("jagged_mean")
+    shape = {"segments": 4096, "max_len": 512, "d": 1}
+    values = spec.make_inputs(shape, torch.float32, "cpu")["values"]  # [total, 1]
+    row = {"dims": json.dumps(shape)}
+    assert row_bucket(entry, row) == bucket_of(values.shape) == Bucket(1 << 20, 1)
+    assert Bucket(pow2(4096 * 512), 1) != bucket_of(values.shape)  # segments x max_len: not it
+    dims = json.dumps(shape | {"d": 256})
+    rows = [
+        BenchRow(op="jagged_mean", mode="full", provider=p, x_name="d", x_value=256,
+                 shape="4096x512x256", dtype="bfloat16", ms_p20=ms, ms_p50=ms, ms_p80=ms,
+                 host_ms=0.01, timing=GPU_ONLY, gpu="H100", arch="sm_90", dims=dims)
+        for p, ms in (("kernelwright", 0.3), ("torch_compile", 0.9))
+    ]  # fmt: skip
+    db = _write(tmp_path / "j.db", rows)
+    site = {"dtype": "bf16", "device": "cuda", "arch": "sm_90", "db": db.path}
+    c = choose("jagged_mean", shape=(values.shape[0], 256), **site)
+    assert (c.impl, c.measured, c.bucket) == ("kernelwright", True, Bucket(1 << 20, 256))
+
+
 # --------------------------------------------------------------------------- bad databases
 
 
@@ -263,6 +315,9 @@ def test_cli_choose_prints_the_choice_and_why(db, tmp_path):
     got = _cli(*args, "--arch", "sm_90", "--db", db.path)
     assert got.exit_code == 0, got.output
     assert "liger" in got.output and "fastest measured in rows~8192 n~4096" in got.output
+    got = _cli(*args, "--arch", "sm_90", "--db", db.path, "--pass")
+    assert got.exit_code == 0, got.output
+    assert "cuda: kernelwright" in got.output and "not insertable by the pass" in got.output
     got = _cli(*args[:3], "64x128", *args[4:], "--arch", "sm_90", "--db", db.path)
     assert "no measurement for rows~64 n~128" in got.output
     bad = tmp_path / "corrupt.db"

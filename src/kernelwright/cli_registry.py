@@ -86,10 +86,18 @@ def registry_choose(
         str | None, typer.Option(help="The GPU's arch, e.g. sm_90 (default: this GPU's).")
     ] = None,
     db: DbOption = None,
+    for_pass: Annotated[
+        bool,
+        typer.Option(
+            "--pass",
+            help="Choose as kernelwright.compile's graph pass does: among what it can insert "
+            "(the op's own kernel or Inductor; not Liger).",
+        ),
+    ] = False,
 ) -> None:
     """The implementation a call site of OP gets, and why."""
     from kernelwright.bench.db import ResultsDBError
-    from kernelwright.compile.select import NoCapableImpl, choose
+    from kernelwright.compile.select import INSERTABLE, NoCapableImpl, choose
 
     _entry(op)
     try:
@@ -103,7 +111,8 @@ def registry_choose(
 
         device = "cuda" if torch.cuda.is_available() else "cpu-interpreter"
     try:
-        c = choose(op, dtype=dtype, shape=dims, device=device, arch=arch, db=db)
+        among = INSERTABLE if for_pass else None
+        c = choose(op, dtype=dtype, shape=dims, device=device, arch=arch, db=db, among=among)
     except (ResultsDBError, NoCapableImpl) as e:
         raise _fail(str(e)) from None
     console = _console()

@@ -20,8 +20,9 @@ rewritten in the source before Dynamo runs, `torch.segment_reduce(x, "mean", ...
 `zeros.index_add_(0, ids, x)` or `zeros.scatter_add_(0, ids[:, None].expand(-1, D), x)`
 divided by the counts, `scatter_reduce` / `index_reduce` "mean" with include_self=False) are
 replaced by kernelwright's public functions where the site passes the kernel's checks and
-the selection picks kernelwright; everything else stays with Inductor.
-`KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile").
+the selection picks kernelwright among what the pass can insert; everything else stays with
+Inductor. `KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile"),
+and a rewritten loop's first fallback to the loop as written for each reason.
 
 This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself
 is callable — `kernelwright.compile(model)` — so that its name can be both the function users
@@ -33,9 +34,18 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from kernelwright.compile import loops
-from kernelwright.compile.passes import CompileReport, Site, log, make_backend, rewrite
+from kernelwright.compile.passes import (
+    CompileReport,
+    Site,
+    ensure_log_handler,
+    log,
+    make_backend,
+    rewrite,
+)
+from kernelwright.compile.select import check_db
 
 __all__ = ["CompileReport", "Site", "compile", "compile_backend", "inductor_pass", "rewrite"]
 
@@ -65,7 +75,8 @@ def inductor_pass(*, report: list | None = None, db=None) -> Callable:
     Inductor runs it on each Dynamo graph before AOT autograd, where the backend runs it. Loops
     over jagged segments are not captured this way (that happens before Dynamo, in `compile`).
     """
-
+    check_db(db)
+    ensure_log_handler()
     counter = [0]
 
     def kernelwright_pre_grad_pass(graph) -> None:
@@ -108,6 +119,8 @@ def compile(
             m, report=report, backend=backend, db=db, capture_loops=capture_loops, only=only,
             **torch_compile_kwargs,
         )  # fmt: skip
+    check_db(db)  # a results database that is not one: an error naming it, now
+    ensure_log_handler()  # before the loop sites are logged
     if capture_loops:
         model_or_fn, captures = loops.capture(model_or_fn)
         sites = [loop_site(c) for c in captures]
@@ -119,9 +132,22 @@ def compile(
     return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
 
 
+@dataclass
+class LoopSite(Site):
+    """A loop rewritten in the source before Dynamo (`compile/loops.py`): `replaced` means the
+    source was rewritten; how its calls went at run time (the kernel, or the loop as written
+    and why) is read from its `capture` each time the line is written."""
+
+    capture: loops.Capture | None = None
+
+    def line(self) -> str:
+        runs = self.capture.runs() if self.capture is not None else ""
+        return super().line() + (f"; {runs}" if runs else "")
+
+
 def loop_site(c: loops.Capture) -> Site:
     """The report's line for a loop rewritten before Dynamo (`compile/loops.py`)."""
-    return Site(
+    return LoopSite(
         graph=-1,
         pattern=f"segment-mean {c.spelling}",
         op="jagged_mean",
@@ -129,8 +155,13 @@ def loop_site(c: loops.Capture) -> Site:
         shapes={},
         dtypes={},
         impl="kernelwright",
-        reason="rewritten in the source before Dynamo: one launch instead of a loop",
+        reason=(
+            "rewritten in the source before Dynamo: one jagged_mean launch instead of the loop; "
+            "falls back to the loop as written where the kernel would differ (an empty segment, "
+            "bounds out of order, a dtype or device it does not take)"
+        ),
         replaced=True,
+        capture=c,
     )
 
 

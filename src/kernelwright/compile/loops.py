@@ -20,7 +20,8 @@ The spellings recognised, `V` the values, `O` the offsets (a list, or a tensor),
 
 `torch.mean(V[a:b], 0)` and `dim=0` spellings count too. `segment_means` computes exactly what
 the loop did: where the kernel cannot (an empty segment, whose eager mean is NaN; bounds out of
-order or range; a device or dtype the kernel does not take) it runs the loop as written.
+order or range; a device or dtype the kernel does not take) it runs the loop as written, and
+the loop's `Capture` counts the calls each way with the fallbacks' reasons (the report's line).
 A module's forward is rewritten on the instance (`module.forward`); its class is untouched.
 """
 
@@ -28,9 +29,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import logging
 import textwrap
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,6 +40,8 @@ import torch
 # Dynamo follows, and no name added to the user's module).
 _HELPERS = ("segment_means", "split_means")
 _PREFIX = "_kernelwright_"
+
+log = logging.getLogger("kernelwright.compile")
 
 
 # --------------------------------------------------------------------------- the runtime call
@@ -65,21 +69,37 @@ def _loop(values: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     return torch.stack([values[a:b].mean(0) for a, b in _pairs(bounds)])
 
 
+def _why_not(values: torch.Tensor, bounds: list[int]) -> str | None:
+    """Why the kernel would not compute what the loop does over `bounds` (None: it would)."""
+    if len(bounds) < 2:
+        return "no segment"  # torch.stack([]) raises, as the loop would
+    pairs = _pairs(bounds)
+    if any(a == b for a, b in pairs):
+        return "an empty segment (eager's mean is NaN)"
+    total = values.shape[0] if values.dim() else 0
+    if not all(0 <= a < b for a, b in pairs) or bounds[-1] > total:
+        return "bounds out of order or past the values (eager clamps the slices)"
+    if not _kernel_takes(values):
+        dt = str(values.dtype).replace("torch.", "")
+        return f"{dt} on {values.device.type}: the kernel takes float32/float16/bfloat16 on CUDA"
+    return None
+
+
 @torch._dynamo.disable
-def segment_means(values: torch.Tensor, offsets, count=None) -> torch.Tensor:
+def segment_means(values: torch.Tensor, offsets, count=None, site=None) -> torch.Tensor:
     """`torch.stack([values[offsets[i]:offsets[i + 1]].mean(0) for i in range(count)])` (all
-    segments when `count` is None) in one kernel launch where the kernel computes the same."""
+    segments when `count` is None) in one kernel launch where the kernel computes the same;
+    `site` (the loop's `Capture`) records which way each call went."""
     bounds = _as_bounds(offsets)
     if count is not None:
         if int(count) + 1 > len(bounds):  # the loop indexes past the offsets: its IndexError
             return torch.stack([values[offsets[i] : offsets[i + 1]].mean(0) for i in range(count)])
         bounds = bounds[: int(count) + 1]
-    if len(bounds) < 2:
-        return _loop(values, bounds)  # torch.stack([]) raises, as the loop would
-    total = values.shape[0] if values.dim() else 0
-    ordered = all(0 <= a < b for a, b in _pairs(bounds)) and bounds[-1] <= total
-    if not ordered or not _kernel_takes(values):
-        return _loop(values, bounds)  # empty segments (NaN), clamped slices: eager semantics
+    why = _why_not(values, bounds)
+    if site is not None:
+        site.record(why)
+    if why is not None:
+        return _loop(values, bounds)  # eager semantics: NaN, clamped slices, torch's errors
     from kernelwright.ops.jagged_mean import jagged_mean
 
     first, last = bounds[0], bounds[-1]
@@ -90,16 +110,18 @@ def segment_means(values: torch.Tensor, offsets, count=None) -> torch.Tensor:
     return jagged_mean(flat, offs, validate=False).view(len(bounds) - 1, *feature_shape)
 
 
-def split_means(values: torch.Tensor, lengths, dim: int = 0) -> torch.Tensor:
+def split_means(values: torch.Tensor, lengths, dim: int = 0, site=None) -> torch.Tensor:
     """`torch.stack([c.mean(0) for c in torch.split(values, lengths)])` in one launch."""
     if isinstance(lengths, int) or dim != 0:
+        if site is not None:
+            site.record("split into equal sizes or along another dimension")
         return torch.stack([c.mean(0) for c in torch.split(values, lengths, dim)])
     bounds = [0]
     for n in _as_bounds(lengths):
         bounds.append(bounds[-1] + n)
     if bounds[-1] != (values.shape[0] if values.dim() else 0):
         return torch.stack([c.mean(0) for c in torch.split(values, lengths)])  # torch raises
-    return segment_means(values, bounds)
+    return segment_means(values, bounds, site=site)
 
 
 # --------------------------------------------------------------------------- matching
@@ -208,7 +230,7 @@ def _zip_bounds(node: ast.AST) -> ast.AST | None:
     return a.value if to_last and from_one and sb.upper is None and sb.step is None else None
 
 
-def _segment_call(target: ast.AST, iter_: ast.AST, elt: ast.AST) -> ast.AST | None:
+def _segment_call(target: ast.AST, iter_: ast.AST, elt: ast.AST) -> ast.Call | None:
     """The replacement call for one segment per iteration of `for target in iter_: elt`."""
     pooled = _mean_dim0(elt)
     if pooled is None:
@@ -255,9 +277,19 @@ def _split_args(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
     return None
 
 
-def _call(name: str, *args: ast.AST) -> ast.AST:
+def _call(name: str, *args: ast.AST) -> ast.Call:
     func = ast.Name(id=_PREFIX + name, ctx=ast.Load())
     return ast.Call(func=func, args=list(args), keywords=[])
+
+
+def _site_name(index: int) -> str:
+    """The closure cell holding the `Capture` of the function's `index`-th loop."""
+    return f"{_PREFIX}site_{index}"
+
+
+def _with_site(call: ast.Call, index: int) -> ast.Call:
+    call.keywords.append(ast.keyword(arg="site", value=ast.Name(_site_name(index), ast.Load())))
+    return call
 
 
 def _stack_of(node: ast.AST) -> ast.AST | None:
@@ -272,17 +304,40 @@ def _stack_of(node: ast.AST) -> ast.AST | None:
     return node.args[0]
 
 
-@dataclass
+@dataclass(eq=False)
 class Capture:
+    """One loop rewritten, and how its calls went at run time: by the kernel, or by the loop
+    as written (`fallbacks`: reason -> calls)."""
+
     where: str  # qualified name of the function
     line: int  # line of the loop in its file
     spelling: str  # "comprehension" or "for loop"
+    kernel_calls: int = 0
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+    def record(self, fallback: str | None) -> None:
+        """One call: by the kernel (None), or by the loop for the reason `fallback`."""
+        if fallback is None:
+            self.kernel_calls += 1
+            return
+        if fallback not in self.fallbacks:
+            log.info("source: segment-mean %s at %s:%d: ran the loop as written — %s",
+                     self.spelling, self.where, self.line, fallback)  # fmt: skip
+        self.fallbacks[fallback] = self.fallbacks.get(fallback, 0) + 1
+
+    def runs(self) -> str:
+        """How the calls so far went, in words ("" before the first)."""
+        if not self.kernel_calls and not self.fallbacks:
+            return ""
+        ways = [f"{self.kernel_calls} by the kernel"]
+        ways += [f"{n} by the loop ({why})" for why, n in self.fallbacks.items()]
+        return "calls so far: " + ", ".join(ways)
 
 
 class _Rewriter(ast.NodeTransformer):
     def __init__(self):
         self.captures: list[tuple[int, str]] = []
-        self.loops: dict[str, ast.AST] = {}  # list name -> replacement call
+        self.loops: dict[str, ast.Call] = {}  # list name -> replacement call
         self.loop_lines: dict[str, int] = {}  # list name -> line of its (removed) loop
         self.stacked: dict[str, int] = {}  # list name -> line of the torch.stack replaced
 
@@ -294,6 +349,7 @@ class _Rewriter(ast.NodeTransformer):
             if not gen.ifs and not gen.is_async:
                 call = _segment_call(gen.target, gen.iter, arg.elt)
                 if call is not None:
+                    call = _with_site(call, len(self.captures))
                     self.captures.append((node.lineno, "comprehension"))
                     return ast.copy_location(call, node)
         if isinstance(arg, ast.Name) and arg.id in self.loops:
@@ -309,18 +365,18 @@ class _Rewriter(ast.NodeTransformer):
             found = self._append_loop(stmt)
             if found is not None:
                 name, call = found
-                self.loops[name] = call
+                self.loops[name] = _with_site(call, len(self.captures))
                 self.loop_lines[name] = stmt.lineno
                 self.captures.append((stmt.lineno, "for loop"))
                 continue
-            for field in ("body", "orelse", "finalbody"):
-                inner = getattr(stmt, field, None)
+            for attr in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, attr, None)
                 if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
-                    setattr(stmt, field, self.rewrite_body(inner))
+                    setattr(stmt, attr, self.rewrite_body(inner))
             out.append(self.visit(stmt))
         return out or [ast.Pass()]
 
-    def _append_loop(self, stmt: ast.stmt) -> tuple[str, ast.AST] | None:
+    def _append_loop(self, stmt: ast.stmt) -> tuple[str, ast.Call] | None:
         if not isinstance(stmt, ast.For) or stmt.orelse or len(stmt.body) != 1:
             return None
         inner = stmt.body[0]
@@ -380,9 +436,11 @@ def rewrite_function(fn: types.FunctionType) -> tuple[types.FunctionType, list[C
         return None
     if rw.loops and _list_read_elsewhere(fdef, rw.loop_lines, rw.stacked):
         return None  # the list is read elsewhere (len(out), out[0], ...): keep the loop
-    # def _kernelwright_make(<helpers>): <the function>; return it — the helpers as cells
-    params = ", ".join(_PREFIX + h for h in _HELPERS)
-    tree = ast.parse(f"def {_PREFIX}make({params}):\n    return None")
+    where = f"{fn.__module__}.{fn.__qualname__}"
+    captures = [Capture(where, line + first_line - 1, spelling) for line, spelling in rw.captures]
+    # def _kernelwright_make(<helpers>, <sites>): <the function>; return it — as closure cells
+    params = [_PREFIX + h for h in _HELPERS] + [_site_name(i) for i in range(len(captures))]
+    tree = ast.parse(f"def {_PREFIX}make({', '.join(params)}):\n    return None")
     maker = tree.body[0]
     maker.body = [fdef, ast.Return(value=ast.Name(id=fdef.name, ctx=ast.Load()))]
     ast.increment_lineno(fdef, first_line - 1)
@@ -390,11 +448,10 @@ def rewrite_function(fn: types.FunctionType) -> tuple[types.FunctionType, list[C
     code = compile(tree, inspect.getsourcefile(fn) or "<kernelwright>", "exec")
     namespace: dict = {}
     exec(code, fn.__globals__, namespace)  # noqa: S102  (the user's own source, rewritten)
-    new = namespace[maker.name](*(globals()[h] for h in _HELPERS))
+    new = namespace[maker.name](*(globals()[h] for h in _HELPERS), *captures)
     new.__defaults__, new.__kwdefaults__ = fn.__defaults__, fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
-    where = f"{fn.__module__}.{fn.__qualname__}"
-    return new, [Capture(where, line + first_line - 1, spelling) for line, spelling in rw.captures]
+    return new, captures
 
 
 def capture(model_or_fn):

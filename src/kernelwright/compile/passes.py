@@ -7,9 +7,11 @@ backward and their kernels appear as the custom ops `kernelwright::*` (one opaqu
 which Inductor leaves alone while it fuses everything around them.
 
 Each site that matches is checked (dtype, device, static last dimension, the op's own argument
-rules), then the selection (`compile/select.py`) says which implementation to use; a site is
-replaced only when it names the op's own kernel: "kernelwright", or "created" for an op that
-`create --into-library` made (its site comes from its generated pattern, compile/generated.py).
+rules), then the selection (`compile/select.py`) says which implementation to use, among those
+the pass can insert (the op's own kernel, or Inductor: a site where Liger measured fastest gets
+the fastest of those, and the reason says so); a site is replaced only when it names the op's
+own kernel: "kernelwright", or "created" for an op that `create --into-library` made (its site
+comes from its generated pattern, compile/generated.py).
 Every site goes into the report with the reason.
 A call with several results (fused add + RMSNorm: the norm and the sum) goes before the first
 node reading any of them, each result replacing its node through `operator.getitem`.
@@ -30,7 +32,7 @@ from torch.fx import GraphModule, Node
 from kernelwright.compile.generated import generated_matches
 from kernelwright.compile.matchers import MATCHERS
 from kernelwright.compile.patterns import Match, value
-from kernelwright.compile.select import choose  # per site: which implementation, and why
+from kernelwright.compile.select import INSERTABLE, check_db, choose  # per site: which, and why
 from kernelwright.runtime.device import interpreter_mode
 
 log = logging.getLogger("kernelwright.compile")
@@ -63,7 +65,8 @@ class Site:
         shapes = ", ".join(
             f"{k}={list(s)}:{self.dtypes[k]}" for k, s in self.shapes.items() if k in self.dtypes
         )
-        verdict = f"replaced by {self.impl}" if self.replaced else "left to the backend"
+        done = "replaced by" if self.graph >= 0 else "rewritten to call"  # source: a loop
+        verdict = f"{done} {self.impl}" if self.replaced else "left to the backend"
         where = f"graph {self.graph}" if self.graph >= 0 else "source"
         shapes = f" ({shapes})" if shapes else ""
         return f"{where}: {self.pattern} at {self.nodes[-1]}{shapes}: {verdict} — {self.reason}"
@@ -99,7 +102,7 @@ def _logging_requested() -> bool:
     return "registry" in words or "all" in words
 
 
-def _ensure_log_handler() -> None:
+def ensure_log_handler() -> None:
     """With KERNELWRIGHT_LOG=registry, sites are logged at INFO even where nothing configured
     logging; a handler the application set up is used as it is."""
     if not _logging_requested():
@@ -236,11 +239,10 @@ def rewrite(
                 shape=tuple(_hint(d) for d in x.shape),
                 device=x.device,
                 db=db,
+                among=INSERTABLE,
             )
             impl, reason = choice.impl, (f"{reason}; " if reason else "") + choice.reason
         replaced = impl in _OWN
-        if impl and not replaced and impl != "inductor":
-            reason = f"{reason}; the pass inserts kernelwright's kernels only, so far"
         if replaced:
             _replace(g, m, where)
             done.update(m.nodes)
@@ -363,8 +365,10 @@ def make_backend(
     only: Collection[str] | None = None,
 ) -> Callable:
     """A Dynamo backend: the pass on each captured graph, then `backend` on the result (`only`:
-    the sites that may be replaced, as `rewrite` takes it)."""
-    _ensure_log_handler()
+    the sites that may be replaced, as `rewrite` takes it). A results database that is not one
+    raises `ResultsDBError` naming the file here, not inside Dynamo's BackendCompilerFailed."""
+    check_db(db)
+    ensure_log_handler()
     counter = [0]
     seen = dict(_break_counts())  # graph breaks Dynamo counted before this backend existed
 

@@ -17,6 +17,11 @@
 3. Default: with no measurement for the bucket, kernelwright's kernel when capable (a created
    op's kernel for a created op), else Inductor (the original graph, left alone).
 
+`among` restricts the choice to the implementations a caller can use (the graph pass inserts
+only the op's own kernel or leaves the site to Inductor: `INSERTABLE`); every capable one is
+still timed, and when the fastest is not among them the reason says so and the fastest of
+those that are wins ("liger measured fastest; not insertable by the pass; chose ...").
+
 Deterministic: the same database and site give the same choice — ties go to the order of the
 entry's implementations (kernelwright, created, liger, inductor). A database that is not a
 results database (not SQLite, or another schema) is an error naming the file, never a default.
@@ -24,11 +29,12 @@ results database (not SQLite, or another schema) is an error naming the file, ne
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,6 +47,8 @@ MODES = ("full", "forward")  # preferred first: selection is for training
 GPU_ONLY, HOST_INCLUSIVE = "GPU-only", "host-inclusive"
 INTERPRETER = "cpu-interpreter"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+# What the graph pass can put at a site: the op's own kernel, or the graph left to Inductor.
+INSERTABLE = ("kernelwright", "created", "inductor")
 
 
 class Bucket(NamedTuple):
@@ -70,7 +78,9 @@ def bucket_of(shape: Sequence[int]) -> Bucket:
 def row_bucket(entry: OpEntry, row: dict) -> Bucket | None:
     """The bucket of a bench row: its named dims mapped by `entry.bucket` (default: every dim
     but the last are rows, the last is n); without dims, its "AxB" shape string read the same
-    way. None when neither can be read."""
+    way. A dim `entry.bucket` names that the row lacks comes from its bench spec's
+    `derived_dims` (jagged_mean's "total": the rows its lengths draw holds, the measure a call
+    site has). None when none of these can be read."""
     dims: dict[str, int] = {}
     try:
         dims = {str(k): int(v) for k, v in json.loads(row.get("dims") or "{}").items()}
@@ -78,6 +88,8 @@ def row_bucket(entry: OpEntry, row: dict) -> Bucket | None:
         dims = {}
     if dims and entry.bucket is not None:
         row_dims, n_dim = entry.bucket
+        if not all(d in dims for d in (*row_dims, n_dim)):
+            dims = {**derived_dims(entry.bench or entry.name, tuple(sorted(dims.items()))), **dims}
         if n_dim in dims and all(d in dims for d in row_dims):
             return Bucket(pow2(math.prod(dims[d] for d in row_dims)), pow2(dims[n_dim]))
     if dims and entry.bucket is None:
@@ -86,6 +98,21 @@ def row_bucket(entry: OpEntry, row: dict) -> Bucket | None:
     if entry.bucket is None and parts and all(p.isdigit() for p in parts):
         return bucket_of([int(p) for p in parts])
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def derived_dims(spec_name: str, dims: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """The dims the bench spec `spec_name` derives from a shape's named `dims` ({} when it
+    derives none or cannot read them)."""
+    from kernelwright.bench.specs import SPECS
+
+    spec = SPECS.get(spec_name)
+    if spec is None or spec.derived_dims is None:
+        return {}
+    try:
+        return {str(k): int(v) for k, v in spec.derived_dims(dict(dims)).items()}
+    except (KeyError, ValueError, TypeError):
+        return {}
 
 
 def timing_class(timing: str) -> str | None:
@@ -145,6 +172,7 @@ def choose(
     arch: str | None = None,
     last_dim_contiguous: bool = True,
     db: str | Path | ResultsDB | None = None,
+    among: Collection[str] | None = None,
 ) -> Choice:
     """The implementation of `op` for one call site (see the module's docstring).
 
@@ -152,6 +180,7 @@ def choose(
     GPU's ("sm_90"); default: the current CUDA device's on "cuda". db: the results database
     (default: $KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db); a missing file
     means no measurement, a file that is not a results database raises `ResultsDBError`.
+    among: the implementation names that may be chosen (None: all; the pass gives INSERTABLE).
     """
     entry = registry.get(op)
     device = _device_name(device)
@@ -182,14 +211,31 @@ def choose(
     made = {"op": op, "bucket": bucket, "rejected": tuple(rejected), "_entry": entry}
     rows, missing = _rows(db, op)
     times, label = _timings(entry, capable, rows, arch=arch, dtype=dtype, bucket=bucket)
-    if times:
-        order = {impl.name: i for i, impl in enumerate(entry.impls)}
-        best = min(times, key=lambda name: (times[name], order[name]))
-        others = ", ".join(f"{n} {t:.4g} ms" for n, t in sorted(times.items(), key=_by_time))
-        reason = f"fastest measured in {bucket} on {arch} {dtype} ({label}): {others}"
-        timed = tuple(sorted(times.items(), key=_by_time))
+    usable = [i for i in capable if among is None or i.name in among]
+    if not usable:
+        raise NoCapableImpl(
+            f"{op}: none of {', '.join(among or ())} takes dtype {dtype}, shape {shape} on "
+            f"{device}: " + "; ".join(f"{n}: {w}" for n, w in rejected)
+        )
+    order = {impl.name: i for i, impl in enumerate(entry.impls)}
+
+    def speed(name: str) -> tuple[float, int]:
+        return times[name], order[name]
+
+    fastest = min(times, key=speed, default=None)
+    # the fastest measured one the caller can use; a faster one it cannot is named
+    best = min((n for n in times if n in {i.name for i in usable}), key=speed, default=None)
+    over = f"{fastest} measured fastest; not insertable by the pass; " if fastest != best else ""
+    timed = tuple(sorted(times.items(), key=_by_time))
+    if best is not None:
+        head = f"{over}chose {best}, the fastest it can insert" if over else "fastest"
+        others = ", ".join(f"{n} {t:.4g} ms" for n, t in timed)
+        reason = f"{head} measured in {bucket} on {arch} {dtype} ({label}): {others}"
         return Choice(impl=best, reason=reason, measured=True, timings=timed, **made)
-    default = _default(capable)
+    default = _default(usable)
+    if over:  # measured, but none of those the caller can use
+        reason = f"{over}chose {default.name}, the default (not measured in {bucket})"
+        return Choice(impl=default.name, reason=reason, measured=False, timings=timed, **made)
     where = f"no results database at {missing}" if missing else f"no measurement for {bucket}"
     reason = f"{where}: default; `kernelwright registry bench {op}` fills it"
     return Choice(impl=default.name, reason=reason, measured=False, **made)
@@ -237,17 +283,29 @@ def open_db(db: str | Path | ResultsDB | None) -> ResultsDB | None:
     return ResultsDB.existing(path)
 
 
+def check_db(db: str | Path | ResultsDB | None) -> None:
+    """Raise `ResultsDBError` naming the file when `db` exists and is not a readable results
+    database (what `choose` would raise at the first site); a missing file passes."""
+    results = open_db(db)
+    if results is not None:
+        _read(results, lambda: results.distinct("op"))
+
+
+def _read(results: ResultsDB, query):
+    try:
+        return query()
+    except sqlite3.DatabaseError as e:  # a results file without its tables
+        raise ResultsDBError(f"{results.path} is not a readable results database ({e})") from e
+
+
 def _rows(db: str | Path | ResultsDB | None, op: str) -> tuple[list[dict], Path | None]:
     """The op's rows and, when the database file is missing, its path."""
     results = open_db(db)
     if results is None:
         return [], db_path(db.path if isinstance(db, ResultsDB) else db)
-    try:
-        if op not in results.distinct("op"):
-            return [], None
-        return results.query(Filters(op=op)), None
-    except sqlite3.DatabaseError as e:  # a results file without its tables
-        raise ResultsDBError(f"{results.path} is not a readable results database ({e})") from e
+    if op not in _read(results, lambda: results.distinct("op")):
+        return [], None
+    return _read(results, lambda: results.query(Filters(op=op))), None
 
 
 def _timings(

@@ -280,8 +280,9 @@ JAGGED = (
         f"{OPS}.jagged_mean",
         summary="mean of each segment of a jagged [total, D] tensor",
         impls=_impls("jagged_mean", min_rank=2, max_rank=2),
-        # the site's values [total, D]; a bench row's rows: segments x max_len, its bound
-        bucket=(("segments", "max_len"), "d"),
+        # the site's values [total, D]; a bench row's total is the sum of the lengths it drew
+        # (its spec's derived dim), so a row lands in the bucket of the workload it times
+        bucket=(("total",), "d"),
         module_class="JaggedMean",
         table=f"{TABLES}.jagged_mean",
         bench="jagged_mean",

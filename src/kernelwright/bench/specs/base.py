@@ -90,6 +90,9 @@ class BenchSpec:
     # it for one of them (an extra read and write of [M, N], for every provider) — a copy no
     # decoder layer makes. Elsewhere it makes no difference.
     grad_through_views: bool = False
+    # Dims that follow from the named ones, for readers that need another measure of a shape:
+    # (shape) -> {name: value}. The selection's shape buckets (compile/select.py) read them.
+    derived_dims: Callable[[Shape], Mapping[str, int]] | None = None
 
     @property
     def provider_names(self) -> list[str]:

@@ -37,6 +37,12 @@ def _jagged_inputs(shape: Shape, dtype: torch.dtype, device, *, seed: int = 0):
     }
 
 
+def _jagged_total(shape: Shape) -> dict[str, int]:
+    """The rows the shape's lengths draw holds: what a call site's values [total, D] measure
+    (about segments x (max_len + 1) / 2, not segments x max_len)."""
+    return {"total": int(_jagged_lengths(shape).sum())}
+
+
 def _jagged_bytes(shape: Shape, dtype: torch.dtype, mode: str) -> int:
     b, d, s = shape["segments"], shape["d"], dtype.itemsize
     total = int(_jagged_lengths(shape).sum())
@@ -72,6 +78,7 @@ JAGGED_MEAN = register(
         make_inputs=_jagged_inputs,
         grad_inputs=("values",),
         bytes=_jagged_bytes,
+        derived_dims=_jagged_total,
         # The issue's sweep: 4096 segments of random lengths 1..512 (~1.05M rows), D varies.
         sweeps=(Sweep("d", (64, 256, 1024), {"segments": 4096, "max_len": 512}),),
         quick_sweeps=(Sweep("d", (256, 1024), {"segments": 4096, "max_len": 512}),),
