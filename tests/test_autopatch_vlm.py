@@ -42,23 +42,25 @@ def _tiny_text_config(model_type: str):
 
 
 @pytest.mark.parametrize("model_type", list(MROPE))
-def test_mrope_through_the_rope_kernel_forward_and_backward(model_type):
+def test_mrope_through_the_rope_kernel_forward_and_backward(model_type, device):
     module_name, rotary_name = MROPE[model_type]
     modeling = importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}")
     cfg = _tiny_text_config(model_type)
     assert sum(cfg.rope_parameters["mrope_section"]) == cfg.head_dim // 2  # the shrinker's cut
-    rot = getattr(modeling, rotary_name)(cfg)
+    rot = getattr(modeling, rotary_name)(cfg).to(device)
     b, s, heads, kv, d = 2, 6, 4, 2, cfg.head_dim
     gen = torch.Generator().manual_seed(0)
-    pos = torch.randint(0, 64, (3, b, s), generator=gen)  # three different streams
-    cos, sin = rot(torch.zeros(b, s, cfg.hidden_size), pos)
+    pos = torch.randint(0, 64, (3, b, s), generator=gen).to(device)  # three different streams
+    x = torch.zeros(b, s, cfg.hidden_size, device=device)
+    cos, sin = rot(x, pos)
     # the sections matter: one stream for all of them gives other tables
-    same, _ = rot(torch.zeros(b, s, cfg.hidden_size), pos[:1].expand(3, b, s))
+    same, _ = rot(x, pos[:1].expand(3, b, s))
     assert (cos - same).abs().max() > 1e-3
     # HF's layout: [B, S, H, D] projections viewed as [B, H, S, D]
-    q = torch.randn(b, s, heads, d, generator=gen).transpose(1, 2).requires_grad_()
-    k = torch.randn(b, s, kv, d, generator=gen).transpose(1, 2).requires_grad_()
-    gq, gk = torch.randn(b, heads, s, d, generator=gen), torch.randn(b, kv, s, d, generator=gen)
+    q = torch.randn(b, s, heads, d, generator=gen).to(device).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, s, kv, d, generator=gen).to(device).transpose(1, 2).requires_grad_()
+    gq = torch.randn(b, heads, s, d, generator=gen).to(device)
+    gk = torch.randn(b, kv, s, d, generator=gen).to(device)
 
     ref_q, ref_k = modeling.apply_rotary_pos_emb(q, k, cos, sin)
     ref_dq, ref_dk = torch.autograd.grad((ref_q, ref_k), (q, k), (gq, gk))
@@ -84,14 +86,21 @@ def _tiny_vlm(model_type: str):
     return model
 
 
+def _on(batch, device):
+    """(input_ids, labels, the image inputs) on `device`."""
+    inputs = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.inputs.items()}
+    return batch.input_ids.to(device), batch.labels.to(device), inputs
+
+
 def _train(model, batch, steps: int, lr: float = 1e-3):
     """Per-step losses, the first step's gradients and the final parameters."""
+    ids, labels, inputs = _on(batch, next(model.parameters()).device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, first = [], None
     for i in range(steps):
         opt.zero_grad(set_to_none=True)
-        out = model(input_ids=batch.input_ids, labels=batch.labels, **batch.inputs)
+        out = model(input_ids=ids, labels=labels, **inputs)
         out.loss.backward()
         if i == 0:
             first = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -139,12 +148,12 @@ VISION_ONLY = {"qwen2_5_vl": ("mlp", "Qwen2_5_VLMLP"), "llava": ("norm", "LayerN
 
 
 @pytest.mark.parametrize("model_type", list(CONVERGENCE))
-def test_vlm_trains_like_unpatched_with_images(model_type):
+def test_vlm_trains_like_unpatched_with_images(model_type, device):
     """Two AdamW steps on one sequence with an image: the patched model's loss at every step,
     its first gradients and its final weights against the unpatched copy's (the convergence
     suite's fp32 tolerances). The vision tower runs, and its norms (and Qwen2.5-VL's SwiGLU
     MLPs) are patched too."""
-    model = _tiny_vlm(model_type)
+    model = _tiny_vlm(model_type).to(device)
     # 4 text tokens around one image of 4: 8 rows, one program of the rope kernel
     batch = check_batch(model, batch=1, seq=4, run=False)
     assert batch.has_images, batch.note
@@ -176,11 +185,9 @@ def test_vlm_trains_like_unpatched_with_images(model_type):
     for m in patch_record(model).modules:
         if (m.kind, m.class_name) == (kind, name):
             m.module.forward = types.MethodType(wrong, m.module)
+    ids, _, inputs = _on(batch, device)
     with torch.no_grad():  # the log-probs, as the model check compares them
-        got, want = (
-            m(input_ids=batch.input_ids, **batch.inputs).logits.log_softmax(-1)
-            for m in (model, ref)
-        )
+        got, want = (m(input_ids=ids, **inputs).logits.log_softmax(-1) for m in (model, ref))
     assert (got - want).abs().max() > parity.PARITY_TOLERANCES[torch.float32].logprobs
 
 
