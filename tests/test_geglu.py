@@ -20,6 +20,7 @@ from kernelwright.ops.geglu import (
     geglu_ref,
 )
 from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.launch import PlanCache
 from kernelwright.runtime.tables.geglu import TABLE
 from kernelwright.testing import (
     Tolerance,
@@ -402,6 +403,8 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     # one program short of the grid: the last tile is never written
     short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
     monkeypatch.setattr(family, "elementwise_grid", short_grid)
+    # launch plans are memoized: fresh ones with the short grid, dropped with the patch
+    monkeypatch.setattr(family, "_PLANS", PlanCache())
     report = check_op(geglu, geglu_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

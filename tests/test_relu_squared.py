@@ -17,6 +17,7 @@ from kernelwright.ops.relu_squared import (
     relu_squared_ref,
 )
 from kernelwright.runtime import LaunchConfig
+from kernelwright.runtime.launch import PlanCache
 from kernelwright.runtime.tables.relu_squared import TABLE
 from kernelwright.testing import (
     Tolerance,
@@ -221,13 +222,13 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     inputs = _x((37, 300), torch.float16, 16, device)
     assert check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL).ok
 
-    real_bwd = family.gated_bwd_launch
+    real_bwd = family._bwd_launch  # the launch behind relu_squared's backward, whatever the layout
 
-    def half_bwd(activation, dy, x, up, dx, dup, config=None):
-        real_bwd(activation, dy, x, up, dx, dup, config)
+    def half_bwd(activation, dy, x, up, dx, dup, *args):
+        real_bwd(activation, dy, x, up, dx, dup, *args)
         dx.mul_(0.5)
 
-    monkeypatch.setattr(family, "gated_bwd_launch", half_bwd)
+    monkeypatch.setattr(family, "_bwd_launch", half_bwd)
     report = check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL)
     assert [r.ok for r in report.rows] == [True, False], report.table()
     monkeypatch.undo()
@@ -235,6 +236,8 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     # one program short of the grid: the last tile is never written
     short_grid = lambda op, m, n, cfg: (elementwise_grid(op, m, n, cfg)[0] - 1,)
     monkeypatch.setattr(family, "elementwise_grid", short_grid)
+    # launch plans are memoized: fresh ones with the short grid, dropped with the patch
+    monkeypatch.setattr(family, "_PLANS", PlanCache())
     report = check_op(relu_squared, relu_squared_ref, inputs, tolerances=TOL, backward=False)
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 

@@ -3,7 +3,6 @@ program owns on a 1-D grid, the grid, and the re-viewing of dense inputs into fu
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -31,19 +30,13 @@ def elementwise_grid(op: str, m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
     return (programs,)
 
 
-def retile(
-    tensors: tuple[torch.Tensor | None, ...], cfg: LaunchConfig
-) -> tuple[int, int, tuple[int | None, ...]]:
-    """The (M, N, row stride per tensor) to launch with. Elementwise: when every tensor is one
-    dense block, any [M', block_n] view computes the same thing, and full tiles need no masked
-    tail (N = 18944 leaves 1/4 of a 2048 tile idle); the kernel only needs the view's sizes
-    and strides, so no view is made. None entries (an absent operand) get a None stride."""
-    m, n = tensors[0].shape
+def retiled_shape(m: int, n: int, cfg: LaunchConfig) -> tuple[int, int]:
+    """The (M, N) to launch with over [m, n] tensors that are each one dense block
+    (contiguous). Elementwise, any [M', block_n] view of them computes the same thing, and full
+    tiles need no masked tail (N = 18944 leaves 1/4 of a 2048 tile idle); the kernel only needs
+    the view's sizes and strides (row stride N), so no view is made. (m, n) itself where the
+    elements do not fill whole tiles, or the rows already are one tile."""
     block = cfg.block_n
-    if not ((m * n) % block or n == block):
-        for t in tensors:
-            if t is not None and not t.is_contiguous():
-                break
-        else:
-            return (m * n) // block, block, tuple([None if t is None else block for t in tensors])
-    return m, n, tuple([None if t is None else t.stride(0) for t in tensors])
+    if (m * n) % block or n == block:
+        return m, n
+    return (m * n) // block, block

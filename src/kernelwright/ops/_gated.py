@@ -25,13 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retile
+from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retiled_shape
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
-from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.alloc import empty, empty_like
 from kernelwright.runtime.checks import check_same_device, check_shape, check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
-from kernelwright.runtime.launch import LaunchConfig, Table, traced
+from kernelwright.runtime.launch import LaunchConfig, PlanCache, Table, traced
 from kernelwright.runtime.tables.geglu import TABLE as GEGLU_TABLE
 from kernelwright.runtime.tables.relu_squared import TABLE as RELU_SQUARED_TABLE
 from kernelwright.runtime.tables.swiglu import TABLE as SWIGLU_TABLE
@@ -184,13 +184,33 @@ def _gated_bwd_kernel(
 # --------------------------------------------------------------------------- launchers
 
 
-def _config(
-    activation: str, kernel: str, t: torch.Tensor, n: int, config: LaunchConfig | None
-) -> tuple[str, LaunchConfig]:
+_PLANS = PlanCache()  # (kernel, activation, M, N, device, dense) -> `_plan`'s plan
+
+
+def _plan(
+    kernel: str, activation: str, m: int, n: int, device: torch.device, dense: bool, config
+) -> tuple[tuple[int], int, int, dict]:
+    """(grid, M, N, constexprs) of a launch over [m, n] tensors: M x N is the retiled view
+    (`_elementwise.retiled_shape`) where every tensor is `dense` (contiguous) and it applies.
+    Memoized where the activation's op's table chooses the config."""
     op = ACTIVATIONS.get(activation)
     if op is None:
         raise ValueError(f"unknown activation {activation!r}; one of {tuple(ACTIVATIONS)}")
-    return op, config or lookup(_TABLES[op], op, kernel, device_info(t.device), n)
+    table = _TABLES[op]
+    key = (kernel, activation, m, n, device, dense)
+    plan = _PLANS.get_for(key, table, kernel) if config is None else None
+    if plan is None:
+        info = device_info(device)
+        cfg = config or lookup(table, op, kernel, info, n)
+        M, N = retiled_shape(m, n, cfg) if dense else (m, n)
+        constexprs = dict(
+            ACTIVATION=activation,
+            BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        plan = elementwise_grid(op, M, N, cfg), M, N, constexprs
+        if config is None:
+            _PLANS.put_for(key, table, kernel, info.arch, plan)
+    return plan
 
 
 def gated_fwd_launch(
@@ -201,15 +221,21 @@ def gated_fwd_launch(
     config: LaunchConfig | None = None,
 ) -> None:
     M, N = a.shape
-    if M == 0 or N == 0:
+    dense = a.is_contiguous() and c.is_contiguous() and (b is None or b.is_contiguous())
+    _fwd_launch(activation, a, b, c, M, N, dense, config)
+
+
+def _fwd_launch(activation: str, a, b, c, m: int, n: int, dense: bool, config) -> None:
+    """`gated_fwd_launch` over m rows of n: [m, n] views, or where `dense`, contiguous tensors
+    of any rank (rows n apart), launched on as they are."""
+    if m == 0 or n == 0:
         return
-    op, cfg = _config(activation, "fwd", a, N, config)
-    M, N, strides = retile((a, b, c), cfg)
-    _gated_fwd_kernel[elementwise_grid(op, M, N, cfg)](
-        a, b, c, M, N, *strides,
-        ACTIVATION=activation,
-        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    grid, M, N, constexprs = _plan("fwd", activation, m, n, a.device, dense, config)
+    if dense:  # one block each: [M, N] with row stride N (retiled or not)
+        sa, sb, sc = N, None if b is None else N, N
+    else:
+        sa, sb, sc = a.stride(0), None if b is None else b.stride(0), c.stride(0)
+    _gated_fwd_kernel[grid](a, b, c, M, N, sa, sb, sc, **constexprs)
 
 
 def gated_bwd_launch(
@@ -222,14 +248,22 @@ def gated_bwd_launch(
     config: LaunchConfig | None = None,
 ) -> None:
     M, N = a.shape
-    if M == 0 or N == 0:
+    dense = dc.is_contiguous() and a.is_contiguous() and da.is_contiguous()
+    dense = dense and (b is None or b.is_contiguous()) and (db is None or db.is_contiguous())
+    _bwd_launch(activation, dc, a, b, da, db, M, N, dense, config)
+
+
+def _bwd_launch(activation: str, dc, a, b, da, db, m: int, n: int, dense: bool, config) -> None:
+    """`gated_bwd_launch` over m rows of n, as `_fwd_launch`."""
+    if m == 0 or n == 0:
         return
-    op, cfg = _config(activation, "bwd", a, N, config)
-    M, N, strides = retile((dc, a, b, da, db), cfg)
-    _gated_bwd_kernel[elementwise_grid(op, M, N, cfg)](
-        dc, a, b, da, db, M, N, *strides, ACTIVATION=activation,
-        BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    grid, M, N, constexprs = _plan("bwd", activation, m, n, a.device, dense, config)
+    if dense:
+        strides = (N, N, None, N, None) if b is None else (N,) * 5
+    else:
+        strides = (dc.stride(0), a.stride(0), None if b is None else b.stride(0), da.stride(0))
+        strides += (None if db is None else db.stride(0),)
+    _gated_bwd_kernel[grid](dc, a, b, da, db, M, N, *strides, **constexprs)
 
 
 def gated_fused_fwd_launch(
@@ -359,26 +393,19 @@ class _GatedFunction(torch.autograd.Function):
         )
 
 
-class _OneInputFunction(torch.autograd.Function):
-    # One input, one gradient: x = [gate | up] for a gated activation (the fused form, out
-    # [..., N] from x [..., 2N]), or x itself for a single-input one (out in x's shape).
+class _FusedFunction(torch.autograd.Function):
+    # act(gate) * up for x = [gate | up] along the last dim: out [..., N] from x [..., 2N].
     @staticmethod
     def forward(ctx, x, activation):
-        fused = activation in GATED
-        op = ACTIVATIONS[activation] + ("_fused" if fused else "")
-        x2 = rows_view(op, "x", x)  # [M, 2N] or [M, N]
-        n = x.shape[-1] // 2 if fused else x.shape[-1]
+        op = ACTIVATIONS[activation] + "_fused"
+        x2 = rows_view(op, "x", x)  # [M, 2N]
+        n = x.shape[-1] // 2
         out = empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
         c = out.view(x2.shape[0], n)
-        compiling = traced(x)
-        if fused and compiling:
+        if traced(x):
             _fused_fwd_op(x2, c, activation)
-        elif fused:
-            gated_fused_fwd_launch(activation, x2, c)
-        elif compiling:
-            _fwd_op(x2, None, c, activation)
         else:
-            gated_fwd_launch(activation, x2, None, c)
+            gated_fused_fwd_launch(activation, x2, c)
         ctx.save_for_backward(x2)  # x only: the activation is recomputed, out is never kept
         ctx.shape = x.shape
         ctx.activation = activation
@@ -388,19 +415,61 @@ class _OneInputFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dc):
         (x2,) = ctx.saved_tensors
-        activation = ctx.activation
         dc2 = rows_view(ctx.op, "dc", dc)  # copies a gradient whose last stride is not 1
-        dx = empty(x2.shape, dtype=x2.dtype, device=x2.device)  # [M, 2N] = [da | db], or [M, N]
-        compiling = traced(dc)
-        if activation in GATED and compiling:
-            _fused_bwd_op(dc2, x2, dx, activation)
-        elif activation in GATED:
-            gated_fused_bwd_launch(activation, dc2, x2, dx)
-        elif compiling:
-            _bwd_op(dc2, x2, None, dx, None, activation)
+        dx = empty_like(x2)  # [M, 2N] = [da | db]
+        if traced(dc):
+            _fused_bwd_op(dc2, x2, dx, ctx.activation)
         else:
-            gated_bwd_launch(activation, dc2, x2, None, dx, None)
-        return dx.view(ctx.shape), None
+            gated_fused_bwd_launch(ctx.activation, dc2, x2, dx)
+        return dx.view(*ctx.shape), None
+
+
+class _SingleFunction(torch.autograd.Function):
+    # act(x) for a single-input activation: out (and dx) in x's shape, returned as allocated.
+    # A contiguous x (and gradient) is launched on as it is (rows n apart, whatever its rank),
+    # anything else through [M, N] views.
+    @staticmethod
+    def forward(ctx, x, activation):
+        out = empty_like(x)
+        compiling = traced(x)
+        if not compiling and x.is_contiguous():
+            n = x.shape[-1]
+            if n:
+                _fwd_launch(activation, x, None, out, x.numel() // n, n, True, None)
+            saved = x
+        else:
+            saved = rows_view(ACTIVATIONS[activation], "x", x)  # [M, N]
+            c = out if saved is x else out.view(*saved.shape)  # ints: n may be 0
+            if compiling:
+                _fwd_op(saved, None, c, activation)
+            else:
+                gated_fwd_launch(activation, saved, None, c)
+        ctx.save_for_backward(saved)  # x only: the activation is recomputed, out is never kept
+        ctx.shape = x.shape
+        ctx.activation = activation
+        return out
+
+    @staticmethod
+    def backward(ctx, dc):
+        (x,) = ctx.saved_tensors  # x itself (contiguous), or its [M, N] view
+        activation = ctx.activation
+        dx = empty_like(x)  # contiguous, in the saved tensor's shape
+        compiling = traced(dc)
+        if not compiling and x.is_contiguous() and dc.is_contiguous():
+            n = x.shape[-1]
+            if n:
+                _bwd_launch(activation, dc, x, None, dx, None, x.numel() // n, n, True, None)
+        else:
+            op = ACTIVATIONS[activation]
+            x2, dx2 = rows_view(op, "x", x), rows_view(op, "dx", dx)  # dx2: a view (contiguous)
+            dc2 = rows_view(op, "dc", dc)  # copies a gradient whose last stride is not 1
+            if compiling:
+                _bwd_op(dc2, x2, None, dx2, None, activation)
+            else:
+                gated_bwd_launch(activation, dc2, x2, None, dx2, None)
+        # a saved [M, N] view has x's shape when x is 2-D
+        shape = ctx.shape
+        return (dx if dx.dim() == len(shape) else dx.view(*shape)), None
 
 
 # --------------------------------------------------------------------------- entry points
@@ -434,10 +503,10 @@ def gated_fused(activation: str, x: torch.Tensor) -> torch.Tensor:
             f"{op}: argument 'x' must have an even last dimension ([..., 2N]: gate then "
             f"up), got shape {tuple(x.shape)}"
         )
-    return _OneInputFunction.apply(x, activation)
+    return _FusedFunction.apply(x, activation)
 
 
 def single(activation: str, x: torch.Tensor) -> torch.Tensor:
     """act(x) for a single-input `activation` (not in GATED), after the argument checks."""
     check_tensor(ACTIVATIONS[activation], "x", x)
-    return _OneInputFunction.apply(x, activation)
+    return _SingleFunction.apply(x, activation)

@@ -71,9 +71,9 @@ def _launch(
 ) -> None:
     key = (kernel, q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride())
     key += (cos.shape, cos.stride(), sin.stride(), unsqueeze_dim, interleaved, q.device, config)
-    plan = _PLANS.get(key)
+    plan = _PLANS.get_for(key, TABLE, kernel)  # None too where the table's rows were swapped
     if plan is None:
-        plan = _PLANS.put(key, _plan(*key))
+        plan = _PLANS.put_for(key, TABLE, kernel, device_info(q.device).arch, _plan(*key))
     if plan:
         grid, ints, constexprs = plan
         _rope_kernel[grid](q, k, q_out, k_out, cos, sin, *ints, **constexprs)

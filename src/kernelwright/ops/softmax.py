@@ -44,11 +44,12 @@ from kernelwright.ops._softmax_split import (  # noqa: F401
 )
 from kernelwright.ops._split import split_count
 from kernelwright.runtime import device_info, lookup
-from kernelwright.runtime.alloc import empty
+from kernelwright.runtime.alloc import empty_like
 from kernelwright.runtime.checks import check_tensor, rows_view
 from kernelwright.runtime.fastlaunch import fast
 from kernelwright.runtime.launch import (
     LaunchConfig,
+    PlanCache,
     cdiv,
     next_pow2,
     table_rows,
@@ -317,6 +318,44 @@ def backward_config(y: torch.Tensor, config: LaunchConfig | None = None) -> Laun
     return cfg
 
 
+def _build_plan(kernel: str, x: torch.Tensor, is_log: bool, config: LaunchConfig | None):
+    """(kernel, grid, constexprs) of the forward (`kernel` "fwd") or backward ("bwd") over
+    `x` ([M, N], M > 0: the input, or the saved output); a split row: (None, cfg, splits)."""
+    M, N = x.shape
+    fwd = kernel == "fwd"
+    cfg = forward_config(x, config) if fwd else backward_config(x, config)
+    constexprs = {"IS_LOG": is_log, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps}
+    if cfg.block_n >= N:
+        one_row = _softmax_fwd_kernel if fwd else _softmax_bwd_kernel
+        return one_row, (cdiv(M, cfg.rows),), {**constexprs, "ROWS": cfg.rows}
+    splits = _split_count(x, cfg)
+    if splits:
+        return None, cfg, splits
+    looped = _softmax_fwd_looped_kernel if fwd else _softmax_bwd_looped_kernel
+    return looped, (M,), {**constexprs, **two_pass_flags(cfg)}
+
+
+_PLANS = PlanCache()  # (kernel, M, N, dtype, device, is_log) -> `_build_plan`'s plan
+
+
+def _rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """`t` as [m, n]: itself, or the view of a contiguous tensor of another rank."""
+    return t if t.dim() == 2 else t.view(m, n)
+
+
+def _plan(kernel: str, t: torch.Tensor, m: int, n: int, is_log: bool, config) -> tuple:
+    """`_build_plan`'s plan over `t`'s m rows of n, memoized where the table chooses the
+    config."""
+    if config is not None:
+        return _build_plan(kernel, _rows(t, m, n), is_log, config)
+    key = (kernel, m, n, t.dtype, t.device, is_log)
+    plan = _PLANS.get_for(key, TABLE, kernel)
+    if plan is None:
+        plan = _build_plan(kernel, _rows(t, m, n), is_log, None)
+        _PLANS.put_for(key, TABLE, kernel, device_info(t.device).arch, plan)
+    return plan
+
+
 def softmax_fwd_launch(
     x: torch.Tensor,  # [M, N], stride(1) == 1
     y: torch.Tensor,  # [M, N], stride(1) == 1
@@ -324,26 +363,19 @@ def softmax_fwd_launch(
     config: LaunchConfig | None = None,
 ) -> None:
     M, N = x.shape
+    _fwd_launch(x, y, M, N, x.stride(0), y.stride(0), is_log, config)
+
+
+def _fwd_launch(x, y, M: int, N: int, sx: int, sy: int, is_log: bool, config) -> None:
+    """`softmax_fwd_launch` over M rows of N values `sx` / `sy` apart in x / y: [M, N] views,
+    or contiguous tensors of any rank (rows N apart), launched on as they are."""
     if M == 0:
         return
-    cfg = forward_config(x, config)
-    args = (x, y, M, N, x.stride(0), y.stride(0))
-    splits = _split_count(x, cfg) if cfg.block_n < N else 0
-    if cfg.block_n >= N:
-        grid = (cdiv(M, cfg.rows),)
-        _softmax_fwd_kernel[grid](
-            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
-        )
-    elif splits:
-        split_fwd_launch(x, y, is_log, cfg, splits)
+    kernel, grid, constexprs = _plan("fwd", x, M, N, is_log, config)
+    if kernel is None:  # a split row: (cfg, splits)
+        split_fwd_launch(_rows(x, M, N), _rows(y, M, N), is_log, grid, constexprs)
     else:
-        _softmax_fwd_looped_kernel[(M,)](
-            *args,
-            IS_LOG=is_log,
-            BLOCK_N=cfg.block_n,
-            **two_pass_flags(cfg),
-            num_warps=cfg.num_warps,
-        )
+        kernel[grid](x, y, M, N, sx, sy, **constexprs)
 
 
 def softmax_bwd_launch(
@@ -354,26 +386,19 @@ def softmax_bwd_launch(
     config: LaunchConfig | None = None,
 ) -> None:
     M, N = y.shape
+    _bwd_launch(dy, y, dx, M, N, (dy.stride(0), y.stride(0), dx.stride(0)), is_log, config)
+
+
+def _bwd_launch(dy, y, dx, M: int, N: int, strides: tuple, is_log: bool, config) -> None:
+    """`softmax_bwd_launch` over M rows of N, as `_fwd_launch` (`strides`: dy's, y's, dx's)."""
     if M == 0:
         return
-    cfg = backward_config(y, config)
-    args = (dy, y, dx, M, N, dy.stride(0), y.stride(0), dx.stride(0))
-    splits = _split_count(y, cfg) if cfg.block_n < N else 0
-    if cfg.block_n >= N:
-        grid = (cdiv(M, cfg.rows),)
-        _softmax_bwd_kernel[grid](
-            *args, IS_LOG=is_log, BLOCK_N=cfg.block_n, ROWS=cfg.rows, num_warps=cfg.num_warps
-        )
-    elif splits:
-        split_bwd_launch(dy, y, dx, is_log, cfg, splits)
+    kernel, grid, constexprs = _plan("bwd", y, M, N, is_log, config)
+    if kernel is None:
+        dy, y, dx = _rows(dy, M, N), _rows(y, M, N), _rows(dx, M, N)
+        split_bwd_launch(dy, y, dx, is_log, grid, constexprs)
     else:
-        _softmax_bwd_looped_kernel[(M,)](
-            *args,
-            IS_LOG=is_log,
-            BLOCK_N=cfg.block_n,
-            **two_pass_flags(cfg),
-            num_warps=cfg.num_warps,
-        )
+        kernel[grid](dy, y, dx, M, N, *strides, **constexprs)
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -405,17 +430,21 @@ def _(dy, y, dx, is_log) -> None:
 
 
 class _SoftmaxFunction(torch.autograd.Function):
+    # y (and dx) in x's shape, returned as allocated (not a view made here, which the caller
+    # could not modify in place). Contiguous tensors are launched on as they are (rows n
+    # apart, whatever their rank); others through [M, N] views.
     @staticmethod
     def forward(ctx, x, is_log):
-        x2 = rows_view("softmax", "x", x)
-        # y in x's shape, returned as allocated (not a view made here, which the caller could
-        # not modify in place); the kernel writes it through a 2-D view.
-        y = empty(x.shape, dtype=x.dtype, device=x.device)
-        y2 = y.view(x2.shape)
+        n = x.shape[-1]  # > 0, checked by the caller
+        y = empty_like(x)
         if traced(x):
-            _softmax_fwd_op(x2, y2, is_log)
+            x2 = rows_view("softmax", "x", x)
+            _softmax_fwd_op(x2, y.view(-1, n), is_log)
+        elif x.is_contiguous():
+            _fwd_launch(x, y, x.numel() // n, n, n, n, is_log, None)
         else:
-            softmax_fwd_launch(x2, y2, is_log)
+            x2 = rows_view("softmax", "x", x)
+            softmax_fwd_launch(x2, y if x2 is x else y.view(-1, n), is_log)
         ctx.save_for_backward(y)  # the output only: the backward never reads x
         ctx.is_log = is_log
         return y
@@ -423,10 +452,13 @@ class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        y2 = y.view(-1, y.shape[-1])  # allocated contiguous in forward; n > 0 checked there
+        n = y.shape[-1]
+        dx = empty_like(y)  # y was allocated contiguous: so is dx, in its shape
+        if not traced(dy) and dy.is_contiguous():
+            _bwd_launch(dy, y, dx, y.numel() // n, n, (n, n, n), ctx.is_log, None)
+            return dx, None
+        y2, dx2 = (y, dx) if y.dim() == 2 else (y.view(-1, n), dx.view(-1, n))
         dy2 = rows_view("softmax", "dy", dy)
-        dx = empty(y.shape, dtype=y.dtype, device=y.device)
-        dx2 = dx.view(y2.shape)
         if traced(dy):
             _softmax_bwd_op(dy2, y2, dx2, ctx.is_log)
         else:

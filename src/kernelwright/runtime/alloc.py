@@ -52,4 +52,13 @@ def empty(
 
 
 def empty_like(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+    """A new contiguous tensor (never a view) in `t`'s shape, in `t`'s dtype unless given."""
+    if not t.is_contiguous():
+        return empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+    # A contiguous `t`'s own strides are contiguous ones, and torch.empty_like keeps the strides
+    # of a dense tensor: the tensor `empty` would give, without parsing a torch.Size (the
+    # costlier call on the host, where eager training loops at moderate sizes are bound).
+    out = torch.empty_like(t) if dtype is None else torch.empty_like(t, dtype=dtype)
+    if poisoning() and not torch.compiler.is_compiling():
+        out.fill_(float("nan") if out.is_floating_point() else -(2**30))
+    return out

@@ -56,6 +56,23 @@ class PlanCache(dict):
         self[key] = plan
         return plan
 
+    # Plans read from a launch table: kept with the rows they were read from, and used only
+    # while the table still serves those very rows (the optimize workflow measures a variant
+    # by swapping `table[kernel][arch]` in place; a test may do the same).
+
+    def get_for(self, key, table: Table, kernel: str):
+        """The plan `put_for` kept under `key`, or None: none kept, or `table[kernel]` no
+        longer serves the rows it was built from."""
+        hit = self.get(key)
+        if hit is not None and table_rows(table, kernel, hit[1]) is hit[0]:
+            return hit[2]
+        return None
+
+    def put_for(self, key, table: Table, kernel: str, arch: str, plan):
+        """Keep `plan`, built from `table[kernel]`'s rows for `arch`, under `key`."""
+        self.put(key, (table_rows(table, kernel, arch), arch, plan))
+        return plan
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
