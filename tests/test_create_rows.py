@@ -91,6 +91,18 @@ def test_kl_batchmean_divides_by_the_batch_at_run_time(tmp_path):
         _check(fn, ref, [logits, teacher])
 
 
+def _small_tiles(mod, monkeypatch):
+    # every row longer than 4 takes the looped kernels in place, over [4, 4] tiles: B, N and
+    # the row blocks are not multiples of a tile, and each row is cut into several chunks
+    tile = [(mod._LAST, mod.C(block_n=4, rows=4, num_warps=1))]
+    for k in ("fwd", "bwd"):
+        monkeypatch.setitem(mod.TABLE, f"{k}_strided", {"default": tile})
+
+
+def _no_copy(*args):
+    raise AssertionError("the row was moved by a copy")
+
+
 def test_a_row_of_another_dim_is_read_in_place(tmp_path, monkeypatch):
     # an RMS norm over dim 1 of [N, C, L] with a per-channel weight (its gradient summed over
     # rows inside the kernel): the row is strided by L and read in place, no copy
@@ -115,14 +127,50 @@ def test_a_row_of_another_dim_is_read_in_place(tmp_path, monkeypatch):
     def ref(x, w):
         return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6) * w
 
-    def no_copy(*args):
-        raise AssertionError("the row was moved by a copy")
-
     wide = torch.randn(3, 7, 22, generator=g)[..., ::2]  # odd sizes, inner stride 2
+    x = torch.randn(3, 7, 11, generator=g)
     with monkeypatch.context() as m:
-        m.setattr(mod, "_rows", no_copy)
-        _check(fn, ref, [wide, w], tol=1e-5)
-    # a row longer than the in-place tile covers, and B = 1: the row moved last by a copy
-    monkeypatch.setattr(mod, "STRIDED_MAX", 4)
-    _check(fn, ref, [wide, w], tol=1e-5)
+        m.setattr(mod, "_rows", _no_copy)
+        _check(fn, ref, [wide, w], tol=1e-5)  # one tile holds each row
+        # rows walked in tiles: the partial sums, the outputs tile by tile and the weight's
+        # gradient as per-row-block column sums
+        _small_tiles(mod, m)
+        for t in (x, wide):
+            _check(fn, ref, [t, w], tol=1e-5)
+        xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+        _check(fn, lambda a, b: ref(a.float(), b.float()).to(a.dtype), [xb, wb], tol=2e-2)
+    # B = 1: the rows are an [M, N] view (the row-major kernels)
     _check(fn, ref, [torch.randn(3, 7, 1, generator=g), w], tol=1e-5)
+
+
+def test_softmax_of_another_dim_walks_the_row_in_place(tmp_path, monkeypatch):
+    # two levels of reductions (the max, then the sum of exponentials) and a full-size output,
+    # the row walked in [4, 4] tiles in place
+    mod, fn = _op(tmp_path, "softmax_dim1")
+    monkeypatch.setattr(mod, "_rows", _no_copy)
+    _small_tiles(mod, monkeypatch)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 9, 6, generator=g) * 4
+    _check(fn, lambda t: torch.softmax(t, dim=1), [x], tol=1e-5)
+    _check(fn, lambda t: torch.softmax(t, dim=1), [torch.randn(2, 9, 12, generator=g)[..., 1::2]],
+           tol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["softmax", "logsumexp"])
+def test_online_sum_of_exp_in_the_looped_kernels(name, tmp_path, monkeypatch):
+    # rows of 4 tiles in 2 chunks: the sum of exp(x - max) is rescaled inside a chunk as the
+    # running max grows (values rising along the row) and across chunks by the launcher
+    mod, fn = _op(tmp_path, name)
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    monkeypatch.setattr(mod, "_sm_count", lambda device: 3)  # 2 chunks for 6 rows
+    ref = (lambda t: torch.softmax(t, -1)) if name == "softmax" else (lambda t: t.logsumexp(-1))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2, 13, generator=g) + torch.linspace(-30.0, 30.0, 13)
+    x[1, 0] = x[1, 0].flip(-1)  # the max first, then falling
+    _check(fn, ref, [x], tol=1e-5)
+    if name == "logsumexp":  # rows of -inf, and one holding +inf: torch's values
+        x = torch.randn(2, 13, generator=g)
+        x[0] = -float("inf")
+        x[1, 9] = float("inf")
+        torch.testing.assert_close(fn(x), ref(x))

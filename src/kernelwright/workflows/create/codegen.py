@@ -23,10 +23,11 @@ values stay [ROWS, 1] tiles and broadcast against the row; per-row outputs store
 row. The row is the profile's `reduction_dims`: the last dim, several trailing dims flattened
 into one, or dims before other ones: then every tensor is an [A, N, B] view read in place, a
 program's ROWS rows being B-neighbours so that each load along the row is contiguous
-(templates/slab.py.j2), up to STRIDED_MAX elements per row; longer rows, and B = 1, are moved
-last by the launcher (PERM, a copy). Rows longer than a table row's block_n take the looped
-kernels (staged.py). A per-feature parameter's gradient (a sum over rows) is accumulated per
-program in fp32 and the launcher sums the partial rows, like a broadcast input of tier 1.
+(templates/slab.py.j2): rows up to STRIDED_MAX elements held whole, longer ones walked in
+[rows, block_n] tiles by the looped kernels over the same views; B = 1 is an [M, N] view of the
+rows. Rows longer than a table row's block_n take the looped kernels (staged.py). A
+per-feature parameter's gradient (a sum over rows) is accumulated per program in fp32 and the
+launcher sums the partial rows, like a broadcast input of tier 1.
 Launch configs come from the module's `TABLE` (the library's table form, which `kernelwright
 optimize` rewrites).
 
@@ -68,8 +69,8 @@ DEFAULT_CONFIGS = [
 ]
 
 
-# the longest row of other dims than the trailing ones read in place (B-neighbours together);
-# longer rows are moved last by a copy
+# the longest row of other dims than the trailing ones that one in-place tile holds whole
+# (B-neighbours together); longer rows take the looped kernels, in place too
 STRIDED_MAX = 2048
 
 # row kernels: BLOCK_N is the whole row (next power of two of N), only ROWS and warps vary
@@ -167,7 +168,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     if em.row:
         f_nodes = em.fwd_needed(_output_args(em.fwd)[: len(profile.outputs)])
         outs = [{"kind": k, "value": v} for k, v in zip(out_kinds, fwd_outs, strict=True)]
-        g_outs = [{"kind": "full", "value": g} for g in grads if g is not None]
+        # in place, a per-feature gradient's looped kernel sums each row block's columns
+        g_outs = [{"kind": "red" if r and not em.trailing else "full", "value": g}
+                  for g, r in zip(grads, red, strict=True) if g is not None]  # fmt: skip
         plans = [("fwd", [(f_nodes, "f_", {})], outs, sorted(used_fwd), 0)]
         if has_bwd:
             plans.append(("bwd", em.bwd_groups, g_outs, sorted(needed), len(fwd_outs)))
@@ -292,7 +295,7 @@ def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]
         return tuple(out)
 
     shapes = [tuple(full), tuple(s + 1 if s > 1 else s for s in full)]
-    if not em.trailing:  # a row longer than the in-place tile holds: moved last by a copy
+    if not em.trailing:  # a row longer than one in-place tile holds: the looped kernels in place
         shapes.append(longer(full, STRIDED_MAX + 1))
     if em.row and looped:
         shapes.append(longer(full, MAX_ROW + 1))

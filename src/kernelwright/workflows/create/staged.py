@@ -4,7 +4,8 @@ every dim (a loss returning a scalar is one row of every element).
 The row is cut into chunks on separate programs, so a single long row still fills the GPU. The
 reductions are ordered by level: one whose input needs no other reduction is level 1, one that
 needs a level-1 value is level 2 (softmax: amax, then the sum of exp(x - max)). Each level is
-one launch of a partial kernel: every program walks its chunk in BLOCK_N tiles, recomputing the
+one launch of a partial kernel (a sum of exp(x - max) joins its max's launch, kept relative to
+the running max: `_online`): every program walks its chunk in BLOCK_N tiles, recomputing the
 element-wise work from the inputs, and writes one fp32 partial per reduction; the launcher
 combines each row's partials in a fixed order (sum, max or min over the chunk axis, then the
 mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
@@ -16,7 +17,8 @@ so a zero stays exact). A prod's partials are the chunks' products. An
 argmax/argmin keeps each chunk's extreme and the column where it first occurs; the launcher
 takes the first chunk at the row's extreme (torch's tie rule). The
 last launch computes the outputs (or gradients) tile by tile from the inputs and the row
-values.
+values. A row of another dim than the last (an [A, N, B] view) is walked the same way in tiles
+of B-neighbours (templates/slab.py.j2 picks the tile).
 
 This module turns the emitter's node lowering into the line lists of those kernels; the
 template assembles them (templates/staged.py.j2).
@@ -60,6 +62,10 @@ class Stage:
     level: int
     slots: list[int]  # the slots this launch computes (indices into Plan.slots)
     lines: list[str] = field(default_factory=list)  # the tile loop's body, then accumulation
+    # online sums (slot indices) folded into the stage of the max they are shifted by: each
+    # keeps one more partial, the shift its sum is relative to
+    shifts: list[int] = field(default_factory=list)
+    online_max: int = -1  # that max's slot index
 
 
 @dataclass
@@ -171,7 +177,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
             stack.extend(it.deps)
         return need
 
-    def body(need: set[str], k: int | None) -> list[str]:
+    def body(need: set[str], k: int | None, extra: dict[str, list[str]] | None = None) -> list[str]:
         loads: dict[str, list[str]] = {}
         carry: dict[str, str] = {}
         for var, js in owned.items():
@@ -193,6 +199,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                             f"{var} = {fn}(tl.where(cmask, {s.arg}, {pad}), axis=1) {join} "
                             f"{carry[var]}"
                         ]
+        loads.update(extra or {})
         lines: list[str] = []
         em.loads, em.carry = loads, carry
         try:
@@ -205,10 +212,20 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
         return lines
 
     depth = max((s.level for s in slots), default=0)
+    online = _online(slots, owned, by_var)
     stages = []
     for k in range(1, depth + 1):
         mine = [j for j, s in enumerate(slots) if s.level == k]
+        if stages and stages[-1].shifts and all(slots[j].level == k for j in stages[-1].shifts):
+            continue  # folded into the stage of their max
         start = [v for j in mine for v in (by_var[_owner(slots[j].var, owned)].var,)]
+        nxt = [j for j, s in enumerate(slots) if s.level == k + 1]
+        jm = online.get(nxt[0], (-1, ""))[0] if nxt else -1
+        scans = any(slots[j].op == "scan" for j in mine)
+        if jm in mine and not scans and all(online.get(j, (-1, ""))[0] == jm for j in nxt):
+            stages.append(_online_stage(k, mine, nxt, jm, online, slots, owned, by_var, needed,
+                                        body))  # fmt: skip
+            continue
         lines = body(needed(start, k), k)
         for j in mine:
             s = slots[j]
@@ -221,31 +238,116 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                     f"{_reduce(op, total)}, mask=rmask)"
                 )
         for t, j in enumerate(j for j in mine if slots[j].op != "scan"):
-            s = slots[j]
-            base_op = s.op[3:] if s.op.startswith("arg") else s.op
-            tile = (
-                f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), "
-                f"{_NEUTRAL[base_op]})"
-            )
-            red = _reduce(base_op, tile)
-            if s.op.startswith("arg"):  # a tile's extreme replaces the chunk's only if beyond it
-                better = ">" if base_op == "max" else "<"
-                lines += [
-                    f"ext{t} = {red}",
-                    f"at{t} = start + tl.arg{base_op}({tile}, axis=1)[:, None]",
-                    f"idx{t} = tl.where(ext{t} {better} acc{t}, at{t}, idx{t})",
-                    f"acc{t} = tl.where(ext{t} {better} acc{t}, ext{t}, acc{t})",
-                ]
-            elif s.op == "sum":
-                lines.append(f"acc{t} += {red}")
-            elif s.op == "prod":
-                lines.append(f"acc{t} *= {red}")
-            else:
-                fn = "maximum" if s.op == "max" else "minimum"
-                lines.append(f"acc{t} = tl.{fn}(acc{t}, {red})")
+            lines += _accumulate(slots[j], t)
         stages.append(Stage(k, mine, lines))
     final = body(needed(roots, None), None)
     return Plan(slots, stages, final)
+
+
+def _online(
+    slots: list[Slot], owned: dict[str, list[int]], by_var: dict
+) -> dict[int, tuple[int, str]]:
+    """The sums that can run in one pass with the max they are shifted by (softmax's and
+    logsumexp's sum of exp(x - max)): {sum slot: (max slot, the shift's var)}.
+
+    A sum of exp(X - S) where X needs no value of the max's level or above and S is a per-row
+    value of the max alone (the max itself, or logsumexp's max with infinities replaced by 0)
+    can be kept relative to the running max: when the max grows from m to m', S(m) becomes
+    S(m') and the sum so far is scaled by exp(S(m) - S(m'))."""
+    out: dict[int, tuple[int, str]] = {}
+
+    def leaves(var: str, seen: set[str]) -> set[str]:
+        # the reductions and inputs a value is computed from
+        if var in seen:
+            return set()
+        seen.add(var)
+        it = by_var.get(var)
+        if it is None or var in owned:
+            return {var}
+        found: set[str] = set()
+        for d in it.deps:
+            found |= leaves(d, seen)
+        return found
+
+    for j, s in enumerate(slots):
+        e = by_var.get(s.arg)
+        if s.op != "sum" or e is None or e.node.target != "aten.exp.default" or len(e.deps) != 1:
+            continue
+        sub = by_var.get(e.deps[0])
+        if sub is None or sub.node.target != "aten.sub.Tensor" or sub.node.kwargs:
+            continue
+        if len(sub.deps) != 2 or not all(isinstance(a, str) for a in sub.node.args[:2]):
+            continue
+        x, shift = sub.deps
+        maxes = leaves(shift, set())
+        if len(maxes) != 1:
+            continue
+        (m,) = maxes
+        if len(owned.get(m, [])) != 1:
+            continue
+        jm = owned[m][0]
+        if slots[jm].op != "max" or slots[jm].var != m or slots[jm].level != s.level - 1:
+            continue
+        # X: inputs and row values of lower levels only (loaded, final in this pass)
+        if any(v in owned and any(slots[i].level >= slots[jm].level for i in owned[v])
+               for v in leaves(x, set())):  # fmt: skip
+            continue
+        out[j] = (jm, shift)
+    return out
+
+
+def _online_stage(k, mine, nxt, jm, online, slots, owned, by_var, needed, body) -> Stage:
+    """The stage of level k computing its slots and the online sums of level k + 1 in one pass:
+    the max is updated tile by tile first, the sums rescaled to its new shift, then added to."""
+    own = [j for j in mine if slots[j].op != "scan"]
+    t_of = {j: t for t, j in enumerate(own)}
+    for i, j in enumerate(nxt):  # the sums' partials, then their shifts'
+        t_of[j] = len(own) + i
+    shift_t = {j: len(own) + len(nxt) + i for i, j in enumerate(nxt)}
+    m = slots[jm]
+    tm = t_of[jm]
+    tile_max = _reduce("max", f"tl.where(mask, {m.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), "
+                              f"{_NEUTRAL['max']})")  # fmt: skip
+    extra = {m.var: [f"{m.var} = tl.maximum(acc{tm}, {tile_max})  # the running max"]}
+    start = [by_var[_owner(slots[j].var, owned)].var for j in mine + nxt]
+    need = needed(start[: len(mine)], k) | needed(start[len(mine) :], k + 1)
+    lines = body(need, k, extra)
+    for j in nxt:
+        s, t, ts = slots[j], t_of[j], shift_t[j]
+        shift = online[j][1]
+        tile = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), 0.0)"
+        lines += [
+            f"acc{t} = acc{t} * tl.where(acc{ts} == {shift}, 1.0, tl.exp(acc{ts} - {shift})) "
+            f"+ {_reduce('sum', tile)}",
+            f"acc{ts} = {shift} + tl.zeros([ROWS, 1], tl.float32)",
+        ]
+    for j in own:
+        if j == jm:
+            continue
+        lines += _accumulate(slots[j], t_of[j])
+    lines.append(f"acc{tm} = {m.var}")
+    return Stage(k, mine + nxt, lines, shifts=list(nxt), online_max=jm)
+
+
+def _accumulate(s: Slot, t: int) -> list[str]:
+    """The lines adding a tile's reduction to the chunk's accumulator acc{t}."""
+    base_op = s.op[3:] if s.op.startswith("arg") else s.op
+    tile = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), {_NEUTRAL[base_op]})"
+    red = _reduce(base_op, tile)
+    if s.op.startswith("arg"):  # a tile's extreme replaces the chunk's only if beyond it
+        better = ">" if base_op == "max" else "<"
+        return [
+            f"ext{t} = {red}",
+            f"at{t} = start + tl.arg{base_op}({tile}, axis=1)[:, None]",
+            f"idx{t} = tl.where(ext{t} {better} acc{t}, at{t}, idx{t})",
+            f"acc{t} = tl.where(ext{t} {better} acc{t}, ext{t}, acc{t})",
+        ]
+    if s.op == "sum":
+        return [f"acc{t} += {red}"]
+    if s.op == "prod":
+        return [f"acc{t} *= {red}"]
+    fn = "maximum" if s.op == "max" else "minimum"
+    return [f"acc{t} = tl.{fn}(acc{t}, {red})"]
 
 
 def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
@@ -292,11 +394,18 @@ def kernels(
         for j in st.slots:
             s = p.slots[j]
             info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse,
-                    "prod": s.target == "aten.cumprod.default"}  # fmt: skip
+                    "prod": s.target == "aten.cumprod.default", "neutral": s.op}  # fmt: skip
             if s.op == "scan":
                 scans.append((s.scan, info))
             else:
                 slots.append((len(slots), info))
+        # an online sum: combined through its chunks' shifts and the row's max (t indices)
+        t_max = next((t for t, i in slots if i["index"] == st.online_max), -1)
+        for j in st.shifts:
+            t = next(t for t, i in slots if i["index"] == j)
+            slots[t][1]["online"] = (t_max, len(slots))
+            slots.append((len(slots), {"var": f"the shift of {p.slots[j].var}", "op": "shift",
+                                       "neutral": "max", "index": -1}))  # fmt: skip
         parts.append({"level": st.level, "lines": st.lines, "slots": slots, "scans": scans,
                       **reads(st.lines)})  # fmt: skip
     last_text = p.final + [o["value"] for o in outs]
@@ -309,7 +418,11 @@ def kernels(
         "outs": outs,
         "n_slots": max(1, len(p.slots)),
         "max_slots": max(
-            (sum(1 for j in st.slots if p.slots[j].op != "scan") for st in p.stages), default=1
+            (
+                sum(1 for j in st.slots if p.slots[j].op != "scan") + len(st.shifts)
+                for st in p.stages
+            ),
+            default=1,
         ),
         "n_scans": sum(1 for s in p.slots if s.op == "scan"),
         "has_arg": any(s.op.startswith("arg") for s in p.slots),
