@@ -9,9 +9,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
-from kernelwright.runtime.device import default_device, device_info
+from kernelwright.runtime.device import default_device, device_info, interpreter_mode
 from kernelwright.runtime.fanout import Fanout, FanoutError, parse_workers, run_tasks
+
+# The worker-process tests run CPU workers. On a CUDA machine the workers are its GPUs, one per
+# GPU (two asked on one GPU become one, in this process); `make gpu-multi` times the GPU fan-out.
+cpu_workers = pytest.mark.skipif(
+    torch.cuda.is_available() and not interpreter_mode(),
+    reason="CPU worker processes; on a CUDA machine the fan-out's workers are its GPUs",
+)
 
 
 def task(item):
@@ -56,6 +64,7 @@ def test_sequential_default_runs_here_in_order():
     assert all(r.skipped and not r.ok for r in got)
 
 
+@cpu_workers
 def test_local_processes_two_workers(tmp_path):
     lines = []
     items = [
@@ -87,6 +96,7 @@ def test_local_processes_two_workers(tmp_path):
     assert any("starting another" in ln for ln in lines)
 
 
+@cpu_workers
 def test_ray_backend_local_mode(tmp_path):
     ray = pytest.importorskip("ray")
     # this test module is not importable in Ray's workers: send its functions by value
@@ -108,6 +118,7 @@ def test_ray_backend_local_mode(tmp_path):
     assert {r.worker for r in got} == {0, 1} and {r.device for r in got} == {"cpu"}
 
 
+@cpu_workers
 def test_optimize_sweep_on_two_workers_matches_one(tmp_path):
     # `optimize --workers 2`: the launch sweep's candidates measured in two worker processes
     # (placeholder clock, no kernel run) give what the sweep gives in one process, and every
