@@ -3,7 +3,6 @@ against its paper's formula written out here independently (values and gradients
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -460,66 +459,7 @@ def test_kto_follows_its_formula():
     assert torch.autograd.grad(zero.sum(), [kl], allow_unused=True)[0] is None
 
 
-class _Head(torch.nn.Module):
-    """A policy's lm_head and its GRPO loss: what DDP wraps in a training step."""
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        self.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        self.lm_head.weight.data.copy_(weight)
-
-    def forward(self, hidden, target, advantages, num_items):
-        logps = fused_linear_logprobs(hidden, self.lm_head.weight, target)
-        mask = target != -100
-        loss, _ = grpo_loss(logps, advantages, mask, loss_type="dapo", num_items_in_batch=num_items)
-        return loss
-
-
-def _ddp_rank(rank: int, world: int, init: str, data: dict, out: str) -> None:
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        model = DistributedDataParallel(_Head(data["weight"]))
-        rows = slice(rank * 2, rank * 2 + 2)  # two completions per rank
-        # DDP averages gradients over ranks: each rank normalises by the global token count
-        # divided by the world size, so the mean is the global batch's gradient
-        n = data["target"].ne(-100).sum().item() / world
-        loss = model(data["hidden"][rows], data["target"][rows], data["adv"][rows], n)
-        loss.backward()
-        torch.save(model.module.lm_head.weight.grad, f"{out}/grad_{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-    os._exit(0)  # saved: skip C++ teardown, where gloo's threads abort now and then
-
-
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="gloo on CPU tensors: the CPU suite runs it")
-def test_grpo_gradient_under_ddp_equals_the_global_batch(tmp_path):
-    # 2 CPU processes (gloo): the all-reduced gradient of the per-rank losses is the gradient of
-    # the loss over the whole batch, with dapo's num_items_in_batch normalisation
-    import torch.multiprocessing as mp
-
-    g = torch.Generator().manual_seed(7)
-    V, H, T = 29, 8, 11
-    target = torch.randint(0, V, (4, T), generator=g)
-    target[0, 7:] = -100
-    target[3, 2:] = -100  # ranks see different token counts
-    data = {
-        "weight": torch.randn(V, H, generator=g) * 0.3,
-        "hidden": torch.randn(4, T, H, generator=g),
-        "target": target,
-        "adv": torch.randn(4, generator=g),
-    }
-    mp.spawn(_ddp_rank, args=(2, str(tmp_path / "init"), data, str(tmp_path)), nprocs=2)
-    whole = _Head(data["weight"])
-    whole(data["hidden"], target, data["adv"], target.ne(-100).sum().item()).backward()
-    for rank in range(2):
-        got = torch.load(tmp_path / f"grad_{rank}.pt")
-        torch.testing.assert_close(got, whole.lm_head.weight.grad, atol=1e-6, rtol=1e-5)
-
-
-# ---- lm_heads as models hold them: tied, PEFT LoRA, FSDP2-sharded ---------------------------
+# ---- lm_heads as models hold them: PEFT LoRA (tied, FSDP2 and DDP: test_losses_training.py) --
 
 
 def _head_logps_ref(head, hidden, target):
@@ -559,42 +499,3 @@ def test_head_weight_of_a_lora_lm_head_gives_the_modules_log_probs_and_gradients
     head.train()
     with pytest.raises(ValueError, match="dropout"):
         kernelwright_losses.head_weight(head)
-
-
-def _fsdp_rank(rank: int, world: int, init: str, data: dict, out: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        head = torch.nn.Linear(16, 37, bias=False)
-        with torch.no_grad():
-            head.weight.copy_(data["weight"])
-        fully_shard(head, mesh=mesh)
-        weight, _ = kernelwright_losses.head_weight(head)
-        rows = slice(rank * 5, rank * 5 + 5)  # each rank its own tokens
-        logps = fused_linear_logprobs(data["hidden"][rows], weight, data["target"][rows])
-        logps.sum().backward()
-        # FSDP2 reduce-scatters the gradient as a mean over ranks
-        torch.save(head.weight.grad.full_tensor(), f"{out}/grad_{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-    os._exit(0)  # saved: skip C++ teardown, where gloo's threads abort now and then
-
-
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="gloo on CPU tensors: the CPU suite runs it")
-def test_head_weight_gathers_an_fsdp2_sharded_lm_head(tmp_path):
-    import torch.multiprocessing as mp
-
-    g = torch.Generator().manual_seed(5)
-    data = dict(weight=torch.randn(37, 16, generator=g), hidden=torch.randn(10, 16, generator=g),
-                target=torch.randint(0, 37, (10,), generator=g))  # fmt: skip
-    mp.spawn(_fsdp_rank, args=(2, str(tmp_path / "init"), data, str(tmp_path)), nprocs=2)
-    w = data["weight"].clone().requires_grad_()
-    want = fused_linear_logprobs_ref(data["hidden"], w, data["target"])
-    (want.sum() / 2).backward()
-    for r in range(2):
-        torch.testing.assert_close(torch.load(tmp_path / f"grad_{r}.pt"), w.grad,
-                                   atol=1e-5, rtol=1e-5)  # fmt: skip
