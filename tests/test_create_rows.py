@@ -1,7 +1,8 @@
-"""create: products along the row (cumprod, prod) and their backward at zeros; a reduction over
-the row's dims and then over the rows (KL's batchmean); a row of another dim than the last
-read in place. Each reference is generated here and its op run under the interpreter on tiny
-shapes against PyTorch's own forward and autograd."""
+"""create: products along the row (cumprod, prod, a reversed cumprod) and their backward at zeros;
+the gradient of a per-row input; a reduction over the row's dims and then over the rows (KL's
+batchmean); a row of another dim than the last read in place. Each reference is generated here
+and its op run under the interpreter on tiny shapes against PyTorch's own forward and
+autograd."""
 
 from __future__ import annotations
 
@@ -74,6 +75,58 @@ def test_product_gradients_are_exact_at_zeros(which, tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
     monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
     _check(fn, lambda t: ref(t, dim=-1), [x])
+
+
+def test_reversed_cumprod_is_exact_at_zeros(tmp_path, monkeypatch):
+    # flip, scan, flip: a reversed tl.cumprod forward; the cumprod backward on the flipped row
+    # (element-wise ops of the flip, reversed scans), with rows holding zeros
+    mod, fn = _op(tmp_path, "rows_rcumprod", """
+        import torch
+
+        def rows_rcumprod(x):
+            return torch.cumprod(x.flip(-1), dim=-1).flip(-1)
+
+        def get_inputs():
+            return [torch.randn(3, 8)]
+        """)  # fmt: skip
+
+    def ref(t):
+        return torch.cumprod(t.flip(-1), dim=-1).flip(-1)
+
+    x = _zeros((4, 9))
+    _check(fn, ref, [x])
+    # looped: 3 tiles per row, carries from the row's end
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    _check(fn, ref, [x])
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["rows_1", "rows"])
+def test_per_row_input_gradient(keep, tmp_path, monkeypatch):
+    # softmax(x / t) with a temperature per row, [rows, 1] or [rows]: t's gradient is the row's
+    # sum of a full-size value
+    name = f"rows_temp_{int(keep)}"
+    t_expr, t_shape = ("t", "(3, 1)") if keep else ("t[:, None]", "(3,)")
+    mod, fn = _op(tmp_path, name, f"""
+        import torch
+
+        def {name}(x, t):
+            return torch.softmax(x / {t_expr}, dim=-1)
+
+        def get_inputs():
+            return [torch.randn(3, 8), torch.rand{t_shape} + 0.5]
+        """)  # fmt: skip
+
+    def ref(a, t):
+        return torch.softmax(a / (t if keep else t[:, None]), dim=-1)
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 9, generator=g)
+    t = torch.rand((5, 1) if keep else (5,), generator=g) + 0.5
+    _check(fn, ref, [x, t])
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    _check(fn, ref, [x, t])
 
 
 def test_kl_batchmean_divides_by_the_batch_at_run_time(tmp_path):

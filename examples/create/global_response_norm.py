@@ -1,8 +1,9 @@
 """Global response normalisation (ConvNeXt V2) of channels-last [N, H, W, C] features:
 g = ||x||_2 over (H, W), y = gamma * x * g / mean_c(g) + beta + x. Tier 3.
 
-Stops at aten.sum: the norm reduces (H, W), the mean over channels of the norms reduces C — two
-sets of dims, neither holding the other, and the result feeds back into every element.
+Stops at aten.mean: the norm reduces (H, W), the mean over channels of the norms reduces C — two
+sets of dims, neither holding the other, and the result feeds back into every element (kernels
+chained through a full-size intermediate, which create does not generate).
 """
 
 import torch

@@ -1,8 +1,8 @@
-"""Reversed cumulative product over the last dim: y[i] = prod_{j >= i} x[j]. Tier 3.
+"""Reversed cumulative product over the last dim: y[i] = prod_{j >= i} x[j]. Tier 2.
 
-Stops at aten.mul: the product's backward reads the flipped row with element-wise ops (dy * y,
-its zero masks), and a flip is lowered only between scans (a reversed cumsum), not as a row of
-its own.
+flip, scan, flip: the flips are kept as "the row reversed", so the forward is a reversed
+tl.cumprod and the exact-at-zeros cumprod backward runs on the unflipped row (its element-wise
+ops commute with the flip, its scans reverse). Inputs hold exact zeros.
 """
 
 import torch
@@ -13,4 +13,6 @@ def reverse_cumprod(x):
 
 
 def get_inputs():
-    return [torch.rand(4, 8, 40) + 0.5]
+    x = torch.rand(4, 8, 40) + 0.5
+    x[:, :, 30] = 0.0
+    return [x]

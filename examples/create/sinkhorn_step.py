@@ -1,8 +1,9 @@
 """One Sinkhorn step on [N, M] scores: softmax over each row, then each column normalised to sum
 to one. Tier 3.
 
-Stops at aten.amax: reductions over two sets of dims, neither holding the other (the rows', then
-the columns'), so there is no row kernel followed by a reduction over its rows' values.
+Stops at aten.sum: reductions over two sets of dims, neither holding the other (the rows', then
+the columns'): each program of a row kernel owns whole rows, so the column sums cross programs;
+that needs kernels chained through a full-size intermediate, which create does not generate.
 """
 
 import torch

@@ -202,6 +202,11 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
             int(s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block))
             for s in profile.inputs
         ],  # fmt: skip
+        "dropped_idx": [
+            i
+            for i, s in enumerate(profile.inputs)
+            if s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block)
+        ],  # fmt: skip
         "neutral": _NEUTRAL,
         "combine": staged.COMBINE,
         "classic": em.classic,

@@ -65,6 +65,9 @@ class _Emitter:
         self.loads: dict[str, list[str]] | None = None
         # and a scan's carry into the current tile (the sum of the row before it), by var
         self.carry: dict[str, str] = {}
+        # the values that are a flipped row, by var: the code of the same row unflipped (one
+        # kernel body; reset by its caller before the first group)
+        self.flipped: dict[str, str] = {}
 
     @property
     def shaped_ph(self) -> list[str]:
@@ -176,9 +179,11 @@ class _Emitter:
             stack.extend(_refs(n.args, names) + _refs(list(n.kwargs.values()), names))
         return [n for n in self.fwd if n.name in need and n.op != "output"]
 
-    def _reduce(self, n: GraphNode, a: str, prefix: str, code: list[str]) -> list[str]:
+    def _reduce(
+        self, n: GraphNode, a: str, prefix: str, code: list[str], out: str | None = None
+    ) -> list[str]:
         """A last-dim reduction of the [ROWS, BLOCK_N] tile `a` → [ROWS, 1] line(s)."""
-        out = prefix + n.name
+        out = out or prefix + n.name
         if self.loads is not None:
             return self.loads.get(out, [])
         base = n.target.rsplit(".", 1)[0]
@@ -219,13 +224,59 @@ class _Emitter:
             f"{var} = {red('sum', f'{out}_c * {out}_c')} / (N - {_lit(corr)})",
         ]
 
+    def varies_along_row(self, name) -> bool:
+        """Whether the value `name` (a node or input) holds more than one value along the row
+        (a per-row value, a scalar or a constant broadcasts along it)."""
+        if not isinstance(name, str):
+            return False
+        if name in self.f_ph and self.p.inputs[self.f_ph.index(name)].broadcast == "row":
+            return False
+        shape = self._shape(name)
+        if shape is None:
+            return True
+        off = self.rank - len(shape)  # a lower rank broadcasts from the right
+        return off < 0 or any(shape[d - off] != 1 for d in self.block if d >= off)
+
+    def _flipped_op(self, n: GraphNode, code: list[str], out: str, kind) -> list[str]:
+        """A node reading a flipped row (kept unflipped in `self.flipped`): element-wise ops and
+        reductions whose value does not depend on the order commute with the flip."""
+        flipped = self.flipped
+        base = n.target.rsplit(".", 1)[0]
+        if kind == "row":
+            if base in ("aten.sum", "aten.mean", "aten.amax", "aten.amin", "aten.prod",
+                        "aten.var_mean", "aten.var") and code[0] in flipped:  # fmt: skip
+                return self._reduce(n, flipped[code[0]], "", [flipped[code[0]]], out)
+            raise UnsupportedNode(n.name, f"{n.target} of a flipped row (order-dependent)")
+        if (
+            kind == "rows"
+            or n.target == "getitem"
+            or n.target.startswith(("aten.scatter", "aten.gather"))
+        ):
+            raise UnsupportedNode(n.name, f"{n.target} of a flipped row")
+        # f(flip(a), flip(b), c) = flip(f(a, b, c)) for c constant along the row
+        mixed = [a for a, c in zip(n.args, code, strict=True)
+                 if c not in flipped and self.varies_along_row(a)]  # fmt: skip
+        if mixed:
+            raise UnsupportedNode(
+                n.name, f"a flipped row combined with an unflipped one ({mixed[0]})"
+            )
+        src = [flipped.get(c, c) for c in code]
+        if n.target in _IDENTITY or n.target in _SUM:
+            expr = src[0]
+        else:
+            expr = _lower(n, src, list(n.args), dict(n.kwargs), self.row)
+        flipped[out] = f"{out}_r"
+        return [f"{out}_r = {expr}"]
+
     def emit(self, nodes: list[GraphNode], prefix: str, alias: dict[str, str]) -> list[str]:
         names = {n.name for n in nodes} | set(alias)
         by = {n.name: n for n in nodes}
         lines = []
-        # a flip along the row is not a tile operation: flip(v) is kept as "v reversed" and
-        # only a scan (cumsum(flip(u)) is flip(u's reversed cumsum)) or another flip may read it
-        flipped: dict[str, str] = {}
+        # a flip along the row is not a tile operation: flip(v) is kept as "v reversed" (the
+        # unflipped code in self.flipped); a scan of it is the reversed scan (cumsum(flip(u)) is
+        # flip(u's reversed cumsum)), element-wise ops of flipped rows and values constant
+        # along the row are flipped results, order-free reductions read the unflipped row
+        flipped = self.flipped
         for n in nodes:
             if n.op != "call_function":
                 continue
@@ -252,9 +303,10 @@ class _Emitter:
                              f"axis=1, reverse=True){carry}")  # fmt: skip
                 flipped[out] = f"{out}_r"
                 continue
-            if any(c in flipped for c in code):
-                raise UnsupportedNode(n.name, "a flipped row read by anything but a scan or a flip")
             kind = self.reduce_kind(n)
+            if any(c in flipped for c in code):
+                lines.extend(self._flipped_op(n, code, out, kind))
+                continue
             if kind == "row":
                 lines.extend(self._reduce(n, code[0], prefix, code))
                 continue
@@ -298,7 +350,11 @@ class _Emitter:
                     f"a reduction over dims {n.args[1:2] or 'all'} in the forward: a row kernel "
                     "reduces the last dim only",
                 )
+        self.flipped = {}
         body = self.emit(self.fwd_needed(outs + list(self.stored)), "f_", {})
+        for name in outs + list(self.stored):
+            if "f_" + name in self.flipped:
+                raise UnsupportedNode(name, "an output or stored value that is a flipped row")
         return body, ["f_" + o for o in outs]
 
     def stored_kinds(self) -> list[str]:
@@ -320,6 +376,44 @@ class _Emitter:
                     + " is stored; recompute it instead (remove it from stored)",
                 )
         return kinds
+
+    def _row_grad_source(self, g: str, i: int) -> tuple[str, list[str]]:
+        """The full-size value whose row sum is the per-row input i's gradient `g`, and the
+        nodes from that sum to `g` (the launcher's work, not the kernel's)."""
+        shape = list(self.p.inputs[i].example_shape)
+        if shape == self.row_shape(False) and not self.classic:
+            raise UnsupportedNode(
+                g,
+                f"the gradient of a per-row input of shape {shape} (the row's dims dropped) "
+                "with a row of other dims than the last: keep them as 1 "
+                f"({self.row_shape(True)})",
+            )
+        if shape not in (self.row_shape(True), self.row_shape(False)):
+            raise UnsupportedNode(
+                g,
+                f"the gradient of a per-row input of shape {shape}: one value per row is "
+                f"{self.row_shape(True)} or {self.row_shape(False)}",
+            )
+        chain, cur = [], g
+        while isinstance(cur, str) and cur in self.bwd_by and self.bwd_by[cur].target in _IDENTITY:
+            chain.append(cur)  # a squeeze or view of the row sum
+            cur = self.bwd_by[cur].args[0]
+        node = self.bwd_by.get(cur) if isinstance(cur, str) else None
+        chain.append(cur)
+        users = _users(self.bwd)
+        if (
+            node is None
+            or node.target not in _SUM
+            or self.reduce_kind(node) != "row"
+            or not self.varies_along_row(node.args[0])
+            or any(
+                u.op != "output" and u.name not in chain for c in chain for u in users.get(c, [])
+            )  # fmt: skip
+        ):
+            raise UnsupportedNode(
+                g, "the gradient of a per-row input that is not the row's sum of a full-size value"
+            )
+        return node.args[0], chain
 
     def backward_body(self) -> tuple[list[str], list[str | None], list[bool], set[int]]:
         """Lines, the value per input gradient, whether each was summed, inputs needed."""
@@ -346,12 +440,14 @@ class _Emitter:
         for name in self.stored:
             alias.setdefault(name, "s_" + name)
         loaded = {k: v for k, v in alias.items() if k in self.stored}
+        self.flipped = {}
         fwd_lines = self.emit(self.fwd_needed(recompute, frozenset(self.stored)), "f_", loaded)
         bwd_nodes = [n for n in self.bwd if not (n.op == "call_function" and n.name in self.stored)]
         grads = _output_args(self.bwd)
         users = _users(self.bwd)
         values: list[str | None] = []
         summed: list[bool] = []
+        row_sums: set[str] = set()  # per-row gradients' row sums, done by the launcher
 
         def trailing(name) -> bool:
             node = self.bwd_by.get(name)
@@ -366,9 +462,13 @@ class _Emitter:
                 summed.append(False)
                 continue
             if self.row and self.p.inputs[i].broadcast == "row":
-                # its gradient is one value per row; the full-size write + sum_to_size path
-                # would count it N times
-                raise UnsupportedNode(g, "the gradient of a per-row input in a row kernel")
+                # one value per row: the row's sum of a full-size value, which is written full
+                # size in fp32 and summed to the input's shape, as other broadcast inputs'
+                full, chain = self._row_grad_source(g, i)
+                row_sums.update(chain)
+                values.append(alias.get(full, "b_" + full))
+                summed.append(True)
+                continue
             # walk back through shape ops and one trailing sum to the full-size value
             was_summed, cur = False, g
             while isinstance(cur, str) and trailing(cur):
@@ -388,11 +488,15 @@ class _Emitter:
                         f"{n.target} over rows feeding {bad or 'a gradient'}: a cross-row "
                         "reduction inside the kernel (tier 3)",
                     )
+        bwd_nodes = [n for n in bwd_nodes if n.name not in row_sums]
         self.bwd_groups = [
             (self.fwd_needed(recompute, frozenset(self.stored)), "f_", loaded),
             (bwd_nodes, "b_", alias),
         ]
         body = fwd_lines + self.emit(bwd_nodes, "b_", alias)
+        flipped = [v for v in values if v in self.flipped]
+        if flipped:
+            raise UnsupportedNode(flipped[0], "a gradient that is a flipped row")
         text = "\n".join(body + [v or "" for v in values])
         needed = {i for i, ph in enumerate(self.f_ph) if f"f_{ph}" in text}
         unread = [s for s in self.stored if not re.search(rf"\bs_{re.escape(s)}\b", text)]

@@ -92,6 +92,11 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
             refs = _refs(list(n.args), names) + _refs(list(n.kwargs.values()), names)
             items.append(_Item(n, g, prefix + n.name, [alias.get(r, prefix + r) for r in refs]))
     by_var = {it.var: it for it in items}
+    # which values are flipped rows, and their unflipped code: the emitter's own account
+    em.flipped = {}
+    for nodes, prefix, alias in groups:
+        em.emit(nodes, prefix, alias)
+    flips = dict(em.flipped)
     level: dict[str, int] = {}
     slots: list[Slot] = []
     owned: dict[str, list[int]] = {}  # reduction var -> its slots
@@ -102,14 +107,13 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
             arg = it.deps[0] if it.deps else None
             if arg is None:
                 raise UnsupportedNode(n.name, "a reduction of a constant")
+            # a flipped row is reduced unflipped (the emitter refuses order-dependent ones)
+            reverse, arg = arg in flips, flips.get(arg, arg)
             aten = n.target.rsplit(".", 1)[0]
             if n.target in _SCANS:
                 # per tile of the row: its total, then (launcher) the exclusive prefix of the
                 # totals before it — or after it, for a flipped row — added to the tile's scan
-                u, reverse, src = arg, False, by_var.get(arg)
-                while src is not None and src.node.target == "aten.flip.default" and src.deps:
-                    u, reverse = src.deps[0], not reverse  # flip(flip(v)) is v
-                    src = by_var.get(u)
+                u = arg
                 owned[it.var] = [len(slots)]
                 n_scans = sum(1 for s in slots if s.op == "scan")
                 slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans, n.target))
@@ -201,7 +205,7 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
                         ]
         loads.update(extra or {})
         lines: list[str] = []
-        em.loads, em.carry = loads, carry
+        em.loads, em.carry, em.flipped = loads, carry, {}
         try:
             for nodes, prefix, alias in groups:
                 chosen = [n for n in nodes

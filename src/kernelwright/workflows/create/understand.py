@@ -5,14 +5,15 @@ Tiers, decided from the traced aten graphs (forward and backward):
 - 2: element-wise plus work along ONE set of adjacent dims of the main input (the row: the
   last dim, another dim, trailing dims or every dim, `reduction_dims`) — reductions (sum,
   mean, amax/amin, prod, var, max/min with indices, argmax/argmin), a gather/scatter of one
-  value per row by an index input, cumsum (reversed through flips) and cumprod (their
+  value per row by an index input, cumsum and cumprod, reversed through flips (cumprod's
   backward as products.py writes it) — and per-feature (or scalar) parameters whose gradients
-  reduce over all rows (rms_norm's dW, accumulated per program). A reduction over the rows'
-  values after that (cross-entropy's mean, or the rest of a reduction over the row's dims and
-  more: KL's batchmean) becomes the profile's tail, run in PyTorch after the kernel (tail.py);
+  reduce over all rows (rms_norm's dW, accumulated per program), or per-row inputs whose
+  gradients are row sums. A reduction over the rows' values after that (cross-entropy's mean,
+  or the rest of a reduction over the row's dims and more: KL's batchmean) becomes the
+  profile's tail, run in PyTorch after the kernel (tail.py);
 - 3: anything else: matmul/conv, sort/topk, reductions over two sets of dims neither holding
   the other, layout changes (permute), data-dependent control flow (tracing fails), a node the
-  generator's lowering refuses (a flipped row read by an element-wise op). The profile names
+  generator's lowering refuses (a flipped row combined with an unflipped one). The profile names
   the node that stops it and why; no code is generated.
 
 The closest library kernel (the pattern the generator follows) is picked by a fixed rule:
@@ -178,12 +179,24 @@ def _reduction_dims(fwd: Graph, main_rank: int) -> list[int]:
                 f"forward reduction over dims {dims} of a rank-{rank} tensor: the reduced dims "
                 "must be adjacent (one run of dims)",
             )
-        found.add(tuple(d - rank for d in dims))  # negative: counts from the last dim
-    if len(found) > 1:
-        raise _Stop(
-            _label(next(n for n in _calls(fwd) if _op(n) in REDUCTIONS)),
-            f"forward reductions over different dims {sorted(found)}: tier 2 reduces one set",
-        )
+        key = tuple(d - rank for d in dims)  # negative: counts from the last dim
+        if found and key not in found:
+            (first,) = found
+            nested = set(first) <= set(key) or set(key) <= set(first)
+            raise _Stop(
+                _label(node),
+                f"forward reductions over two sets of dims, {list(first)} and {list(key)}"
+                + (
+                    " (one holds the other, not as a row and then its rows' values)"
+                    if nested
+                    else ", neither holding the other"
+                )  # fmt: skip
+                + ": a generated kernel maps one set to the row and each program owns whole "
+                "rows, so a reduction over the other set crosses programs; that needs the graph "
+                "split into kernels chained through full-size intermediates (their backwards "
+                "chained in reverse), which the generator does not make",
+            )
+        found.add(key)
     dims = list(found.pop()) if found else []
     if dims and -dims[0] > main_rank:
         raise _Stop("reduction", f"reduction over dims {dims}, which the main input lacks")
@@ -549,7 +562,7 @@ def understand(
 
 def _emit_stop(profile: KernelProfile) -> tuple[str, str] | None:
     """(node, reason) where the generator's node-by-node lowering stops on a tier-1/2 profile (a
-    flipped row read by an element-wise op), so that tier 2 means a kernel is generated."""
+    flipped row combined with an unflipped one), so that tier 2 means a kernel is generated."""
     from kernelwright.workflows.create.emit import _Emitter
 
     try:
