@@ -161,3 +161,40 @@ def test_no_warning_for_plain_model():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         patch(model)
+
+
+@pytest.mark.parametrize("interleave", [True, False], ids=["rope_interleave", "half_split"])
+def test_deepseek_v3_rope_is_patched_with_parity(interleave):
+    # MLA: the rotary function sees q_rot (a split view of each head) and one k_rot head. With
+    # rope_interleave the attention calls apply_rotary_pos_emb_interleave (interleaved pairs in,
+    # half-split out: the kernel's deinterleave pairing), else apply_rotary_pos_emb; the profile
+    # follows the config's branch. Only the rope is patched: loss and every gradient in fp32.
+    kw = dict(
+        hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2,
+        n_group=1, topk_group=1, q_lora_rank=None, kv_lora_rank=8, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, vocab_size=V, pad_token_id=0,
+        attn_implementation="eager", rope_interleave=interleave,
+    )  # fmt: skip
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        config = transformers.DeepseekV3Config(**kw)
+        models.append(transformers.AutoModelForCausalLM.from_config(config).to(DEVICE))
+    ref, model = models
+    profile = analyze(model, check=False)
+    want = ("deinterleave", "apply_rotary_pos_emb_interleave") if interleave else None
+    want = want or ("half_split", "apply_rotary_pos_emb")
+    assert (profile.rope.status, profile.rope.variant, profile.rope.call_name) == ("patch", *want)
+    assert any(e.source == "config:rope_interleave" for e in profile.rope.evidence)
+    off = dict(rms_norm=False, layer_norm=False, mlp=False, moe_experts=False)
+    patch(model, profile, **off, fused_linear_cross_entropy=False)
+    assert patch_record(model).count("rope") == 1
+    ids, labels = batch()
+    out, grads = loss_and_grads(model, ids, labels)
+    expected, ref_grads = loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=RTOL, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        err = (grads[name] - g).abs().max().item()
+        assert err <= RTOL * g.abs().max().item(), name

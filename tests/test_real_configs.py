@@ -116,8 +116,8 @@ EXPECTED = {
     # (q, k, cos, sin) function to replace, the rotary is left alone
     "deepseek-ai__DeepSeek-V2-Lite-Chat": Want(moe=True, rope=None, rope_type="yarn"),
     # rope_interleave: apply_rotary_pos_emb_interleave reads (x0, x1) pairs and writes the
-    # rotated evens then the rotated odds, neither the half-split nor the interleaved layout
-    "deepseek-ai__DeepSeek-V3": Want(moe=True, rope=None, rope_type="yarn"),
+    # rotated evens then the rotated odds: the kernel's deinterleave pairing
+    "deepseek-ai__DeepSeek-V3": Want(moe=True, rope="deinterleave", rope_type="yarn"),
     # GptOssRMSNorm casts after the multiply ("gemma", offset 0); experts with biases and a
     # clamped gate (not plain SwiGLU); rotary written with torch.chunk halves (left alone)
     "openai__gpt-oss-20b": Want(norm="gemma", mlp=None, rope=None, rope_type="yarn"),
@@ -128,14 +128,7 @@ EXPECTED = {
 }
 
 # fixture -> (fields, why): the profile without the numerical checks disagrees with the model
-FINDINGS = {
-    "deepseek-ai__DeepSeek-V3": (
-        ("rope", "rope_type"),
-        "apply_rotary_pos_emb_interleave is classified 'interleaved' from its x[..., 0::2] / "
-        "x[..., 1::2] slices, but it writes cat(rotated evens, rotated odds): only the numerical "
-        "check (on the default kw.patch path) demotes it",
-    ),
-}
+FINDINGS: dict[str, tuple[tuple[str, ...], str]] = {}
 
 
 @pytest.fixture(scope="module", autouse=True)

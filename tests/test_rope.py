@@ -176,6 +176,53 @@ def test_interleaved_is_half_split_on_permuted_channels(device):
         assert rel_norm_error(a, b) < 1e-7 if ON_GPU else torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", ["mqa_partial", "half_not_pow2"])
+def test_deinterleave_matches_reference(case, device):
+    # DeepSeek-V3's pairing (read pairs (2i, 2i+1) by angle i from cos[:R/2], write them
+    # half-split; the gradient goes back interleaved): fp32 and bf16, partial rotary, and
+    # random cos/sin whose halves differ, so reading cos[R/2:] fails.
+    for dtype in (torch.float32, torch.bfloat16):
+        _check(_inputs(CASES[case], dtype, 8, device), deinterleave=True).assert_ok()
+
+
+@pytest.mark.parametrize(("unsqueeze_dim", "layout"), [(1, "fused_qkv"), (2, "strided_d")])
+def test_deinterleave_layouts(unsqueeze_dim, layout, device):
+    inputs = _inputs(
+        CASES["odd_heads_partial"], torch.float32, 9, device, unsqueeze_dim=unsqueeze_dim,
+        layout=layout,
+    )  # fmt: skip
+    _check(inputs, unsqueeze_dim=unsqueeze_dim, deinterleave=True).assert_ok()
+
+
+def test_deinterleave_is_deepseek_v3s_function(device):
+    # MLA's call: q_rot a split view of the [B, S, H, nope + rope] projection, k_rot one head;
+    # HF's apply_rotary_pos_emb_interleave, forward and backward, bit for bit under the
+    # interpreter; in place too. And the pairing is half-split rope on evens-then-odds.
+    modeling = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    b, s, h, nope, r = 2, 7, 3, 6, 20
+    gen = generator(10)
+    q = rand((b, s, h, nope + r), torch.float32, device, gen=gen).transpose(1, 2)[..., nope:]
+    k = rand((b, s, r), torch.float32, device, gen=gen).view(b, 1, s, r)
+    cos, sin = rope_tables(s, r, device=device)
+    qs, ks = ([t.detach().clone().requires_grad_() for t in (q, k)] for _ in range(2))
+    ref = modeling.apply_rotary_pos_emb_interleave(*qs, cos, sin)
+    out = rope(*ks, cos, sin, deinterleave=True)
+    grads = [rand(t.shape, torch.float32, device, gen=gen) for t in ref]
+    torch.autograd.backward(ref, grads)
+    torch.autograd.backward(out, grads)
+    close = (lambda a, b: rel_norm_error(a, b) < 1e-6) if ON_GPU else torch.equal
+    for a, b in (*zip(ref, out, strict=True), (qs[0].grad, ks[0].grad), (qs[1].grad, ks[1].grad)):
+        assert close(a, b)
+    perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)]).to(device)
+    for a, b in zip(out, rope(q[..., perm], k[..., perm], cos, sin), strict=True):
+        assert close(a, b)
+    q_in, k_in = q.clone(), k.clone()
+    for a, b in zip(rope(q_in, k_in, cos, sin, deinterleave=True, in_place=True), out, strict=True):
+        assert close(a, b)
+    with pytest.raises(ValueError, match="at most one"):
+        rope(q, k, cos, sin, interleaved=True, deinterleave=True)
+
+
 def test_agrees_with_eager_fp16(device):
     # HF's code rounds three times (q * cos, rotate_half(q) * sin, the sum), the kernel once:
     # its fp16 error vs the fp32 reference is no larger than eager's. (bf16: the interpreter

@@ -1,9 +1,12 @@
 """The RoPE kernel (ops/rope.py): one program per block of token positions rotates every head
 of q and of k there, loading the position's cos/sin rows once.
 
-Pairs (x1, x2) with cos pairs (c1, c2) and sin pairs (s1, s2) (`_load_pairs`: half-split or
-interleaved): out1 = x1 * c1 - x2 * s1, out2 = x2 * c2 + x1 * s2; the backward is the same
-kernel with (s1, s2) replaced by (-s2, -s1).
+Pairs (x1, x2) with cos pairs (c1, c2) and sin pairs (s1, s2): out1 = x1 * c1 - x2 * s1,
+out2 = x2 * c2 + x1 * s2; the backward is the same kernel with (s1, s2) replaced by (-s2, -s1).
+Where the pairs sit is set apart for the input (X_INTERLEAVED), the output (O_INTERLEAVED) and
+the cos/sin rows (TABLE: 0 halves, 1 interleaved, 2 the first half for both members), so a
+launch may read interleaved pairs and write them half-split (DeepSeek-V3), or the reverse (its
+backward).
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from kernelwright.runtime.fastlaunch import fast
 
 
 @triton.jit
-def _load_pairs(ptr, pairs, R: tl.constexpr, BLOCK_R: tl.constexpr, IS_INTERLEAVED: tl.constexpr):
+def _load_pairs(ptr, pairs, R: tl.constexpr, BLOCK_R: tl.constexpr, TABLE: tl.constexpr):
     # The two members of each rotated pair of a cos or sin row: fp32 [BLOCK_R] each. `pairs`
     # is R/2, or 0 past the last token (masks are built from bounds: the interpreter cannot AND
     # a block with a scalar condition).
-    if IS_INTERLEAVED:
+    if TABLE == 2:
+        # one angle a pair, from the row's first half (DeepSeek-V3's cos[..., : R // 2])
+        cols = tl.arange(0, BLOCK_R)
+        v1 = tl.load(ptr + cols, mask=cols < pairs, other=0.0).to(tl.float32)
+        v2 = v1
+    elif TABLE == 1:
         cols = tl.arange(0, 2 * BLOCK_R)
         v = tl.load(ptr + cols, mask=cols < 2 * pairs, other=0.0).to(tl.float32)
         v1, v2 = tl.split(tl.reshape(v, (BLOCK_R, 2)))  # v[0::2], v[1::2]
@@ -95,13 +103,14 @@ def _rotate_heads(
     stride_xh, stride_xd, stride_oh,
     h0, h_end, c1, c2, s1, s2,  # tile's first head; H, or 0 past the last token; cos/sin pairs
     BLOCK_H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, IS_INTERLEAVED: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    X_INTERLEAVED: tl.constexpr, O_INTERLEAVED: tl.constexpr,
 ):  # fmt: skip
     # Heads h0 .. h0 + BLOCK_H of one token: a [BLOCK_H, channels] tile.
     x1, x2 = _load_heads(x_ptr, stride_xh, stride_xd, h0, h_end, BLOCK_H, R, BLOCK_R,
-                         IS_INTERLEAVED)  # fmt: skip
+                         X_INTERLEAVED)  # fmt: skip
     _store_heads(x_ptr, o_ptr, stride_xh, stride_xd, stride_oh, h0, h_end, x1, x2,
-                 c1, c2, s1, s2, BLOCK_H, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED)  # fmt: skip
+                 c1, c2, s1, s2, BLOCK_H, D, R, BLOCK_R, BLOCK_P, O_INTERLEAVED)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -120,7 +129,9 @@ def _rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
     ROWS: tl.constexpr,
-    IS_INTERLEAVED: tl.constexpr,
+    X_INTERLEAVED: tl.constexpr,  # where q/k's pairs sit: (2i, 2i + 1), else (i, i + R/2)
+    O_INTERLEAVED: tl.constexpr,  # where the outputs' pairs go
+    TABLE: tl.constexpr,  # cos/sin pairs: 0 halves, 1 interleaved, 2 first half for both
     IS_BACKWARD: tl.constexpr,
 ):  # fmt: skip
     # Program p owns tokens s0 .. s0 + ROWS of batch b; the token blocks of one batch are on
@@ -136,9 +147,9 @@ def _rope_kernel(
         # cos/sin of this position: loaded once, shared by all HQ + HK heads.
         pairs = tl.where(valid, R // 2, 0)
         c1, c2 = _load_pairs(cos_ptr + b * stride_cb + pos * stride_cs, pairs, R, BLOCK_R,
-                             IS_INTERLEAVED)  # fmt: skip
+                             TABLE)  # fmt: skip
         s1, s2 = _load_pairs(sin_ptr + b * stride_sb + pos * stride_ss, pairs, R, BLOCK_R,
-                             IS_INTERLEAVED)  # fmt: skip
+                             TABLE)  # fmt: skip
         if IS_BACKWARD:
             # The transposed rotation: dx1 = g1 * c1 + g2 * s2, dx2 = g2 * c2 - g1 * s1.
             s1, s2 = -s2, -s1
@@ -152,23 +163,25 @@ def _rope_kernel(
             # before any store (a store may alias a later load, in place, so the compiler
             # cannot hoist loads past it: a tile loop waits out one memory latency per tile).
             q1, q2 = _load_heads(q_tok, stride_qh, stride_qd, 0, hq_end, BLOCK_HQ, R, BLOCK_R,
-                                 IS_INTERLEAVED)  # fmt: skip
+                                 X_INTERLEAVED)  # fmt: skip
             k1, k2 = _load_heads(k_tok, stride_kh, stride_kd, 0, hk_end, BLOCK_HK, R, BLOCK_R,
-                                 IS_INTERLEAVED)  # fmt: skip
+                                 X_INTERLEAVED)  # fmt: skip
             _store_heads(q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, 0, hq_end, q1, q2,
                          c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P,
-                         IS_INTERLEAVED)  # fmt: skip
+                         O_INTERLEAVED)  # fmt: skip
             _store_heads(k_tok, ko_tok, stride_kh, stride_kd, stride_koh, 0, hk_end, k1, k2,
                          c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P,
-                         IS_INTERLEAVED)  # fmt: skip
+                         O_INTERLEAVED)  # fmt: skip
         else:
             for h0 in tl.static_range(0, HQ, BLOCK_HQ):
                 _rotate_heads(
                     q_tok, qo_tok, stride_qh, stride_qd, stride_qoh, h0, hq_end,
-                    c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
+                    c1, c2, s1, s2, BLOCK_HQ, D, R, BLOCK_R, BLOCK_P, X_INTERLEAVED,
+                    O_INTERLEAVED,
                 )  # fmt: skip
             for h0 in tl.static_range(0, HK, BLOCK_HK):
                 _rotate_heads(
                     k_tok, ko_tok, stride_kh, stride_kd, stride_koh, h0, hk_end,
-                    c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, IS_INTERLEAVED,
+                    c1, c2, s1, s2, BLOCK_HK, D, R, BLOCK_R, BLOCK_P, X_INTERLEAVED,
+                    O_INTERLEAVED,
                 )  # fmt: skip

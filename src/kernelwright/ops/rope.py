@@ -8,7 +8,10 @@ on the first R = cos.shape[-1] channels of every head; channels R..D pass throug
     out1 = x1 * cos1 - x2 * sin1,   out2 = x2 * cos2 + x1 * sin2
 - half-split (default; Llama, Mistral, Qwen, Gemma): x1 = x[:R/2], x2 = x[R/2:R], and cos1,
   cos2 the same halves of cos (likewise sin);
-- interleaved (GPT-J, GLM): x1 = x[0::2], x2 = x[1::2], cos1 = cos[0::2], cos2 = cos[1::2].
+- interleaved (GPT-J, GLM): x1 = x[0::2], x2 = x[1::2], cos1 = cos[0::2], cos2 = cos[1::2];
+- deinterleave (DeepSeek-V3's `apply_rotary_pos_emb_interleave`): x1 = x[0::2], x2 = x[1::2],
+  cos1 = cos2 = cos[:R/2] (likewise sin), and out1, out2 written half-split (out[:R/2],
+  out[R/2:R]): the input's pairs are de-interleaved on load, with no copy of q or k.
 The full cos/sin vectors are used element-wise (HF's tables repeat one half; nothing here
 assumes it), in fp32, with one rounding to q's dtype at the end. The backward is the transpose
 of the rotation, which is the same kernel with (sin1, sin2) replaced by (-sin2, -sin1):
@@ -42,6 +45,8 @@ from kernelwright.runtime.tables.rope import TABLE
 _OP = "rope"
 # The layout of q and k per unsqueeze_dim (HF unsqueezes cos/sin [B, S, R] at that dim).
 LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]"}
+# Channel pairings (the launchers' `pairing`; False/True are HALF/INTERLEAVED).
+HALF, INTERLEAVED, DEINTERLEAVE = 0, 1, 2
 
 # --------------------------------------------------------------------------- launchers
 
@@ -66,11 +71,11 @@ def _launch(
     q_out: torch.Tensor,
     k_out: torch.Tensor,
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,
     config: LaunchConfig | None,
 ) -> None:
     key = (kernel, q.shape, q.stride(), k.shape, k.stride(), q_out.stride(), k_out.stride())
-    key += (cos.shape, cos.stride(), sin.stride(), unsqueeze_dim, interleaved, q.device, config)
+    key += (cos.shape, cos.stride(), sin.stride(), unsqueeze_dim, int(pairing), q.device, config)
     plan = _PLANS.get_for(key, TABLE, kernel)  # None too where the table's rows were swapped
     if plan is None:
         plan = _PLANS.put_for(key, TABLE, kernel, device_info(q.device).arch, _plan(*key))
@@ -80,7 +85,7 @@ def _launch(
 
 
 def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, cos_shape,
-          cos_stride, sin_stride, unsqueeze_dim, interleaved, device, config):  # fmt: skip
+          cos_stride, sin_stride, unsqueeze_dim, pairing, device, config):  # fmt: skip
     """(grid, integer arguments, constexprs) of one launch, or None when there is nothing to
     rotate. q/k and the outputs are read as [B, S, H, D]: with unsqueeze_dim=1 ([B, H, S, D])
     their dims 1 and 2 swap places, in the strides alone (no view, no copy)."""
@@ -110,7 +115,12 @@ def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, co
         BLOCK_HK=min(heads, next_pow2(max(HK, 1))),
         BLOCK_R=next_pow2(R // 2),  # rotated pairs, padded
         BLOCK_P=next_pow2(D - R) if D > R else 1,
-        ROWS=cfg.rows, IS_INTERLEAVED=interleaved, IS_BACKWARD=kernel == "bwd",
+        ROWS=cfg.rows, IS_BACKWARD=kernel == "bwd",
+        # DEINTERLEAVE reads interleaved pairs and writes half-split ones; its backward reads
+        # the gradient half-split and writes it interleaved
+        X_INTERLEAVED=pairing == INTERLEAVED or (pairing == DEINTERLEAVE and kernel == "fwd"),
+        O_INTERLEAVED=pairing == INTERLEAVED or (pairing == DEINTERLEAVE and kernel == "bwd"),
+        TABLE=pairing,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return _grid(B, S, cfg), ints, constexprs
@@ -124,10 +134,10 @@ def rope_fwd_launch(
     q_out: torch.Tensor,  # q's shape and dtype, stride(-1) == 1
     k_out: torch.Tensor,  # k's shape and dtype, stride(-1) == 1
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,  # HALF, INTERLEAVED or DEINTERLEAVE
     config: LaunchConfig | None = None,
 ) -> None:
-    _launch("fwd", q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved, config)
+    _launch("fwd", q, k, cos, sin, q_out, k_out, unsqueeze_dim, pairing, config)
 
 
 def rope_bwd_launch(
@@ -138,10 +148,10 @@ def rope_bwd_launch(
     dq: torch.Tensor,  # q's shape and dtype, stride(-1) == 1
     dk: torch.Tensor,  # k's shape and dtype, stride(-1) == 1
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,  # the forward's
     config: LaunchConfig | None = None,
 ) -> None:
-    _launch("bwd", dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved, config)
+    _launch("bwd", dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, pairing, config)
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -158,13 +168,13 @@ def _rope_fwd_op(
     q_out: torch.Tensor,
     k_out: torch.Tensor,
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,
 ) -> None:
-    rope_fwd_launch(q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
+    rope_fwd_launch(q, k, cos, sin, q_out, k_out, unsqueeze_dim, pairing)
 
 
 @_rope_fwd_op.register_fake
-def _(q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved) -> None:
+def _(q, k, cos, sin, q_out, k_out, unsqueeze_dim, pairing) -> None:
     return None
 
 
@@ -175,13 +185,13 @@ def _rope_fwd_inplace_op(
     cos: torch.Tensor,
     sin: torch.Tensor,
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,
 ) -> None:
-    rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
+    rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, pairing)
 
 
 @_rope_fwd_inplace_op.register_fake
-def _(q, k, cos, sin, unsqueeze_dim, interleaved) -> None:
+def _(q, k, cos, sin, unsqueeze_dim, pairing) -> None:
     return None
 
 
@@ -194,13 +204,13 @@ def _rope_bwd_op(
     dq: torch.Tensor,
     dk: torch.Tensor,
     unsqueeze_dim: int,
-    interleaved: bool,
+    pairing: int,
 ) -> None:
-    rope_bwd_launch(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved)
+    rope_bwd_launch(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, pairing)
 
 
 @_rope_bwd_op.register_fake
-def _(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, interleaved) -> None:
+def _(dq_out, dk_out, cos, sin, dq, dk, unsqueeze_dim, pairing) -> None:
     return None
 
 
@@ -214,7 +224,7 @@ def _dim_order(t: torch.Tensor) -> list[int]:
 
 class _RoPEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin, unsqueeze_dim, interleaved, in_place):
+    def forward(ctx, q, k, cos, sin, unsqueeze_dim, pairing, in_place):
         # Outputs and gradients: new tensors with q's / k's dims in the same memory order (not
         # views: callers may modify an output in place, which autograd forbids on a view made
         # inside a custom Function).
@@ -225,20 +235,20 @@ class _RoPEFunction(torch.autograd.Function):
             # Each program loads a head's channels before it stores them, so the outputs may be
             # q and k themselves. Autograd is not told (as Liger's rope): see rope().
             if traced(q):
-                _rope_fwd_inplace_op(q, k, cos, sin, unsqueeze_dim, interleaved)
+                _rope_fwd_inplace_op(q, k, cos, sin, unsqueeze_dim, pairing)
             else:
-                rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, interleaved)
+                rope_fwd_launch(q, k, cos, sin, q, k, unsqueeze_dim, pairing)
             q_out, k_out = q, k
         else:
             q_out, k_out = (empty(**layout) for layout in ctx.layouts)
-            args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, interleaved)
+            args = (q, k, cos, sin, q_out, k_out, unsqueeze_dim, pairing)
             if traced(q):
                 _rope_fwd_op(*args)
             else:
                 rope_fwd_launch(*args)
         ctx.save_for_backward(cos, sin)  # q and k are not needed: the rotation is linear
         ctx.unsqueeze_dim = unsqueeze_dim
-        ctx.interleaved = interleaved
+        ctx.pairing = pairing
         return q_out, k_out
 
     @staticmethod
@@ -246,7 +256,7 @@ class _RoPEFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         # dq/dk in q/k's own layout; an unused output's gradient arrives as zeros.
         dq, dk = (empty(**layout) for layout in ctx.layouts)
-        args = (dq_out, dk_out, cos, sin, dq, dk, ctx.unsqueeze_dim, ctx.interleaved)
+        args = (dq_out, dk_out, cos, sin, dq, dk, ctx.unsqueeze_dim, ctx.pairing)
         if traced(dq_out):
             _rope_bwd_op(*args)
         else:
@@ -320,6 +330,7 @@ def rope(
     *,
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
+    deinterleave: bool = False,
     in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of q and k in one Triton launch each way (HF semantics).
@@ -335,6 +346,10 @@ def rope(
         unsqueeze_dim: where HF unsqueezes cos/sin, which fixes the layout of q and k (above).
         interleaved: rotate channel pairs (2i, 2i+1) (GPT-J/GLM, cos/sin repeat-interleaved)
             instead of (i, i + R/2) (rotate_half).
+        deinterleave: rotate pairs (2i, 2i+1) by angle i (cos[..., :R/2], one angle a pair) and
+            write them half-split, (i, i + R/2), as DeepSeek-V3's
+            `apply_rotary_pos_emb_interleave`; the gradients go back interleaved. Excludes
+            `interleaved`.
         in_place: UNSAFE opt-in. Write the rotated values into q's and k's own storage (no new
             memory: the forward's peak drops by the size of q and k) and return (views of)
             them. Autograd is not told, as with Liger's rope: correct only when nothing else
@@ -346,36 +361,52 @@ def rope(
         memory in q's and k's order, computed in fp32 and rounded once.
     """
     _check_inputs(q, k, cos, sin, unsqueeze_dim)
+    if interleaved and deinterleave:
+        raise ValueError(f"{_OP}: pass at most one of interleaved=True and deinterleave=True")
+    pairing = DEINTERLEAVE if deinterleave else INTERLEAVED if interleaved else HALF
     if in_place and (q.stride(-1) != 1 or k.stride(-1) != 1):
         raise ValueError(
             f"{_OP}: in_place=True needs q and k with a contiguous last dim, got strides "
             f"{tuple(q.stride())} and {tuple(k.stride())}"
         )
     cos, sin = _table_view(cos), _table_view(sin)
-    return _RoPEFunction.apply(
-        q, k, cos, sin, int(unsqueeze_dim), bool(interleaved), bool(in_place)
-    )
+    return _RoPEFunction.apply(q, k, cos, sin, int(unsqueeze_dim), pairing, bool(in_place))
 
 
 class RoPE(torch.nn.Module):
     """Applies rotary position embedding: `forward(q, k, cos, sin) -> (q_embed, k_embed)`, a
     drop-in for HF's `apply_rotary_pos_emb` (cos/sin from the model's rotary embedding)."""
 
-    def __init__(self, *, unsqueeze_dim: int = 1, interleaved: bool = False):
+    def __init__(
+        self, *, unsqueeze_dim: int = 1, interleaved: bool = False, deinterleave: bool = False
+    ):
         super().__init__()
         self.unsqueeze_dim = unsqueeze_dim
         self.interleaved = interleaved
+        self.deinterleave = deinterleave
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope(q, k, cos, sin, unsqueeze_dim=self.unsqueeze_dim, interleaved=self.interleaved)
+        return rope(
+            q, k, cos, sin, unsqueeze_dim=self.unsqueeze_dim, interleaved=self.interleaved,
+            deinterleave=self.deinterleave,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"unsqueeze_dim={self.unsqueeze_dim}, interleaved={self.interleaved}"
+        out = f"unsqueeze_dim={self.unsqueeze_dim}, interleaved={self.interleaved}"
+        return out + (", deinterleave=True" if self.deinterleave else "")
 
 
 # --------------------------------------------------------------------------- references
+
+
+def _deinterleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # DeepSeek-V3's rotation: pairs (x[2i], x[2i+1]) by angle i, written as (evens, odds)
+    half = cos.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
 def _rotate_half(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -393,23 +424,27 @@ def rope_eager(
     *,
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
+    deinterleave: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's `apply_rotary_pos_emb` as written, in the inputs' dtypes (the `torch` provider);
-    partial rotary as Phi/GLM write it (rotate the first R channels, concatenate the rest)."""
+    partial rotary as Phi/GLM write it (rotate the first R channels, concatenate the rest).
+    deinterleave: DeepSeek-V3's `apply_rotary_pos_emb_interleave` instead."""
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     rotary_dim = cos.shape[-1]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        if deinterleave:
+            return _deinterleaved(x, cos, sin)
+        return (x * cos) + (_rotate_half(x, interleaved) * sin)
+
     if rotary_dim == q.shape[-1]:
-        q_embed = (q * cos) + (_rotate_half(q, interleaved) * sin)
-        k_embed = (k * cos) + (_rotate_half(k, interleaved) * sin)
-        return q_embed, k_embed
+        return rotate(q), rotate(k)
     q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
     k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
-    q_embed = (q_rot * cos) + (_rotate_half(q_rot, interleaved) * sin)
-    k_embed = (k_rot * cos) + (_rotate_half(k_rot, interleaved) * sin)
-    return torch.cat([q_embed, q_pass], dim=-1), torch.cat([k_embed, k_pass], dim=-1)
+    return torch.cat([rotate(q_rot), q_pass], dim=-1), torch.cat([rotate(k_rot), k_pass], dim=-1)
 
 
 def rope_ref(
@@ -420,12 +455,13 @@ def rope_ref(
     *,
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
+    deinterleave: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 reference (differentiable in q and k): `rope_eager` on fp32 copies, returned in q's
     dtype (fp32 when given fp32 inputs, as `testing.check_op` does)."""
     q32, k32 = rope_eager(
         q.float(), k.float(), cos.float(), sin.float(),
-        unsqueeze_dim=unsqueeze_dim, interleaved=interleaved,
+        unsqueeze_dim=unsqueeze_dim, interleaved=interleaved, deinterleave=deinterleave,
     )  # fmt: skip
     return q32.to(q.dtype), k32.to(k.dtype)
 

@@ -148,7 +148,8 @@ class RopeDecision(Decision):
     attention_class: str | None = None
     function: str | None = None  # "transformers.models.llama.modeling_llama.apply_rotary_pos_emb"
     call_name: str | None = None  # the global name the attention forward calls
-    variant: Literal["half_split", "interleaved"] | None = None
+    # deinterleave: interleaved pairs in, half-split out (DeepSeek-V3's rope_interleave)
+    variant: Literal["half_split", "interleaved", "deinterleave"] | None = None
     partial_rotary_factor: float = 1.0
     unsqueeze_dim: int = 1
 

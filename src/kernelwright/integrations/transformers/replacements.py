@@ -181,10 +181,10 @@ def mlp_forward(d: MLPDecision, *, recompute: bool = True) -> Callable:
 def rope_function(d: RopeDecision) -> Callable:
     """A drop-in for the modeling file's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)."""
     _require(d, "variant")
-    interleaved = d.variant == "interleaved"
+    pairing = dict(interleaved=d.variant == "interleaved", deinterleave=d.variant == "deinterleave")
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
-        return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, interleaved=interleaved)
+        return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, **pairing)
 
     return apply_rotary_pos_emb
 

@@ -468,7 +468,11 @@ def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fn) -> None:
             tcfg = text_config(ctx.tiny.config)
             heads = tcfg.num_attention_heads
             kv = getattr(tcfg, "num_key_value_heads", None) or heads
-            head_dim = getattr(attn, "head_dim", None) or tcfg.hidden_size // heads
+            head_dim = (
+                getattr(attn, "head_dim", None)
+                or getattr(tcfg, "head_dim", None)
+                or tcfg.hidden_size // heads
+            )
         except Exception as e:  # recorded as the decision's reason, never dropped
             rope.reason = f"numerical check could not start: {type(e).__name__}: {e}"
             rope.status = "unsupported"

@@ -2,9 +2,13 @@
 
 Resolved through the attention module's globals at analysis time, as Python resolves it at call
 time; transformers 5 decorates it (`use_kernel_forward_from_hub`) and the attention class
-(`use_kernelized_func`): both are recorded as evidence. The variant comes from the function's
-AST (rotate_half: half split; x[..., ::2] pairs: interleaved), the partial factor from the
-config, and where the rotated dims are cut (in the function by cos.shape[-1], or by the caller).
+(`use_kernelized_func`): both are recorded as evidence. Where the forward calls one of two
+functions by a config flag (`if self.config.rope_interleave:`), the branch the config takes
+is the one analysed. The variant comes from the function's AST (rotate_half: half split;
+x[..., ::2] pairs: interleaved; x[..., ::2] pairs concatenated as (rotated evens, rotated
+odds) with one angle a pair from cos's first half: deinterleave, DeepSeek-V3's
+`apply_rotary_pos_emb_interleave`), the partial factor from the config, and where the rotated
+dims are cut (in the function by cos.shape[-1], or by the caller).
 M-RoPE (`mrope_section`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V) is the ordinary rotation by
 tables the rotary-embedding module builds from three position streams; it is patched like any
 half-split rope, and checked on tables from three different streams. A rotary function that
@@ -24,8 +28,26 @@ from kernelwright.integrations.transformers.analysis.context import Context, tex
 from kernelwright.profiles.model import RopeDecision
 
 
-def _rope_call(cls: type) -> tuple[str, object, ast.Call, S.Method] | None:
-    """(global name, function, call node, forward) of the (q, k, cos, sin) call in a forward."""
+def _config_branch(fwd: S.Method, node: ast.AST, ctx: Context) -> tuple[str, bool] | None:
+    """(key, value) of the innermost `if self.config.K:` holding node, where the config takes
+    the branch; None where node sits under no such test. A branch not taken raises LookupError."""
+    child, p = node, fwd.file.parent(node)
+    found = None
+    while p is not None and p is not fwd.node:
+        if isinstance(p, ast.If) and child is not p.test:
+            key = S.config_key(p.test)
+            if key is not None:
+                value = bool(ctx.cfg(key))
+                if value != any(child is stmt for stmt in p.body):
+                    raise LookupError(key)
+                found = found or (key, value)
+        child, p = p, fwd.file.parent(p)
+    return found
+
+
+def _rope_call(cls: type, ctx: Context) -> tuple[str, object, ast.Call, S.Method] | None:
+    """(global name, function, call node, forward) of the (q, k, cos, sin) call in a forward,
+    on the branch the config takes where a config flag picks between two."""
     fwd = S.method(cls, "forward")
     if fwd is None:
         return None
@@ -41,6 +63,10 @@ def _rope_call(cls: type) -> tuple[str, object, ast.Call, S.Method] | None:
         except (TypeError, ValueError):
             continue
         if len(params) >= 4 and params[2:4] == ["cos", "sin"]:
+            try:
+                _config_branch(fwd, call, ctx)
+            except LookupError:
+                continue  # on the branch the config does not take
             return call.func.id, fn, call, fwd
     return None
 
@@ -58,7 +84,7 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
     """(the decision, the attention classes, the function the check compares against)."""
     found: dict[str, tuple] = {}
     for name, mods in ctx.classes().items():
-        hit = _rope_call(type(mods[0][1]))
+        hit = _rope_call(type(mods[0][1]), ctx)
         if hit is not None:
             found[name] = hit
     attention = set(found)
@@ -88,6 +114,9 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
     rope_fn = RopeFn(fn)
     d = RopeDecision(attention_class=attn_name, call_name=call_name)
     d.evidence.append(fwd.ev(call))
+    branch = _config_branch(fwd, call, ctx)
+    if branch is not None:
+        d.evidence.append(S.config_evidence(ctx.text_prefix + branch[0], ctx.cfg(branch[0])))
     if len(fns) > 1:
         d.reason = f"attention classes call different rotary functions: {sorted(found)}"
         d.status = "unsupported"
@@ -151,7 +180,7 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
     d.partial_rotary_factor = factor
     if key:
         d.evidence.append(S.config_evidence(ctx.text_prefix + key, factor))
-    slices = _slices_rot_dim(fdef)
+    slices = _slices_rot_dim(fdef) if variant != "deinterleave" else None
     if slices is not None:
         d.evidence.append(fdef.ev(slices))  # the function passes dims past cos.shape[-1] through
     elif factor < 1.0:
@@ -195,7 +224,8 @@ def _mrope_evidence(ctx: Context, rp) -> list:
 
 
 def _caller_slices(fwd: S.Method, call: ast.Call) -> ast.stmt | None:
-    """The assignment that cuts the call's q argument to `q[..., :n]`, if the caller does."""
+    """The assignment that cuts the call's q argument to `q[..., :n]`, or takes it from a split
+    of the last dim (`q_pass, q_rot = torch.split(q, [a, b], dim=-1)`, MLA), if the caller does."""
     if not call.args or not isinstance(call.args[0], ast.Name):
         return None
     name = call.args[0].id
@@ -205,6 +235,8 @@ def _caller_slices(fwd: S.Method, call: ast.Call) -> ast.stmt | None:
         stored = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         if name not in stored:
             continue
+        if _splits_last_dim(stmt.value):
+            return stmt
         for sub in ast.walk(stmt.value):
             if (
                 isinstance(sub, ast.Subscript)
@@ -217,6 +249,18 @@ def _caller_slices(fwd: S.Method, call: ast.Call) -> ast.stmt | None:
             ):
                 return stmt
     return None
+
+
+def _splits_last_dim(node: ast.expr) -> bool:
+    """`torch.split(x, [a, b], dim=-1)` or `x.split([a, b], dim=-1)`."""
+    if not isinstance(node, ast.Call) or not (
+        S.dotted(node.func) == "torch.split"
+        or (isinstance(node.func, ast.Attribute) and node.func.attr == "split")
+    ):
+        return False
+    dims = [kw.value for kw in node.keywords if kw.arg == "dim"]
+    dims += node.args[2:3] if S.dotted(node.func) == "torch.split" else node.args[1:2]
+    return bool(dims) and S.const_number(dims[0]) == -1.0
 
 
 def _relays_tables(fdef: S.Method) -> ast.stmt | None:
@@ -241,9 +285,44 @@ def _rope_variant(fdef: S.Method) -> tuple[str | None, list[ast.AST]]:
                 return "half_split", [call, helper.node]
             if helper is not None and _is_interleaved(helper):
                 return "interleaved", [call, helper.node]
+    deinterleave = _deinterleave_nodes(fdef)
+    if deinterleave:
+        return "deinterleave", deinterleave
     if _is_interleaved(fdef):
         return "interleaved", [fdef.node]
     return None, []
+
+
+def _deinterleave_nodes(m: S.Method) -> list[ast.AST]:
+    """[the table cut, the concatenation] of a function that rotates x[..., 0::2] / x[..., 1::2]
+    pairs by one angle each, read from cos's first half (`cos[..., : cos.shape[-1] // 2]`), and
+    writes them as cat((rotated evens, rotated odds)): half-split output from interleaved input.
+    Empty where any part is missing."""
+    if not _is_interleaved(m):
+        return []
+    cut = next(
+        (
+            stmt
+            for stmt, _ in S.statements(m.node.body)
+            if isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "cos" for t in stmt.targets)
+            and "cos[..., :cos.shape[-1] // 2]" in ast.unparse(stmt.value)
+        ),
+        None,
+    )
+    cat = next(
+        (
+            c
+            for c in S.calls(m.node)
+            if S.dotted(c.func) in ("torch.cat", "torch.concat", "torch.concatenate")
+            and c.args
+            and isinstance(c.args[0], ast.Tuple | ast.List)
+            and len(c.args[0].elts) == 2
+            and all(isinstance(e, ast.BinOp) for e in c.args[0].elts)
+        ),
+        None,
+    )
+    return [cut, cat] if cut is not None and cat is not None else []
 
 
 def _global_function(fdef: S.Method, name: str) -> S.Method | None:
