@@ -33,7 +33,7 @@ def elementwise_grid(op: str, m: int, n: int, cfg: LaunchConfig) -> tuple[int]:
 def retiled_shape(m: int, n: int, cfg: LaunchConfig) -> tuple[int, int]:
     """The (M, N) to launch with over [m, n] tensors that are each one dense block
     (contiguous). Elementwise, any [M', block_n] view of them computes the same thing, and full
-    tiles need no masked tail (N = 18944 leaves 1/4 of a 2048 tile idle); the kernel only needs
+    tiles need no masked tail (N = 18944 fills a quarter of its last 2048 tile); the kernel needs
     the view's sizes and strides (row stride N), so no view is made. (m, n) itself where the
     elements do not fill whole tiles, or the rows already are one tile."""
     block = cfg.block_n

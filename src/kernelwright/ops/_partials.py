@@ -8,8 +8,8 @@ layer_norm). One kernel sums every partial row of one column tile in a fixed ord
 
 On sm_90+ it is launched with programmatic dependent launch (ops/_pdl.py): its launch is
 processed while the backward kernel before it runs, and it waits in `griddepcontrol.wait`
-until that kernel has finished and its partial rows are visible. (Letting the backward kernels
-signal early, `griddepcontrol.launch_dependents` at their start, was slower.)
+until that kernel has finished and its partial rows are visible. The backward kernels do not
+signal early (`griddepcontrol.launch_dependents`): the sum waits for their last writes anyway.
 
 `few_rows` is the other side of it: where those partial rows would be a large share of the
 backward's memory (few rows), the norm backwards skip them and leave dW (dB) to the column

@@ -261,7 +261,7 @@ def jagged_mean(values: torch.Tensor, offsets: torch.Tensor, *, validate: bool =
             offsets[B] = total. Segment b is rows offsets[b] .. offsets[b + 1] - 1. It gets no
             gradient.
         validate: check the offsets' values (first 0, last = total, non-decreasing). This reads
-            them back to the host — one device sync per call, ~10 µs plus waiting for queued
+            them back to the host — one device sync per call, which also waits for queued
             work. Pass False in a hot loop once the offsets are known good; invalid offsets
             then read and write out of bounds. Skipped under torch.compile (no sync in a graph).
     Returns:
