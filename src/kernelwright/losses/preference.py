@@ -46,6 +46,13 @@ def _sigmoid_mix(z: torch.Tensor, eps: float) -> torch.Tensor:
     return -F.logsigmoid(z) * (1 - eps) - F.logsigmoid(-z) * eps
 
 
+def _hinge_or_ipo(h: torch.Tensor, beta: float, loss_type: str) -> torch.Tensor:
+    """The margin losses DPO and CPO share: "hinge" relu(1 - β·h), "ipo" (h - 1/(2β))²."""
+    if loss_type == "hinge":
+        return torch.relu(1 - beta * h)
+    return (h - 1 / (2 * beta)) ** 2
+
+
 def _ignored_smoothing(name: str, loss_type: str, label_smoothing: float) -> None:
     if label_smoothing != 0:
         warnings.warn(
@@ -86,10 +93,8 @@ def dpo_loss(
         eps = label_smoothing
         losses = -F.logsigmoid(beta * h) * (1 - eps) + F.logsigmoid(-beta * h) * eps
         losses = losses / (1 - 2 * eps)
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:  # ipo
-        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        losses = _hinge_or_ipo(h, beta, loss_type)
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
@@ -122,10 +127,8 @@ def cpo_loss(
         losses = _sigmoid_mix(beta * (h - simpo_gamma / beta), label_smoothing)
     elif loss_type == "sigmoid":
         losses = _sigmoid_mix(beta * h, label_smoothing)
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:  # ipo
-        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        losses = _hinge_or_ipo(h, beta, loss_type)
     return losses, beta * chosen.detach(), beta * rejected.detach()
 
 
