@@ -24,6 +24,15 @@ def pytest_report_header(config):
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches reset before and after a test: compiled graphs of one test never serve
+    another's."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def device() -> torch.device:
     return DEVICE
 

@@ -16,12 +16,7 @@ from kernelwright.ops import jagged_mean as jm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.fixture

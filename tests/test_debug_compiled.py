@@ -19,16 +19,9 @@ from kernelwright.cli import app
 from kernelwright.profiles.debug import CompiledDebugProfile
 from kernelwright.workflows.debug.compiled import debug_compiled
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fresh_dynamo")]
 
 MODEL = "debug_planted:tiny_compiled_model"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("bug", planted.COMPILE_BUGS, ids=lambda b: b.name)

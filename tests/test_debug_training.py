@@ -7,25 +7,20 @@ by hand on the CPU with `--device cpu --tiny`).
 """
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from script_module import script_module
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "debug_training.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("debug_training_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(SCRIPT, "debug_training_bench") as module:
+        yield module
 
 
 def test_a_curve_leaves_the_band_where_it_stays_out(bench):

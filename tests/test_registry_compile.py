@@ -17,17 +17,10 @@ from kernelwright.compile import CompileReport, passes, select
 from kernelwright.ops import _gated
 from kernelwright.ops import softmax as softmax_mod
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("fresh_dynamo")]
 
 GPU_ONLY = "cuda_events_gpu_only_demote_flush"
 ROWS, N = 4, 16  # every site's main input: [4, 16]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ flagged) and that a provider's module-level monkey patch does not leak into the 
 """
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import ON_GPU
+from script_module import script_module
 
 import kernelwright
 
@@ -26,12 +25,8 @@ ARGS = ["--seq", "16", "--warmup", "1", "--steps", "1", "--batch", "2", "--devic
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("train_step_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with script_module(SCRIPT, "train_step_bench") as module:
+        yield module
 
 
 def _read(path: Path) -> list[dict]:
