@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelwright.ops._ce_kernels import _grad_terms, _row_loss, _softcap
+from kernelwright.ops._ce_kernels import _grad_block, _grad_terms, _row_loss, _softcap
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.fastlaunch import fast
@@ -235,16 +235,8 @@ def _vp_loss_grad_kernel(
             z = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
             if SOFTCAP:
                 z = _softcap(z, cap)
-            g = a * tl.exp((z - m_row) - log_d)  # (z - m) - log d: see _row_loss
-            if HAS_SMOOTH:
-                if HAS_WEIGHT:
-                    g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0)
-                else:
-                    g -= eps_v
-            g = tl.where(cols == t - start, g - b, g)
-            if SOFTCAP:
-                zc = z / cap
-                g *= 1.0 - zc * zc
+            g = _grad_block(z, cols, mask, t, start, w_ptr, m_row, log_d, a, b, eps_v, cap,
+                            HAS_WEIGHT, HAS_SMOOTH, SOFTCAP, False)  # fmt: skip
             tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
 
 

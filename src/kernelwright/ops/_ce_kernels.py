@@ -108,6 +108,29 @@ def _grad_terms(
     return scale, a, b
 
 
+@triton.jit
+def _grad_block(
+    z, cols, mask, t, start, w_ptr, m_row, log_d, a, b, eps_v, cap,
+    HAS_WEIGHT: tl.constexpr, HAS_SMOOTH: tl.constexpr, SOFTCAP: tl.constexpr,
+    PADDED: tl.constexpr,
+):  # fmt: skip
+    # dloss/dz over a block of (soft-capped) logits z at columns `cols` (the target's column is
+    # t - start), before the scale: a * p_j (- eps / V * w_j), b taken off at the target, times
+    # the soft-capping's derivative 1 - (z / cap)^2. PADDED: z's padding lanes hold -inf.
+    # (z - m) - log d, not z - lse: see _row_loss.
+    g = a * tl.exp((z - m_row) - log_d)
+    if HAS_SMOOTH:
+        if HAS_WEIGHT:
+            g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        else:
+            g -= eps_v
+    g = tl.where(cols == t - start, g - b, g)
+    if SOFTCAP:
+        zc = (tl.where(mask, z, 0.0) if PADDED else z) / cap
+        g *= 1.0 - zc * zc
+    return g
+
+
 @fast
 @triton.jit
 def _ce_fwd_kernel(
@@ -171,16 +194,8 @@ def _ce_fwd_kernel(
             scale, a, b = _grad_terms(scale_ptr, row, stride_scale, in_range, w_t, w_all, lse,
                                       eps, eps_v, zscale, HAS_SCALE, HAS_SMOOTH, HAS_Z)  # fmt: skip
             z = _logits(again(x, d_row, hold), mask, cap, SOFTCAP)
-            g = a * tl.exp((z - m_row) - log_d)
-            if HAS_SMOOTH:
-                if HAS_WEIGHT:
-                    g -= eps_v * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                else:
-                    g -= eps_v
-            g = tl.where(cols == t, g - b, g)
-            if SOFTCAP:
-                zc = tl.where(mask, z, 0.0) / cap  # padding lanes hold -inf
-                g *= 1.0 - zc * zc
+            g = _grad_block(z, cols, mask, t, 0, w_ptr, m_row, log_d, a, b, eps_v, cap,
+                            HAS_WEIGHT, HAS_SMOOTH, SOFTCAP, True)  # fmt: skip
             tl.store(g_row + cols, (g * scale).to(g_ptr.dtype.element_ty), mask=mask)
 
 
@@ -270,17 +285,8 @@ def _ce_fwd_looped_kernel(
                 z = z.to(tl.float32)
                 if SOFTCAP:
                     z = _softcap(z, cap)
-                g = a * tl.exp((z - m_row) - log_d)
-                if HAS_SMOOTH:
-                    if HAS_WEIGHT:
-                        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-                        g -= eps_v * w
-                    else:
-                        g -= eps_v
-                g = tl.where(cols == t, g - b, g)
-                if SOFTCAP:
-                    zc = z / cap
-                    g *= 1.0 - zc * zc
+                g = _grad_block(z, cols, mask, t, 0, w_ptr, m_row, log_d, a, b, eps_v, cap,
+                                HAS_WEIGHT, HAS_SMOOTH, SOFTCAP, False)  # fmt: skip
                 g = (g * scale).to(g_ptr.dtype.element_ty)
                 tl.store(g_row + cols, g, mask=mask, eviction_policy=EVICT_2ND)
 

@@ -15,8 +15,8 @@ where eager autograd does:
     h = round(act(a)),  dh = round(dc * b),  da = dh * act'(a),  db = dc * h
 A single-input activation rounds once each way: c = round(act(a)), da = round(dc * act'(a)).
 
-Layer order: activation formulas → kernels → launchers → custom ops → autograd Functions →
-the entry points the public functions call.
+Layer order: activation formulas (ops/_activations.py) → kernels → launchers → custom ops →
+autograd Functions → the entry points the public functions call.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._activations import _activation, _activation_grad, _chain
 from kernelwright.ops._elementwise import elementwise_grid, elementwise_tile, retiled_shape
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alias import disjoint, storage_ptr, writes_through
@@ -49,82 +50,6 @@ _TABLES: dict[str, Table] = {
     "geglu": GEGLU_TABLE,
     "relu_squared": RELU_SQUARED_TABLE,
 }
-
-# Compiled kernels may only read globals that are tl.constexpr.
-_K = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
-_KAPPA = tl.constexpr(0.044715)
-_KAPPA3 = tl.constexpr(0.134145)  # 3 * 0.044715
-_SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
-_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
-
-# --------------------------------------------------------------------------- activations
-# sigmoid is tl.sigmoid, the fast exp and division: an exact IEEE division and libdevice's expf
-# (PyTorch's formula bit for bit) cost bandwidth, for a last-bit difference in ~1 in 10^4
-# elements. Triton has no portable tanh, so tanh(u) = 2 * sigmoid(2u) - 1 (exact algebra; in the
-# far negative tail 2 * sigmoid(2u) - 1 cancels in fp32 as eager's 1 + tanh(u) does).
-
-
-@triton.jit
-def _activation(a, ACTIVATION: tl.constexpr):
-    # act(a) in fp32, PyTorch's formula term for term.
-    if ACTIVATION == "silu":
-        g = a * tl.sigmoid(a)
-    elif ACTIVATION == "gelu_tanh":
-        u = _K * (a + _KAPPA * (a * a * a))
-        t = 2.0 * tl.sigmoid(2.0 * u) - 1.0  # tanh(u)
-        g = 0.5 * a * (1.0 + t)
-    elif ACTIVATION == "gelu_erf":
-        g = a * 0.5 * (1.0 + tl.erf(a * _SQRT1_2))
-    else:
-        tl.static_assert(ACTIVATION == "relu_squared", "unknown ACTIVATION")
-        r = tl.maximum(a, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as torch's
-        g = r * r  # exact in fp32 for fp16/bf16 inputs: one rounding, at the store
-    return g
-
-
-@triton.jit
-def _activation_grad(a, ACTIVATION: tl.constexpr):
-    # (act(a), d) in fp32, d what the chain rule `_chain` takes: act'(a), or for silu sigmoid(a)
-    # (silu's backward forms its derivative with the incoming gradient, in PyTorch's order).
-    if ACTIVATION == "silu":
-        d = tl.sigmoid(a)
-        g = a * d
-    elif ACTIVATION == "gelu_tanh":
-        a2 = a * a
-        u = _K * (a + _KAPPA * (a2 * a))
-        t = 2.0 * tl.sigmoid(2.0 * u) - 1.0  # tanh(u)
-        left = 0.5 * a
-        right = 1.0 + t
-        g = left * right
-        # d/da [0.5 a (1 + tanh(u))] = 0.5 (1 + t) + 0.5 a (1 - t^2) du/da
-        du = _K * (1.0 + _KAPPA3 * a2)
-        d = 0.5 * right + left * (1.0 - t * t) * du
-    elif ACTIVATION == "gelu_erf":
-        cdf = 0.5 * (1.0 + tl.erf(a * _SQRT1_2))  # Phi(a)
-        pdf = _INV_SQRT_2PI * tl.exp(a * a * -0.5)  # phi(a)
-        g = a * cdf
-        d = cdf + a * pdf
-    else:
-        tl.static_assert(ACTIVATION == "relu_squared", "unknown ACTIVATION")
-        g = a  # unused, as d: relu_squared's gradient is a select on a alone (see `_chain`)
-        d = a
-    return g, d
-
-
-@triton.jit
-def _chain(a, d, dh, ACTIVATION: tl.constexpr):
-    # da = dh * act'(a) in fp32, with d from `_activation_grad`.
-    if ACTIVATION == "silu":
-        # silu'(a) = s * (1 + a * (1 - s)); PyTorch's compiled kernels (CPU and CUDA) fuse
-        # 1 + a * (1 - s) into one fma.
-        da = dh * d * tl.fma(a, 1.0 - d, 1.0)
-    elif ACTIVATION == "relu_squared":
-        # d/da relu(a)^2 = 2 relu(a); +0 where a <= 0, as eager's relu backward (a select).
-        da = tl.where(a > 0, 2.0 * a * dh, 0.0)
-    else:
-        da = dh * d
-    return da
-
 
 # --------------------------------------------------------------------------- kernels
 

@@ -23,6 +23,23 @@ from kernelwright.runtime.tables.softmax import WORDS_WARPS
 # --------------------------------------------------------------------------- kernels
 
 
+@triton.jit
+def _chunk(out_ptr, sync_ptr, M, N, stride_out, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+           PHASE: tl.constexpr, OUT_WORDS: tl.constexpr):  # fmt: skip
+    """This program's row, its chunk j of the row, the chunk's columns and their mask. (row,
+    chunk) by ticket, in start order: nobody waits on a program that has not started; the
+    ticket is in the output's last row with the exchange there (OUT_WORDS), else in sync_ptr.
+    The interpreter's phases take them from the program id."""
+    if PHASE == 0:
+        t = ticket(out_words(out_ptr, M - 1, stride_out) if OUT_WORDS > 0 else sync_ptr)
+    else:
+        t = tl.program_id(0)
+    row = (t // SPLITS).to(tl.int64)
+    j = t % SPLITS
+    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+    return row, j, cols, cols < N
+
+
 @fast
 @triton.jit
 def _softmax_fwd_split_kernel(
@@ -44,17 +61,10 @@ def _softmax_fwd_split_kernel(
 ):
     # A row split over SPLITS programs (ops/_split.py): each holds its chunk in registers, so
     # the row is read once. Chunks of HOLD_FROM and more are held in their own dtype (_held).
-    # (row, chunk) by ticket, in start order: nobody waits on a program that has not started.
     # With the exchange in y (OUT_WORDS) the values over its words are left to
     # _softmax_fwd_words_kernel.
-    if PHASE == 0:
-        t = ticket(out_words(y_ptr, M - 1, stride_y) if OUT_WORDS > 0 else sync_ptr)
-    else:
-        t = tl.program_id(0)
-    row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+    row, j, cols, col_mask = _chunk(y_ptr, sync_ptr, M, N, stride_y, BLOCK_N, SPLITS, PHASE,
+                                    OUT_WORDS)  # fmt: skip
     hold: tl.constexpr = BLOCK_N >= HOLD_FROM
     x = tl.load(x_ptr + row * stride_x + cols, mask=col_mask, other=-float("inf"))
     part, arrivals = exchange(
@@ -138,14 +148,8 @@ def _softmax_bwd_split_kernel(
     PREFETCH: tl.constexpr = False,  # the row's counter line prefetched into L2 (_split)
 ):
     # The backward's row split as the forward's: dy and y of a chunk held (fp32), one read each.
-    if PHASE == 0:
-        t = ticket(out_words(dx_ptr, M - 1, stride_dx) if OUT_WORDS > 0 else sync_ptr)
-    else:
-        t = tl.program_id(0)
-    row = (t // SPLITS).to(tl.int64)
-    j = t % SPLITS
-    cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+    row, j, cols, col_mask = _chunk(dx_ptr, sync_ptr, M, N, stride_dx, BLOCK_N, SPLITS, PHASE,
+                                    OUT_WORDS)  # fmt: skip
     dy = tl.load(dy_ptr + row * stride_dy + cols, mask=col_mask, other=0.0).to(tl.float32)
     y = tl.load(y_ptr + row * stride_y + cols, mask=col_mask, other=0.0).to(tl.float32)
     part, arrivals = exchange(
