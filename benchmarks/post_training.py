@@ -14,12 +14,18 @@ Losses (hidden 4096, vocabulary 128256, bf16 weights and hidden states by defaul
     logprobs  the primitive alone: per-token log-probs, summed; its row also reports the time
               of its matmuls measured alone (forward logits, backward recomputed logits and
               the two gradient matmuls) and at the device's peak bf16 rate
+    logprobs_frozen  the same with a frozen lm_head (LoRA elsewhere): only the hidden states
+              get a gradient
 Each sequence starts with a prompt (a quarter of its tokens) whose labels are ignored.
 
 Providers:
     torch         unfused PyTorch as a loss is written from its paper: the full logits,
                   log_softmax in fp32, a gather
     kernelwright  kernelwright.losses (fused_linear_logprobs / fused_linear_distill + the loss)
+    kernelwright_stored  the same with fused_linear_logprobs(..., backward="stored"): the
+                  forward keeps the logits ([N, V] bf16) or, with a frozen head, each token's
+                  hidden-gradient row ([N, H] fp32), and the backward does not recompute them
+                  (log-prob losses only: logprobs, logprobs_frozen, dpo, grpo)
     liger         Liger Kernel's chunked loss (LigerFusedLinear{DPO,GRPO,JSD}Loss), its defaults
     trl           TRL's chunked log-prob function (trl.kernels.ChunkedLogProbFunction; for jsd,
                   ChunkedDivergenceFunction) with the same loss formula as kernelwright
@@ -87,7 +93,11 @@ def make_inputs(loss: str, tokens: int, H: int, V: int, dtype, seed: int = 0) ->
 
     target = torch.randint(0, V, (seqs, T), generator=g, device=dev)
     target[:, : T // 4] = -100
-    d = dict(h=hidden(seqs).requires_grad_(), w=weight().requires_grad_(), target=target)
+    d = dict(
+        h=hidden(seqs).requires_grad_(),
+        w=weight().requires_grad_(loss != "logprobs_frozen"),
+        target=target,
+    )
     if loss == "dpo":
         d.update(h_ref=hidden(seqs), w_ref=weight())
     elif loss == "grpo":
@@ -135,6 +145,10 @@ def logps_kernelwright(h, w, target):
     return fused_linear_logprobs(h, w, target)
 
 
+def logps_kernelwright_stored(h, w, target):
+    return fused_linear_logprobs(h, w, target, backward="stored")
+
+
 def logps_trl(h, w, target):
     ChunkedLogProbFunction = _trl_kernels().ChunkedLogProbFunction
 
@@ -145,7 +159,12 @@ def logps_trl(h, w, target):
     return torch.zeros(target.shape, dtype=lp.dtype, device=lp.device).masked_scatter(keep, lp)
 
 
-LOGPS = {"torch": logps_torch, "kernelwright": logps_kernelwright, "trl": logps_trl}
+LOGPS = {
+    "torch": logps_torch,
+    "kernelwright": logps_kernelwright,
+    "kernelwright_stored": logps_kernelwright_stored,
+    "trl": logps_trl,
+}
 
 
 # -------------------------------------------------------------------------------- the steps
@@ -154,7 +173,7 @@ LOGPS = {"torch": logps_torch, "kernelwright": logps_kernelwright, "trl": logps_
 def step_fn(loss: str, provider: str, d: dict):
     """A zero-argument forward returning the scalar loss (backward is run by the caller)."""
     mask = (d["target"] != -100).float()
-    if loss == "logprobs":
+    if loss in ("logprobs", "logprobs_frozen"):
         if provider == "liger":
             return None
         f = LOGPS[provider]
@@ -215,6 +234,8 @@ def step_fn(loss: str, provider: str, d: dict):
             loss_type="dapo",
         )[0]
     if loss == "jsd":
+        if provider == "kernelwright_stored":
+            return None
         if provider == "liger":
             from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
 
@@ -336,8 +357,8 @@ def matmul_floor(d: dict, reps: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--losses", default="logprobs,trl_head,dpo,grpo,jsd")
-    ap.add_argument("--providers", default="torch,kernelwright,liger,trl")
+    ap.add_argument("--losses", default="logprobs,logprobs_frozen,trl_head,dpo,grpo,jsd")
+    ap.add_argument("--providers", default="torch,kernelwright,kernelwright_stored,liger,trl")
     ap.add_argument("--tokens", default="8192,16384")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--vocab", type=int, default=128256)
@@ -362,7 +383,7 @@ def main(argv=None) -> int:
     for loss in a.losses.split(","):
         for tokens in (int(t) for t in a.tokens.split(",")):
             d = make_inputs(loss, tokens, a.hidden, a.vocab, torch.bfloat16)
-            params = [d["h"], d["w"]]
+            params = [p for p in (d["h"], d["w"]) if p.requires_grad]
             extra = matmul_floor(d, a.reps) if loss == "logprobs" else {}
             for provider in a.providers.split(","):
                 row = dict(loss=loss, tokens=tokens, provider=provider, **env, **extra)
@@ -405,7 +426,7 @@ def _write_bench_rows(rows, out: Path, H: int, V: int) -> None:
     commit = git_commit(ROOT)
     bench = [
         BenchRow(
-            op="fused_linear_logprobs" if r["loss"] == "logprobs" else f"{r['loss']}_loss",
+            op=_bench_op(r["loss"]),
             mode="full", provider=r["provider"], x_name="tokens", x_value=r["tokens"],
             shape=f"{r['tokens']}x{H}x{V}", dtype="bfloat16", ms_p50=r.get("ms", math.nan),
             peak_mem_mb=r.get("peak_mib", math.nan), timing="cuda_events_no_flush",
@@ -416,6 +437,14 @@ def _write_bench_rows(rows, out: Path, H: int, V: int) -> None:
         for r in rows
     ]  # fmt: skip
     write_csv(bench, out / "post_training_bench.csv")
+
+
+def _bench_op(loss: str) -> str:
+    if loss == "logprobs":
+        return "fused_linear_logprobs"
+    if loss == "logprobs_frozen":
+        return "fused_linear_logprobs_frozen_head"
+    return f"{loss}_loss"
 
 
 def _plot(rows, out: Path) -> None:

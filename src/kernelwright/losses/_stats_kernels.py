@@ -11,11 +11,12 @@ largest logit before the target (whether the target is the first argmax). It wri
 target's log-prob (0 where the target is ignored), the lse and the asked statistics in fp32.
 
 `_stats_bwd_kernel`, one program per (token, block of the vocabulary): recomputes p from the
-saved lse and writes over the logits the gradient
+saved lse and writes the gradient
 
     dL/dz = dlogp * (onehot - p) - dH * p * (log p + H)
 
-through the transform's derivative, in the buffer's dtype, ready for the two matmuls.
+through the transform's derivative, in the logits' dtype, ready for the two matmuls: over the
+logits (the same buffer given twice) or into another buffer when the logits are kept.
 """
 
 from __future__ import annotations
@@ -88,15 +89,14 @@ def _stats_fwd_kernel(
 
 @triton.jit
 def _stats_bwd_kernel(
-    logits_ptr, stride, target_ptr, lse_ptr, ent_ptr, dlogp_ptr, dent_ptr,
+    logits_ptr, stride, grad_ptr, grad_stride, target_ptr, lse_ptr, ent_ptr, dlogp_ptr, dent_ptr,
     V, ignore_index, scale, cap, inv_t,
     SOFTCAP: tl.constexpr, DLOGP: tl.constexpr, DENT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < V
-    ptrs = logits_ptr + row * stride + offs
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32) * scale
+    x = tl.load(logits_ptr + row * stride + offs, mask=mask, other=0.0).to(tl.float32) * scale
     if SOFTCAP:  # noqa: SIM108  (a constexpr branch: one of the two is compiled)
         y = _softcap(x, cap)
     else:
@@ -115,7 +115,7 @@ def _stats_bwd_kernel(
         th = y / cap
         g = g * (1.0 - th * th)
     g = g * scale
-    tl.store(ptrs, g.to(logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_ptr + row * grad_stride + offs, g.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -46,6 +46,7 @@ def fused_linear_logprobs(
     softcap: float | None = None,
     logit_scale: float = 1.0,
     accum_dtype: torch.dtype | None = None,
+    backward: str = "recompute",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log softmax(z)[target] per token, in fp32, where z are the logits a model samples from:
     z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap) / temperature (no
@@ -60,20 +61,22 @@ def fused_linear_logprobs(
     traced call computes every token). return_entropy: also each token's entropy of that
     distribution, differentiable, 0 where the target is ignored: (logps, entropy).
     accum_dtype=torch.float32 accumulates the weight gradient of bf16 weights in fp32.
+    backward: "recompute" or "stored", what the forward keeps for the backward (see
+    `fused_linear_logprob_stats`).
     """
     if return_entropy:
         st = fused_linear_logprob_stats(
             hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
             logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
-            accum_dtype=accum_dtype, outputs=("entropy",),
+            accum_dtype=accum_dtype, outputs=("entropy",), backward=backward,
         )  # fmt: skip
         return st.log_probs, st.entropy
-    _check(temperature, softcap)
-    if softcap is not None and temperature != 1.0:
+    _check(temperature, softcap, backward)
+    if (softcap is not None and temperature != 1.0) or backward != "recompute":
         return fused_linear_logprob_stats(
             hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
             logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
-            accum_dtype=accum_dtype, outputs=(),
+            accum_dtype=accum_dtype, outputs=(), backward=backward,
         ).log_probs  # fmt: skip
     # Without a cap after it, the temperature folds into the matmul's input:
     # logits * k = (hidden * k) @ weight.T + bias * k (one more rounding in half precision).
@@ -137,6 +140,7 @@ def fused_linear_logprob_stats(
     chunk_size: int | None = None,
     accum_dtype: torch.dtype | None = None,
     outputs: tuple[str, ...] = STATS,
+    backward: str = "recompute",
 ) -> LogprobStats:
     """The target log-probs and, per token, the statistics named in `outputs` (of STATS) of
     the same distribution as `fused_linear_logprobs`, from one pass over each chunk's logits.
@@ -145,8 +149,22 @@ def fused_linear_logprob_stats(
     the backward); log_sum_sq_probs (log sum_v p_v^2), mean_logits (the mean of z) and
     is_top1 (the target is the first argmax) are not. Every output is 0 (False) where the
     target is ignored; those tokens are not computed (in eager mode).
+
+    backward="recompute" keeps one chunk's logits at a time, and the backward projects each
+    chunk again: four matmuls per chunk in all (the logits, the logits again, d hidden,
+    d weight; three with a frozen head). backward="stored" trades memory for that second
+    projection when a gradient is recorded (under no_grad it keeps nothing):
+    - the hidden states alone need a gradient (a frozen head and bias) and no entropy is
+      asked: each token's gradient row d logp_t / d hidden_t = (onehot(y_t) - p_t) @ W
+      (through the transform) is computed in the forward, [N, H] fp32 kept; the backward
+      only scales the rows by the upstream gradient (two matmuls per chunk, not three).
+    - otherwise: every chunk's logits are kept, [N, V] in the matmul dtype (N the scored
+      tokens); the backward skips their projection (three matmuls per chunk, not four).
+    The weight's gradient sum_t dlogp_t (onehot(y_t) - p_t) h_t^T cannot be formed before
+    the per-token upstream gradients are known without p itself, nor the entropy's hidden
+    gradient without a second matmul, hence the logits there.
     """
-    _check(temperature, softcap)
+    _check(temperature, softcap, backward)
     unknown = set(outputs) - set(STATS)
     if unknown:
         raise ValueError(f"fused_linear_logprob_stats: unknown outputs {sorted(unknown)}; "
@@ -174,12 +192,19 @@ def fused_linear_logprob_stats(
         h2 if keep is None else h2[keep], weight, bias, t if keep is None else t[keep],
         float(temperature), None if softcap is None else float(softcap), float(logit_scale),
         int(ignore_index), chunk_size, want, accum_dtype,
+        backward == "stored" and torch.is_grad_enabled(),
     )  # fmt: skip
     shape = target.shape
     return LogprobStats(*(None if x is None else _spread(x, keep).reshape(shape) for x in res))
 
 
-def _check(temperature: float, softcap: float | None) -> None:
+BACKWARDS = ("recompute", "stored")
+
+
+def _check(temperature: float, softcap: float | None, backward: str = "recompute") -> None:
+    if backward not in BACKWARDS:
+        raise ValueError(f"fused_linear_logprobs: backward must be one of {BACKWARDS}, "
+                         f"got {backward!r}")  # fmt: skip
     if not temperature > 0:
         raise ValueError(f"fused_linear_logprobs: temperature must be > 0, got {temperature}")
     if softcap is not None and not softcap > 0:
@@ -202,10 +227,14 @@ def _project(h, w, b, out):
 class _LogprobStats(torch.autograd.Function):
     """Chunks of C tokens: logits = hidden_c @ weight.T (+ bias) into one reused [C, V]
     buffer, then the stats kernel. The backward recomputes each chunk's logits, turns them into
-    their gradient in place and runs the two gradient matmuls."""
+    their gradient in place and runs the two gradient matmuls. With `store` (backward="stored"
+    under grad mode) the forward keeps what spares the backward that projection: the hidden
+    gradient rows of the log-probs (only hidden needs a gradient, no entropy) or the logits."""
 
     @staticmethod
-    def forward(ctx, h, w, b, t, temperature, softcap, scale, ignore_index, chunk, want, accum):
+    def forward(
+        ctx, h, w, b, t, temperature, softcap, scale, ignore_index, chunk, want, accum, store
+    ):
         ctx.set_materialize_grads(False)
         N, V = h.shape[0], w.shape[0]
         cd = _compute_dtype(h)
@@ -215,13 +244,23 @@ class _LogprobStats(torch.autograd.Function):
         top1 = torch.empty(N, dtype=torch.int8, device=h.device) if want[3] else None
         chunk = chunk or chunk_rows(N, V, cd, h.device)
         kw = _kernel_args(V, ignore_index, temperature, softcap, scale)
+        need = ctx.needs_input_grad[:3]
+        store = store and any(need)
+        rows = logits = None
+        if store and not (need[1] or need[2]) and ent is None:
+            rows = torch.zeros(h.shape, **f32)  # d logp_t / d hidden_t
+            ones = torch.ones(N, **f32)
+        elif store:
+            logits = torch.empty((N, V), dtype=cd, device=h.device)
         with torch.autocast(h.device.type, enabled=False):
             wc = w.to(cd)
             bc = None if b is None else b.to(cd)
-            buf = torch.empty((min(chunk, N), V), dtype=cd, device=h.device)
+            buf = None
+            if logits is None:
+                buf = torch.empty((min(chunk, N), V), dtype=cd, device=h.device)
             for s in range(0, N, chunk):
                 e = min(s + chunk, N)
-                lg = buf[: e - s]
+                lg = logits[s:e] if logits is not None else buf[: e - s]
                 _project(h[s:e].to(cd), wc, bc, lg)
                 _stats_fwd_kernel[(e - s,)](
                     lg, lg.stride(0), t[s:e], logp[s:e], lse[s:e],
@@ -229,8 +268,14 @@ class _LogprobStats(torch.autograd.Function):
                     top1[s:e] if top1 is not None else lse[s:e],
                     ENTROPY=want[0], SUM_SQ=want[1], MEAN=want[2], TOP1=want[3], **kw,
                 )  # fmt: skip
-        ctx.save_for_backward(h, w, b, t, lse, ent if ent is not None else lse)
-        ctx.args = (cd, chunk, kw, accum, ent is not None)
+                if rows is not None:  # the gradient of a unit upstream gradient, then @ W
+                    _grad_kernel(lg, lg, t[s:e], lse[s:e], lse[s:e], ones[s:e], None, kw)
+                    _addmm_(rows[s:e], lg, wc)
+        if rows is not None:
+            ctx.save_for_backward(rows)
+        else:
+            ctx.save_for_backward(h, w, b, t, lse, ent if ent is not None else lse, logits)
+        ctx.args = (cd, chunk, kw, accum, ent is not None, rows is not None, h.dtype)
         out = [x for x in (lssp, mean) if x is not None]
         if top1 is not None:
             top1 = top1.bool()
@@ -240,13 +285,19 @@ class _LogprobStats(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_logp, d_ent, *_):
-        h, w, b, t, lse, ent = ctx.saved_tensors
-        cd, chunk, kw, accum, has_ent = ctx.args
+        cd, chunk, kw, accum, has_ent, has_rows, h_dtype = ctx.args
+        none = (None,) * 9
+        if has_rows:  # only hidden needs a gradient, and only the log-probs have one
+            (rows,) = ctx.saved_tensors
+            if d_logp is None:
+                return None, None, None, *none
+            return (rows * d_logp.float().unsqueeze(1)).to(h_dtype), None, None, *none
+        h, w, b, t, lse, ent, logits = ctx.saved_tensors
         if not has_ent:
             d_ent = None
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if (d_logp is None and d_ent is None) or not (need_h or need_w or need_b):
-            return (None,) * 11
+            return None, None, None, *none
         N, V = h.shape[0], w.shape[0]
         # fp32 hidden states under autocast (a master copy): their gradient comes out of the
         # half-precision matmul in fp32, not rounded to half first
@@ -259,35 +310,44 @@ class _LogprobStats(torch.autograd.Function):
         acc = accum or w.dtype
         grad_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
         grad_b = torch.zeros(V, dtype=torch.float32, device=w.device) if need_b else None
-        dl = d_logp.float().contiguous() if d_logp is not None else lse
-        de = d_ent.float().contiguous() if d_ent is not None else lse
-        block = kw["BLOCK"]
+        dl = d_logp.float().contiguous() if d_logp is not None else None
+        de = d_ent.float().contiguous() if d_ent is not None else None
         with torch.autocast(h.device.type, enabled=False):
             wc = w.to(cd)
             bc = None if b is None else b.to(cd)
             buf = torch.empty((min(chunk, N), V), dtype=cd, device=h.device)
             for s in range(0, N, chunk):
                 e = min(s + chunk, N)
-                lg, hc = buf[: e - s], h[s:e].to(cd)
-                _project(hc, wc, bc, lg)
-                _stats_bwd_kernel[(e - s, triton.cdiv(V, block))](
-                    lg, lg.stride(0), t[s:e], lse[s:e], ent[s:e], dl[s:e], de[s:e],
-                    DLOGP=d_logp is not None, DENT=d_ent is not None, **kw,
-                )  # fmt: skip
+                g, hc = buf[: e - s], h[s:e].to(cd)
+                if logits is None:  # recompute the chunk's logits, then overwrite them
+                    _project(hc, wc, bc, g)
+                lg = g if logits is None else logits[s:e]
+                _grad_kernel(lg, g, t[s:e], lse[s:e], ent[s:e], *(
+                    None if x is None else x[s:e] for x in (dl, de)), kw)  # fmt: skip
                 if grad_h is not None and wide_h:
-                    _addmm_(grad_h[s:e], lg, wc)
+                    _addmm_(grad_h[s:e], g, wc)
                 elif grad_h is not None:
-                    torch.mm(lg, wc, out=grad_h[s:e])
+                    torch.mm(g, wc, out=grad_h[s:e])
                 if grad_w is not None:
-                    _addmm_(grad_w, lg.t(), hc)
+                    _addmm_(grad_w, g.t(), hc)
                 if grad_b is not None:
-                    grad_b += lg.sum(0, dtype=torch.float32)
+                    grad_b += g.sum(0, dtype=torch.float32)
         return (
             grad_h,
             None if grad_w is None else grad_w.to(w.dtype),
             None if grad_b is None else grad_b.to(b.dtype),
-            *(None,) * 8,
+            *none,
         )
+
+
+def _grad_kernel(lg, g, t, lse, ent, dl, de, kw) -> None:
+    """g = dL/dz of the logits lg (g may be lg itself) for upstream gradients dl of the
+    log-probs and de of the entropy (None: no gradient)."""
+    _stats_bwd_kernel[(lg.shape[0], triton.cdiv(kw["V"], kw["BLOCK"]))](
+        lg, lg.stride(0), g, g.stride(0), t, lse, ent,
+        dl if dl is not None else lse, de if de is not None else lse,
+        DLOGP=dl is not None, DENT=de is not None, **kw,
+    )  # fmt: skip
 
 
 def _kernel_args(V, ignore_index, temperature, softcap, scale) -> dict:
