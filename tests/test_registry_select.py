@@ -125,7 +125,8 @@ def test_unmeasured_bucket_gets_the_documented_default(db):
     c = choose("rms_norm", **(SITE | {"shape": (64, 128)}), db=db.path)
     assert (c.impl, c.measured) == ("kernelwright", False)
     assert c.reason == (
-        "no measurement for rows~64 n~128: default; `kernelwright registry bench rms_norm` fills it"
+        "no measurement for rows~64 n~128: default; `kernelwright registry bench rms_norm "
+        f"--shape 64x128 --dtype bf16 --db {db.path}` fills it"
     )
     # another arch or dtype is another key
     assert not choose("rms_norm", **(SITE | {"arch": "sm_100"}), db=db.path).measured

@@ -392,11 +392,21 @@ def create(
         ),
     ] = None,
     force: Force = False,
+    implements: Annotated[
+        str | None,
+        typer.Option(
+            help="With --into-library: also register the kernel as the 'created' "
+            "implementation of this library op (e.g. rms_norm), chosen per call site by the "
+            "registry and inserted by kernelwright.compile where it is the op's call.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark.
 
     A profile.yaml you edited is never overwritten without --force.
     """
+    from kernelwright.workflows.create.implements import ImplementsError
     from kernelwright.workflows.create.run import create as run_create
 
     console = make_console()
@@ -415,7 +425,10 @@ def create(
             into_library=into_library,
             save_policy=save,
             force=force,
+            implements=implements,
         )
+    except ImplementsError as e:
+        raise typer.BadParameter(str(e), param_hint="--implements") from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
     if result.stage == "kept":
@@ -427,6 +440,7 @@ def create(
             f"  kernelwright create --from-profile {result.message}"
             + (f" --out {out}" if out else "")
             + (" --into-library" if into_library else "")
+            + (f" --implements {implements}" if implements else "")
         )
         return
     console.print(f"Report: {result.report}")

@@ -138,17 +138,30 @@ def registry_bench(
     ),
     db: DbOption = None,
     workers: Workers = "1",
+    shape: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A call site's main-input shape to measure, as `registry choose` takes it "
+            "(8192x4096; repeat the option or give a comma-separated list): the bench runs at "
+            "a shape of the op's spec in that site's bucket instead of the spec's sweeps.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """`kernelwright bench OP --quick` for the providers that time OP's implementations, rows
     appended to the results database (what `registry choose` reads). Several ops with
-    --workers: one op per GPU at a time, every provider of an op on the same GPU."""
+    --workers: one op per GPU at a time, every provider of an op on the same GPU. With
+    --shape, one op at the shapes of the call sites named (what a default choice's reason
+    prints)."""
     from kernelwright.bench.specs import get_spec, importable
     from kernelwright.cli_bench import bench
 
     n = workers_option(workers)
     console = _console()
     jobs = _bench_jobs(op, mode, dtype, importable)
-    if len(jobs) > 1 or n != 1:
+    if shape:
+        jobs = [_at_sites(jobs, shape)]
+    if len(jobs) > 1 or n != 1 or shape:
         _bench_fanout(jobs, out, db, n)
     else:
         spec, providers = get_spec(jobs[0].spec), ", ".join(jobs[0].providers)
@@ -180,6 +193,37 @@ class BenchJob:
     providers: tuple[str, ...]
     mode: str
     dtype: str
+    # the call sites' bench shapes (named dims, as pairs); () runs the spec's quick sweeps
+    shapes: tuple[tuple[tuple[str, int], ...], ...] = ()
+
+
+def _at_sites(jobs: list[BenchJob], shapes: list[str]) -> BenchJob:
+    """The one op's job at the bench shapes of the call sites `shapes` ("8192x4096", ...)."""
+    import dataclasses
+
+    import torch
+
+    from kernelwright.compile.fill import SiteShapeError, bench_dims
+    from kernelwright.runtime import interpreter_mode
+
+    if len(jobs) != 1:
+        raise typer.BadParameter("a call site's shape is one op's: give one op", param_hint="OP")
+    texts = [t.strip() for value in shapes for t in value.split(",") if t.strip()]
+    interpreter = interpreter_mode() or not torch.cuda.is_available()
+    points = []
+    for text in texts:
+        try:
+            site = tuple(int(d) for d in text.lower().split("x"))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{text!r}; write it as 8192x4096", param_hint="--shape"
+            ) from None
+        try:
+            dims = bench_dims(jobs[0].op, site, interpreter=interpreter)
+        except SiteShapeError as e:
+            raise _fail(str(e)) from None
+        points.append(tuple(dims.items()))
+    return dataclasses.replace(jobs[0], shapes=tuple(dict.fromkeys(points)))
 
 
 def _bench_jobs(op: str, mode: str, dtype: str, importable) -> list[BenchJob]:
@@ -226,7 +270,10 @@ def bench_job(job: BenchJob) -> list:
     from kernelwright.cli_bench import DTYPES
 
     modes = list(MODES) if job.mode == "all" else [job.mode]
-    p = plan(get_spec(job.spec), modes=modes, providers=list(job.providers), quick=True)
+    spec = get_spec(job.spec)
+    p = plan(spec, modes=modes, providers=list(job.providers), quick=True)
+    if job.shapes:  # the call sites' shapes, each its own point (x: the row length's dim)
+        p.points = [(spec.dims[-1], dict(s)[spec.dims[-1]], dict(s)) for s in job.shapes]
     return run_plan(p, dtype=getattr(torch, DTYPES[job.dtype]), ctx=make_context())
 
 

@@ -20,9 +20,11 @@ rewritten in the source before Dynamo runs, `torch.segment_reduce(x, "mean", ...
 `zeros.index_add_(0, ids, x)` or `zeros.scatter_add_(0, ids[:, None].expand(-1, D), x)`
 divided by the counts, `scatter_reduce` / `index_reduce` "mean" with include_self=False) are
 replaced by kernelwright's public functions where the site passes the kernel's checks and
-the selection picks kernelwright among what the pass can insert; everything else stays with
-Inductor. `KERNELWRIGHT_LOG=registry` logs one line per site (logger "kernelwright.compile"),
-and a rewritten loop's first fallback to the loop as written for each reason.
+the selection picks kernelwright among what the pass can insert (or by Liger Kernel's function,
+where it is installed, measured fastest and computes the site: compile/liger.py); everything
+else stays with Inductor. `KERNELWRIGHT_LOG=registry` logs one line per site (logger
+"kernelwright.compile"), and a rewritten loop's first fallback to the loop as written for each
+reason.
 
 This package sits above bench/ and registry/, below workflows/ and the CLI. The module itself
 is callable — `kernelwright.compile(model)` — so that its name can be both the function users

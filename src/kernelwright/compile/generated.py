@@ -6,10 +6,17 @@ matched against each captured graph with torch.fx's subgraph matcher (same calls
 constants; its arguments match any node). A match is a site like any other (`Match`): the
 op's public function called on the matched arguments, checked and selected by the pass. No
 pattern is written by hand: adding an op to the library adds its pattern.
+
+A created op that implements a library op (`create --implements OP`) has no sites of its own:
+it competes at OP's sites, where the selection may choose it ("created"). It takes a site only
+when the site makes the same call of OP as its reference does (`site_options`: the library
+function, its constants, which input goes where), and is then called on the site's inputs in
+its own argument order (`created_unfit`, `created_match`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -17,6 +24,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from kernelwright.compile.patterns import Match, value
+from kernelwright.registry.entry import Impl
 
 log = logging.getLogger("kernelwright.compile")
 
@@ -42,7 +50,7 @@ def _pattern_graph(op: str, module: str) -> tuple[GraphModule, list[str]] | None
 def _generated_entries():
     from kernelwright import registry
 
-    return [e for e in registry.entries() if e.generated]
+    return [e for e in registry.entries() if e.generated and e.implements is None]
 
 
 def generated_matches(gm: GraphModule) -> dict[Node, Match]:
@@ -96,3 +104,41 @@ def _problem(tensors: dict[str, Node], output: Node) -> str | None:
     if tuple(out.shape) != tuple(first.shape):
         return "the result's shape is not the first input's"
     return None
+
+
+def site_options(m: Match) -> str:
+    """The call a library site makes, as text: the function, its arguments with each input
+    named by its role ("x", "weight") and every constant as written. Two sites with the same
+    text compute the same thing on their inputs; a graph value that is not one of the site's
+    inputs is named by its node, so it never equals another site's."""
+    roles = {n: name for name, n in m.tensors.items()}
+
+    def text(a) -> str:
+        if isinstance(a, Node):
+            return roles.get(a, f"<{a.name}>")
+        if isinstance(a, (tuple, list)):
+            return "(" + ", ".join(text(x) for x in a) + ")"
+        return repr(a)
+
+    args = [text(a) for a in m.args]
+    args += [f"{k}={text(v)}" for k, v in sorted(m.kwargs.items())]
+    return f"{getattr(m.fn, '__name__', repr(m.fn))}({', '.join(args)})"
+
+
+def created_unfit(m: Match, impl: Impl) -> str | None:
+    """Why the created implementation `impl` of a library op cannot take site `m` (it makes
+    another call of the op), or None when it can."""
+    here = site_options(m)
+    if here != impl.computes:
+        return f"the created kernel computes {impl.computes}, this site {here}"
+    missing = [n for n in impl.inputs if n not in m.tensors]
+    if missing:
+        return f"the site has no {', '.join(missing)} for the created kernel"
+    return None
+
+
+def created_match(m: Match, impl: Impl) -> Match:
+    """Site `m` of a library op, calling its created implementation `impl` instead: the site's
+    inputs in the created kernel's argument order, its constants being the kernel's own."""
+    args = tuple(m.tensors[n] for n in impl.inputs)
+    return dataclasses.replace(m, fn=impl.load(), args=args, kwargs={})

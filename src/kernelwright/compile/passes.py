@@ -8,10 +8,13 @@ which Inductor leaves alone while it fuses everything around them.
 
 Each site that matches is checked (dtype, device, static last dimension, the op's own argument
 rules), then the selection (`compile/select.py`) says which implementation to use, among those
-the pass can insert (the op's own kernel, or Inductor: a site where Liger measured fastest gets
-the fastest of those, and the reason says so); a site is replaced only when it names the op's
-own kernel: "kernelwright", or "created" for an op that `create --into-library` made (its site
-comes from its generated pattern, compile/generated.py).
+the pass can insert (the op's own kernel, Inductor, and Liger's function where liger_kernel is
+installed and `compile/liger.py` takes the site: a site where Liger measured fastest but cannot
+be called gets the fastest of the others, and the reason says why); a site is replaced when it
+names the op's own kernel: "kernelwright", or "created" for an op that `create --into-library`
+made (its site comes from its generated pattern, compile/generated.py), or "liger". A library
+op's site may also get the created kernel that implements the op (`create --implements`), when
+the site makes the call of the op that kernel was made from; otherwise the report says why not.
 Every site goes into the report with the reason.
 A call with several results (fused add + RMSNorm: the norm and the sum) goes before the first
 node reading any of them, each result replacing its node through `operator.getitem`.
@@ -29,10 +32,13 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-from kernelwright.compile.generated import generated_matches
+from kernelwright import registry
+from kernelwright.compile import liger
+from kernelwright.compile.generated import created_match, created_unfit, generated_matches
 from kernelwright.compile.matchers import MATCHERS
 from kernelwright.compile.patterns import Match, value
 from kernelwright.compile.select import INSERTABLE, check_db, choose  # per site: which, and why
+from kernelwright.registry.entry import Impl
 from kernelwright.runtime.device import interpreter_mode
 
 log = logging.getLogger("kernelwright.compile")
@@ -233,16 +239,28 @@ def rewrite(
         impl = ""
         if where is not None:
             x = value(next(iter(m.tensors.values())))
+            created = _created(m)
+            why_not = created_unfit(m, created) if created is not None else None
+            unfit = {"created": why_not} if why_not else {}
+            peer = liger.unsupported(m)  # None: Liger's function can be called here
             choice = choose(
                 m.op,
                 dtype=x.dtype,
                 shape=tuple(_hint(d) for d in x.shape),
                 device=x.device,
                 db=db,
-                among=INSERTABLE,
+                among=INSERTABLE if peer else (*INSERTABLE, "liger"),
+                ruled_out=unfit,
+                why_not={"liger": peer} if peer else None,
             )
             impl, reason = choice.impl, (f"{reason}; " if reason else "") + choice.reason
-        replaced = impl in _OWN
+            reason += "".join(f"; not created: {why}" for why in unfit.values())
+            if impl == "created" and created is not None:
+                m = created_match(m, created)
+            if impl == "liger":
+                reason += f"; {liger.note(m.op)}"
+                m = liger.site(m)
+        replaced = impl in _OWN or impl == "liger"
         if replaced:
             _replace(g, m, where)
             done.update(m.nodes)
@@ -268,6 +286,15 @@ def rewrite(
     if report is not None:
         report.extend(sites)
     return sites
+
+
+def _created(m: Match) -> Impl | None:
+    """The created implementation of a library site's op (`create --implements`), or None (no
+    such kernel, or a created op's own site, which calls its kernel already)."""
+    entry = registry.get(m.op)
+    if entry.generated:
+        return None
+    return next((i for i in entry.impls if i.name == "created"), None)
 
 
 def _fit(g: torch.fx.Graph, m: Match) -> tuple[Node, None] | tuple[None, str]:

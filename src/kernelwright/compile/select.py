@@ -15,12 +15,15 @@
    other; interpreter rows are not speeds and never count. A provider's time in a bucket is
    the median ms_p50 of its rows there; the fastest wins.
 3. Default: with no measurement for the bucket, kernelwright's kernel when capable (a created
-   op's kernel for a created op), else Inductor (the original graph, left alone).
+   op's kernel for a created op), else Inductor (the original graph, left alone); the reason
+   names the command that measures the site (`fill_command`: `registry bench OP --shape`).
 
 `among` restricts the choice to the implementations a caller can use (the graph pass inserts
-only the op's own kernel or leaves the site to Inductor: `INSERTABLE`); every capable one is
-still timed, and when the fastest is not among them the reason says so and the fastest of
-those that are wins ("liger measured fastest; not insertable by the pass; chose ...").
+the op's own kernel or leaves the site to Inductor, `INSERTABLE`, and calls Liger's function
+where compile/liger.py takes the site); every capable one is still timed, and when the fastest
+is not among them the reason says so, with the caller's `why_not` for it when given, and the
+fastest of those that are wins ("liger measured fastest; not insertable here (liger_kernel is
+not installed); chose ...").
 
 Deterministic: the same database and site give the same choice — ties go to the order of the
 entry's implementations (kernelwright, created, liger, inductor). A database that is not a
@@ -34,7 +37,7 @@ import json
 import math
 import sqlite3
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -47,7 +50,8 @@ MODES = ("full", "forward")  # preferred first: selection is for training
 GPU_ONLY, HOST_INCLUSIVE = "GPU-only", "host-inclusive"
 INTERPRETER = "cpu-interpreter"
 DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-# What the graph pass can put at a site: the op's own kernel, or the graph left to Inductor.
+# What the graph pass can put at any site: the op's own kernel, or the graph left to Inductor.
+# It adds "liger" per site, where Liger's adapter takes the site (compile/liger.py).
 INSERTABLE = ("kernelwright", "created", "inductor")
 
 
@@ -173,6 +177,8 @@ def choose(
     last_dim_contiguous: bool = True,
     db: str | Path | ResultsDB | None = None,
     among: Collection[str] | None = None,
+    ruled_out: Mapping[str, str] | None = None,
+    why_not: Mapping[str, str] | None = None,
 ) -> Choice:
     """The implementation of `op` for one call site (see the module's docstring).
 
@@ -181,6 +187,10 @@ def choose(
     (default: $KERNELWRIGHT_RESULTS_DB, else kernelwright-runs/results.db); a missing file
     means no measurement, a file that is not a results database raises `ResultsDBError`.
     among: the implementation names that may be chosen (None: all; the pass gives INSERTABLE).
+    ruled_out: implementation name -> why it cannot take this site, rejected as a capability
+    check would (the pass: a created kernel whose constants differ from the site's).
+    why_not: why an implementation left out of `among` cannot be used at this site (the pass:
+    Liger's adapter), named in the reason when it measured fastest.
     """
     entry = registry.get(op)
     device = _device_name(device)
@@ -198,7 +208,7 @@ def choose(
     capable: list[Impl] = []
     rejected: list[tuple[str, str]] = []
     for impl in entry.impls:
-        why = impl.unsupported(**site)
+        why = (ruled_out or {}).get(impl.name) or impl.unsupported(**site)
         if why is None:
             capable.append(impl)
         else:
@@ -225,7 +235,11 @@ def choose(
     fastest = min(times, key=speed, default=None)
     # the fastest measured one the caller can use; a faster one it cannot is named
     best = min((n for n in times if n in {i.name for i in usable}), key=speed, default=None)
-    over = f"{fastest} measured fastest; not insertable by the pass; " if fastest != best else ""
+    over = ""
+    if fastest != best:
+        why = (why_not or {}).get(fastest)
+        over = f"not insertable here ({why})" if why else "not insertable by the pass"
+        over = f"{fastest} measured fastest; {over}; "
     timed = tuple(sorted(times.items(), key=_by_time))
     if best is not None:
         head = f"{over}chose {best}, the fastest it can insert" if over else "fastest"
@@ -237,8 +251,19 @@ def choose(
         reason = f"{over}chose {default.name}, the default (not measured in {bucket})"
         return Choice(impl=default.name, reason=reason, measured=False, timings=timed, **made)
     where = f"no results database at {missing}" if missing else f"no measurement for {bucket}"
-    reason = f"{where}: default; `kernelwright registry bench {op}` fills it"
+    named = None if db is None else db.path if isinstance(db, ResultsDB) else db_path(db)
+    reason = f"{where}: default; `{fill_command(op, shape, dtype, named)}` fills it"
     return Choice(impl=default.name, reason=reason, measured=False, **made)
+
+
+def fill_command(op: str, shape: Sequence[int], dtype: Any, db: Path | None = None) -> str:
+    """The command that measures `op`'s implementations at a call site's shape and dtype (into
+    `db`, when the caller named a database)."""
+    short = {v: k for k, v in DTYPE_NAMES.items() if k != "half"}
+    name = dtype_name(dtype)
+    dims = "x".join(str(int(s)) for s in shape)
+    where = f" --db {db}" if db is not None else ""
+    return f"kernelwright registry bench {op} --shape {dims} --dtype {short.get(name, name)}{where}"
 
 
 def _by_time(item: tuple[str, float]) -> tuple[float, str]:

@@ -5,6 +5,9 @@
     entry.fn(), entry.ref(), entry.cls()      # rms_norm, rms_norm_ref, RMSNorm (imported now)
     registry.names()                          # every op, the generated ones included
 
+A generated op made with `create --into-library --implements OP` is also the "created"
+implementation of library op OP: `get(OP)` and `entries()` list it after kernelwright's kernel.
+
 Entries hold names, not objects: nothing here imports a kernel until a callable is asked for.
 This package sits just above `ops/` and `runtime/`; it imports nothing above them. Adding an
 op: docs/adding-an-op.md.
@@ -12,8 +15,9 @@ op: docs/adding-an-op.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kernelwright.registry.catalog import DEFAULT_SHAPES, ENTRIES
 from kernelwright.registry.entry import (
@@ -28,7 +32,7 @@ from kernelwright.registry.entry import (
     unknown_op,
     unsupported,
 )
-from kernelwright.registry.generated import discover
+from kernelwright.registry.generated import created_impl, discover
 
 __all__ = [
     "DEFAULT_SHAPES",
@@ -49,6 +53,7 @@ __all__ = [
     "tuned",
     "unknown_op",
     "unsupported",
+    "with_created",
 ]
 
 
@@ -56,7 +61,8 @@ def entries(*, generated: bool = True) -> tuple[OpEntry, ...]:
     """Every op: the library's, then (with `generated`) those `create --into-library` added."""
     extra = discover() if generated else []
     taken = {e.name for e in ENTRIES}
-    return ENTRIES + tuple(e for e in extra if e.name not in taken)
+    own = tuple(with_created(e, extra) for e in ENTRIES)
+    return own + tuple(e for e in extra if e.name not in taken)
 
 
 def names(*, generated: bool = True) -> list[str]:
@@ -65,13 +71,26 @@ def names(*, generated: bool = True) -> list[str]:
 
 def get(name: str) -> OpEntry:
     """The entry of op `name`; an unknown name raises `UnknownOpError` listing the known ops."""
+    extra = discover()
     for e in ENTRIES:
         if e.name == name:
-            return e
-    for e in discover():
+            return with_created(e, extra)
+    for e in extra:
         if e.name == name:
             return e
     raise unknown_op(name, names())
+
+
+def with_created(entry: OpEntry, generated: Sequence[OpEntry]) -> OpEntry:
+    """`entry` with the created implementation of the first generated op (by name) that
+    implements it, placed after kernelwright's kernel: ties go to kernelwright, then created."""
+    maker = next((g for g in generated if g.implements == entry.name), None)
+    if maker is None or any(i.name == "created" for i in entry.impls):
+        return entry
+    impls = list(entry.impls)
+    at = 1 if impls and impls[0].name == "kernelwright" else 0
+    impls.insert(at, created_impl(maker))
+    return dataclasses.replace(entry, impls=tuple(impls))
 
 
 def benchmarked() -> list[str]:

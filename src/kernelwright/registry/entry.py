@@ -167,12 +167,19 @@ class Impl:
         are `torch_compile`'s: the eager form compiled).
     function: "package.module:attr.path" of the callable; "" for Inductor (the original graph
         is left alone).
+    inputs: a created implementation's arguments, as the op's input names in its order (the
+        op's benchmark inputs, its matched site's tensors); () for the op's own convention.
+    computes: a created implementation's call of the op with its constants baked in, as
+        `compile.generated.site_options` writes it: it takes only the sites that make the same
+        call; "" takes every site of the op.
     """
 
     name: str
     provider: str
     function: str
     capability: Capability = Capability()
+    inputs: tuple[str, ...] = ()
+    computes: str = ""
 
     def load(self) -> Any:
         """The callable, imported now; None for Inductor."""
@@ -215,6 +222,8 @@ class OpEntry:
     test_shapes: tuple[Shape, ...] = ()
     replaces: tuple[HFPattern, ...] = ()
     generated: bool = False  # written by `kernelwright create --into-library`
+    # a generated op made with `--implements OP`: also the "created" implementation of OP
+    implements: str | None = None
     impls: tuple[Impl, ...] = ()
     bucket: tuple[tuple[str, ...], str] | None = None
 

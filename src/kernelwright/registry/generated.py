@@ -4,32 +4,54 @@ Each generated module declares its exports in `__all__` (the Module class, the p
 function, `<op>_ref`, with a backward `<op>_ref_grads`, and `<op>_pattern`, the reference as
 written, which kernelwright.compile matches); they are read from the source,
 so listing the registry imports no generated kernel.
+
+A module made with `create --into-library --implements OP` also declares `IMPLEMENTS` (the
+library op, the op's inputs in the kernel's argument order, the call of the op it computes and
+its capability): its kernel is then the "created" implementation of OP as well
+(`created_impl`), chosen among OP's others per call site.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
+from typing import Any
 
-from kernelwright.registry.entry import OpEntry
+from kernelwright.registry.entry import Capability, Impl, OpEntry
 
 PACKAGE = "kernelwright.ops.generated"
 DIRECTORY = Path(__file__).resolve().parents[1] / "ops" / "generated"
 
 
-def _exports(path: Path) -> list[str]:
-    for node in ast.parse(path.read_text()).body:
+def _assigned(tree: ast.Module, name: str) -> Any:
+    """The literal value of the module-level `name = ...`, or None."""
+    for node in tree.body:
         if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
         ):
-            return [str(n) for n in ast.literal_eval(node.value)]
-    return []
+            return ast.literal_eval(node.value)
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _declared(path: Path, mtime_ns: int, size: int) -> tuple[list[str], dict | None]:
+    """(`__all__`, `IMPLEMENTS`) of a module file; cached per version of the file."""
+    tree = ast.parse(path.read_text())
+    names = [str(n) for n in _assigned(tree, "__all__") or []]
+    implements = _assigned(tree, "IMPLEMENTS")
+    return names, implements if isinstance(implements, dict) else None
+
+
+def _read(path: Path) -> tuple[list[str], dict | None]:
+    st = path.stat()
+    return _declared(path, st.st_mtime_ns, st.st_size)
 
 
 def entry_of(path: Path, package: str) -> OpEntry | None:
     """The entry of one generated module, or None when it is not one (no `<op>_ref`)."""
     name = path.stem
-    names = _exports(path)
+    names, implements = _read(path)
     if f"{name}_ref" not in names:
         return None
     classes = [n for n in names if n[:1].isupper()]
@@ -48,6 +70,26 @@ def entry_of(path: Path, package: str) -> OpEntry | None:
         table=f"{package}.{name}",
         bench=name,
         generated=True,
+        implements=str(implements["op"]) if implements else None,
+    )
+
+
+def created_impl(entry: OpEntry, directory: Path | None = None) -> Impl:
+    """The "created" implementation of the library op that generated op `entry` implements,
+    from its module's `IMPLEMENTS`. Its rows in the results database are provider
+    `created_<op>` (`<op>` the generated op's name), so a later created kernel is timed apart."""
+    path = (directory or DIRECTORY) / f"{entry.name}.py"
+    _, decl = _read(path)
+    if decl is None:
+        raise ValueError(f"{path} declares no IMPLEMENTS")
+    cap = decl.get("capability") or {}
+    return Impl(
+        "created",
+        f"created_{entry.name}",
+        f"{entry.module}:{entry.function}",
+        Capability(**{k: tuple(v) if isinstance(v, list) else v for k, v in cap.items()}),
+        inputs=tuple(decl["inputs"]),
+        computes=str(decl["computes"]),
     )
 
 

@@ -19,7 +19,7 @@ new one imported by `__init__`) and call `register(spec)`:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -141,9 +141,10 @@ def register(spec: BenchSpec) -> BenchSpec:
 
 
 def get_spec(op: str) -> BenchSpec:
-    """The benchmark spec named `op`; an unknown name says which ops have one."""
+    """The benchmark spec named `op`; an unknown name says which ops have one. A library op's
+    spec also times its created implementation, where `create --implements` made one."""
     if op in SPECS:
-        return SPECS[op]
+        return _with_created(SPECS[op])
     created = {e.name: e for e in registry.entries() if e.generated}
     if op in created:  # an op `create --into-library` added: its module declares its benchmark
         from kernelwright.bench.created import spec_of
@@ -155,6 +156,19 @@ def get_spec(op: str) -> BenchSpec:
             f"{', '.join(SPECS)}"
         )
     raise registry.unknown_op(op, SPECS, "op with a benchmark spec")
+
+
+def _with_created(spec: BenchSpec) -> BenchSpec:
+    """`spec` plus a provider per created implementation of its op (`Impl.inputs`: the spec's
+    inputs in the created kernel's argument order; its constants are its own)."""
+    if spec.op not in registry.names(generated=False):
+        return spec
+    extra = tuple(
+        Provider(impl.provider, call(*impl.function.split(":", 1), impl.inputs))
+        for impl in registry.get(spec.op).impls
+        if impl.name == "created" and impl.provider not in spec.provider_names
+    )
+    return replace(spec, providers=spec.providers + extra) if extra else spec
 
 
 def importable(module: str) -> bool:

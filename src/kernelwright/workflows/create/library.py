@@ -6,6 +6,9 @@ the project's test command from then on) and its benchmark to
 `benchmarks/generated/bench_<name>.py`. The op's test file then runs in a fresh process as a
 gate: if it fails, every file written is removed again and the exports are rewritten without
 it, so a failed attempt leaves the checkout as it was.
+
+With `implements=OP` the module also declares itself an implementation of library op OP
+(workflows/create/implements.py), checked before anything is written.
 """
 
 from __future__ import annotations
@@ -81,16 +84,35 @@ def _all_of(module: Path) -> list[str]:
     raise ValueError(f"{module} has no __all__: it was not written by kernelwright create")
 
 
+def library_files(profile: KernelProfile, implements: str | None = None) -> dict[str, str]:
+    """The op's files in the library's layout, {relative path: text}; with `implements`, its
+    module declares the library op it implements (`ImplementsError` when it cannot)."""
+    files = render(profile, library=True)
+    if implements is not None:
+        from kernelwright.workflows.create import implements as impl
+
+        module = f"ops/generated/{profile.name}.py"
+        decl = impl.declaration(profile, implements, files[module])
+        files[module] += impl.text(decl)
+    return files
+
+
 def into_library(
-    profile: KernelProfile, log: Path, *, package_dir: Path | None = None
+    profile: KernelProfile,
+    log: Path,
+    *,
+    package_dir: Path | None = None,
+    implements: str | None = None,
 ) -> LibraryResult:
-    """Write the op, its tests and its benchmark into the checkout; gate on the tests."""
+    """Write the op, its tests and its benchmark into the checkout; gate on the tests.
+    `implements`: the library op whose "created" implementation the op also is."""
     package_dir, repo = checkout_paths(package_dir)
     roots = {"ops": package_dir, "tests": repo, "benchmarks": repo}
     written: list[Path] = []
     generated_dir = package_dir / "ops" / "generated"
+    files = library_files(profile, implements)  # before anything is written
     try:
-        for rel, text in render(profile, library=True).items():
+        for rel, text in files.items():
             path = roots[rel.split("/", 1)[0]] / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

@@ -51,13 +51,23 @@ def create(
     into_library: bool = False,
     save_policy: str | None = None,
     force: bool = False,
+    implements: str | None = None,
 ) -> CreateResult:
     """save_policy: which intermediates the backward loads instead of recomputing ("recompute"
     or "min-bytes", see stored.plan_stored); None keeps a resumed profile's `stored` as
     reviewed and means "recompute" for a new one.
 
     An edited workspace profile.yaml is never overwritten unless `force`: the new profile goes
-    to profile.new.yaml and the run stops there (stage "kept"; `profiles.reviewed`)."""
+    to profile.new.yaml and the run stops there (stage "kept"; `profiles.reviewed`).
+
+    implements: with `into_library`, the library op whose "created" implementation the op also
+    is (workflows/create/implements.py); checked before Verify, an `ImplementsError` if not."""
+    if implements is not None:
+        from kernelwright.workflows.create.implements import ImplementsError, library_op
+
+        if not into_library:
+            raise ImplementsError("--implements registers a library op: add --into-library")
+        library_op(implements, name)  # an unknown name fails before anything runs
     if from_profile is not None:
         profile = KernelProfile.load(from_profile)
         if name:
@@ -101,6 +111,11 @@ def create(
         report = _report(profile, workdir, None, f"stopped: {message}")
         return CreateResult(profile, workdir, "stopped", report=report, message=message)
 
+    if implements is not None:  # a kernel that is not the op's call stops here, not after Verify
+        from kernelwright.workflows.create.library import library_files
+
+        library_files(profile, implements)
+
     from kernelwright.workflows.create.verify import benchmark, verify
 
     result = verify(profile, workdir)
@@ -111,7 +126,7 @@ def create(
     if into_library and result.passed:
         from kernelwright.workflows.create.library import into_library as add_to_library
 
-        library = add_to_library(profile, workdir / "library_tests.log")
+        library = add_to_library(profile, workdir / "library_tests.log", implements=implements)
     files = result.files
     if out is not None:
         dest = Path(out) / profile.name
