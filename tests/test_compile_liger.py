@@ -6,8 +6,8 @@ fall back to the next fastest with the reason in the report.
 
 liger_kernel here is a stand-in installed into sys.modules: each function computes the math
 Liger documents in PyTorch, takes Liger's positional arguments, records its calls, and writes
-over its inputs where Liger does (rope rotates q and k in place, cross-entropy overwrites the
-logits). The timings are made up, keyed to an sm_90 GPU."""
+over its inputs where Liger does (rope rotates q and k in place, and dq and dk in its backward;
+cross-entropy overwrites the logits). The timings are made up, keyed to an sm_90 GPU."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
-        return _rotate(dq, cos, -sin), _rotate(dk, cos, -sin), None, None
+        for t in (dq, dk):  # Liger rotates the upstream gradients in place and returns them
+            t.copy_(_rotate(t, cos, -sin))
+        return dq, dk, None, None
 
 
 def _ce(logits, target, weight, ignore_index, lse_scale, smoothing, reduction, *flags):

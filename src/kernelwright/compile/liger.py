@@ -29,10 +29,10 @@ forward to the backward, so the losses take their gradient in the forward for a 
 gradient (as Liger's losses do) and the backward scales it, and every other op's backward
 runs Liger's forward again on the saved inputs, then Liger's backward: one more forward pass
 than the benchmark times. Where Liger writes over its inputs (rope rotates q and k in place,
-cross-entropy writes the gradient over the logits, the gated activations' backward writes
-over gate and up) it gets copies, so the graph's tensors keep their values. Cross-entropy gets
-the logits as an fp32 copy, the upcast eager makes, because Liger sums its loss in the logits'
-dtype.
+and the upstream gradients in its backward; cross-entropy writes the gradient over the
+logits; the gated activations' backward writes over gate and up) it gets copies, so the
+graph's tensors keep their values. Cross-entropy gets the logits as an fp32 copy, the upcast
+eager makes, because Liger sums its loss in the logits' dtype.
 
 `unsupported(match)` says why Liger cannot take a site (None when it can): not installed, or
 what its function does not compute (no weight, a class weight that needs a gradient, the erf
@@ -510,7 +510,7 @@ def _liger_bwd(
     need: list[bool],
 ) -> list[torch.Tensor]:
     """Liger's forward again on the saved inputs, then its backward (the gated activations'
-    writes over gate and up land in copies)."""
+    writes over gate and up, and rope's over the upstream gradients, land in copies)."""
     adapter, p = ADAPTERS[op], json.loads(params)
     copies = op in ("swiglu", "geglu")
     leaves: Tensors = []
@@ -519,6 +519,7 @@ def _liger_bwd(
             t = t.detach().clone(memory_format=torch.contiguous_format) if copies else t.detach()
             t.requires_grad_(n)
         leaves.append(t)
+    douts = [d.detach().clone() for d in douts]  # Liger's rope backward rotates them in place
     with _autograd():
         outs = adapter.run(_liger(op), leaves, p, [False] * len(need))
         wrt = [t for t, n in zip(leaves, need, strict=True) if n]
