@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+from conftest import DEVICE
 from typer.testing import CliRunner
 
 from kernelwright import registry
@@ -60,7 +61,9 @@ def test_bench_at_a_site_shape_fills_its_bucket(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "make_context", lambda **kw: dataclasses.replace(
         real(copy_gbps=1.0), timing=GPU_ONLY))  # fmt: skip
     db = tmp_path / "r.db"
-    site = ("--shape", "3x5x64", "--dtype", "fp32", "--device", "cpu-interpreter", "--db", db)
+    # on a GPU every installed provider is timed there, at this GPU's arch
+    where = "cuda" if DEVICE == "cuda" else "cpu-interpreter"
+    site = ("--shape", "3x5x64", "--dtype", "fp32", "--device", where, "--db", db)
     before = _cli("choose", "rms_norm", *site)
     assert before.exit_code == 0, before.output
     command = f"kernelwright registry bench rms_norm --shape 3x5x64 --dtype fp32 --db {db}"
@@ -70,14 +73,15 @@ def test_bench_at_a_site_shape_fills_its_bucket(tmp_path, monkeypatch):
                "--out", tmp_path / "out")  # fmt: skip
     assert got.exit_code == 0, got.output
     rows = ResultsDB.existing(db).query()
-    assert {(r["provider"], r["mode"], r["dims"]) for r in rows} == {
-        ("kernelwright", "full", json.dumps({"tokens": 15, "hidden": 64}))
+    assert {(r["mode"], r["dims"]) for r in rows} == {
+        ("full", json.dumps({"tokens": 15, "hidden": 64}))
     }
+    assert "kernelwright" in {r["provider"] for r in rows}
     after = _cli("choose", "rms_norm", *site)
     assert after.exit_code == 0, after.output
     assert "fastest measured in rows~16 n~64" in after.output and "fills it" not in after.output
-    c = choose("rms_norm", dtype="fp32", shape=(15, 64), device="cpu", db=db)
-    assert c.measured and dict(c.timings).keys() == {"kernelwright"}
+    c = choose("rms_norm", dtype="fp32", shape=(15, 64), device=DEVICE, db=db)
+    assert c.measured and "kernelwright" in dict(c.timings)
 
 
 def test_bench_shape_errors_say_what_to_write(tmp_path):

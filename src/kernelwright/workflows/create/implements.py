@@ -90,10 +90,8 @@ def declaration(profile: KernelProfile, op: str, module_text: str) -> dict:
     gm, args = _capture(profile, source)
     m = _match(gm, op, profile.name)
     roles = {node: role for role, node in m.tensors.items()}
-    by_arg = {n.target: n for n in gm.graph.nodes if n.op == "placeholder"}
     inputs = []
-    for name in args:
-        node = by_arg.get(f"L_{name}_")
+    for name, node in zip(args, _placeholders(gm, args), strict=True):
         if node not in roles:
             raise ImplementsError(
                 f"the reference's argument {name!r} is not an input of {op}'s "
@@ -155,6 +153,18 @@ def _capture(profile: KernelProfile, source: str) -> tuple[torch.fx.GraphModule,
             f"{str(e).strip().splitlines()[0][:200]})"
         ) from None
     return graphs[0], args
+
+
+def _placeholders(gm: torch.fx.GraphModule, args: list[str]) -> list:
+    """The graph's input node of each argument (None where the graph has none). Dynamo names
+    them after the argument (`L_x_`; the case differs between torch versions); failing that,
+    the graph takes every argument, in order."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    by_name = {str(n.target).lower(): n for n in nodes}
+    got = [by_name.get(f"l_{a}_".lower()) for a in args]
+    if None in got and len(nodes) == len(args):
+        return nodes
+    return got
 
 
 def _match(gm: torch.fx.GraphModule, op: str, name: str):
