@@ -4,6 +4,7 @@ flag; and the instances the patcher must leave alone (with a reason in the recor
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -18,6 +19,7 @@ from kernelwright.integrations.transformers import (  # noqa: E402
     unpatch,
 )
 from kernelwright.integrations.transformers.analysis import analyze  # noqa: E402
+from kernelwright.integrations.transformers.analysis import checks as C  # noqa: E402
 
 RTOL = 2e-5  # fp32, relative to the largest reference entry
 B, T, V = 2, 8, 128
@@ -198,3 +200,109 @@ def test_deepseek_v3_rope_is_patched_with_parity(interleave):
     for name, g in ref_grads.items():
         err = (grads[name] - g).abs().max().item()
         assert err <= RTOL * g.abs().max().item(), name
+
+
+def _pair(cls_name: str, **kw):
+    """(reference, model to patch): the same tiny model twice, from one seed."""
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        config = getattr(transformers, cls_name)(vocab_size=V, pad_token_id=0, **kw)
+        config._attn_implementation = "eager"
+        models.append(transformers.AutoModelForCausalLM.from_config(config).to(DEVICE))
+    return models
+
+
+def _assert_rope_only_parity(ref, model, profile, n_rope: int):
+    off = dict(rms_norm=False, layer_norm=False, mlp=False, moe_experts=False)
+    patch(model, profile, **off, fused_linear_cross_entropy=False)
+    assert patch_record(model).count("rope") == n_rope
+    ids, labels = batch()
+    out, grads = loss_and_grads(model, ids, labels)
+    expected, ref_grads = loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=RTOL, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        err = (grads[name] - g).abs().max().item()
+        assert err <= RTOL * g.abs().max().item(), name
+
+
+def _rope_check(site, fn, cos, sin, **shapes) -> bool:
+    return C.check_rope(site, fn, cos, sin, **shapes).passed
+
+
+def test_gpt_oss_rope_is_patched_and_its_experts_left_alone_with_the_reason():
+    # GPT-OSS's rotary embedding returns each angle once (cos/sin [.., D/2]) and
+    # _apply_rotary_emb rotates torch.chunk halves by them: the kernel's half_table pairing,
+    # which the check tells from half_split, then patched (loss and every gradient, fp32, YaRN
+    # tables). Its experts (biased, transposed, interleaved gate/up, clamped gate with alpha and
+    # up + 1) stay HF's, with every difference in the record.
+    ref, model = _pair(
+        "GptOssConfig", hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    profile = analyze(model, check=False)
+    rope = profile.rope
+    assert (rope.status, rope.variant, rope.call_name) == (
+        "patch", "half_table", "apply_rotary_pos_emb",
+    )  # fmt: skip
+    assert any("torch.chunk(x, 2, dim=-1)" in e.detail for e in rope.evidence)
+    fn = sys.modules[type(model).__module__].apply_rotary_pos_emb
+    cos, sin = model.model.rotary_emb(torch.zeros(2, 5, 32), torch.arange(5)[None] * 97)
+    assert cos.shape[-1] == 8  # one angle a pair of the 16 head dims
+    shapes = dict(heads=2, kv_heads=1, head_dim=16)
+    assert _rope_check(rope, fn, cos, sin, **shapes)
+    assert not _rope_check(
+        rope.model_copy(update={"variant": "half_split"}), fn, cos, sin, **shapes
+    )
+    _assert_rope_only_parity(ref, model, profile, n_rope=2)
+    unpatch(model)
+    with pytest.warns(UserWarning, match="left 2 part"):
+        patch(model, profile)
+    why = dict(patch_record(model).skipped)
+    experts = next(v for k, v in why.items() if k.startswith("moe_experts"))
+    assert "has_bias=True" in experts and "is_transposed=True" in experts
+    assert "_apply_gate is its own" in experts and "(up + 1) * glu" in experts
+
+
+def test_deepseek_v32_patches_the_rope_of_mla_and_of_its_indexer():
+    # MLA calls apply_rotary_pos_emb_interleave (deinterleave), the DSA indexer
+    # apply_rotary_pos_emb on [B, S, H, D] views (half_split, unsqueeze_dim=2): one site each,
+    # each checked against its own function, each class patched with its own. index_topk < the
+    # sequence, so the indexer's rotation picks the keys attention sees.
+    ref, model = _pair(
+        "DeepseekV32Config", hidden_size=64, intermediate_size=32, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
+        num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=8,
+        qk_rope_head_dim=16, qk_nope_head_dim=8, v_head_dim=8, head_dim=16, index_n_heads=2,
+        index_head_dim=24, index_topk=3, first_k_dense_replace=1,
+    )  # fmt: skip
+    profile = analyze(model, check=False)
+    rope = profile.rope
+    assert (rope.status, rope.attention_class, rope.variant) == (
+        "patch", "DeepseekV32Attention", "deinterleave",
+    )  # fmt: skip
+    (indexer,) = rope.other_sites
+    assert (indexer.status, indexer.attention_class, indexer.call_name) == (
+        "patch", "DeepseekV32Indexer", "apply_rotary_pos_emb",
+    )  # fmt: skip
+    assert (indexer.variant, indexer.unsqueeze_dim) == ("half_split", 2)
+    modeling = sys.modules[type(model).__module__]
+    cos, sin = model.model.rotary_emb(torch.zeros(2, 5, 64), torch.arange(5)[None] * 97)
+    shapes = dict(heads=2, kv_heads=1, head_dim=16)
+    assert _rope_check(rope, modeling.apply_rotary_pos_emb_interleave, cos, sin, **shapes)
+    assert _rope_check(indexer, modeling.apply_rotary_pos_emb, cos, sin, **shapes)
+    # the MLA site's pairing on the indexer's function is caught
+    wrong = indexer.model_copy(update={"variant": "deinterleave"})
+    assert not _rope_check(wrong, modeling.apply_rotary_pos_emb, cos, sin, **shapes)
+    _assert_rope_only_parity(ref, model, profile, n_rope=4)  # 2 layers x (MLA, indexer)
+    # a site marked unsupported in review is left alone by itself, with its reason
+    unpatch(model)
+    indexer.status, indexer.reason = "unsupported", "left alone in review"
+    patch(model, profile, rms_norm=False, layer_norm=False, mlp=False, moe_experts=False)
+    rec = patch_record(model)
+    assert rec.count("rope") == 2 and all(
+        p.class_name == "DeepseekV32Attention" for p in rec.modules if p.kind == "rope"
+    )
+    assert ("rope DeepseekV32Indexer", "unsupported: left alone in review") in rec.skipped

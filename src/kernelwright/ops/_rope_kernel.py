@@ -4,9 +4,9 @@ of q and of k there, loading the position's cos/sin rows once.
 Pairs (x1, x2) with cos pairs (c1, c2) and sin pairs (s1, s2): out1 = x1 * c1 - x2 * s1,
 out2 = x2 * c2 + x1 * s2; the backward is the same kernel with (s1, s2) replaced by (-s2, -s1).
 Where the pairs sit is set apart for the input (X_INTERLEAVED), the output (O_INTERLEAVED) and
-the cos/sin rows (TABLE: 0 halves, 1 interleaved, 2 the first half for both members), so a
-launch may read interleaved pairs and write them half-split (DeepSeek-V3), or the reverse (its
-backward).
+the cos/sin rows (TABLE: 0 halves, 1 interleaved, 2 one value for both members, from the row's
+first R/2 entries: DeepSeek-V3's first half, or GPT-OSS's half-width rows), so a launch may read
+interleaved pairs and write them half-split (DeepSeek-V3), or the reverse (its backward).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def _load_pairs(ptr, pairs, R: tl.constexpr, BLOCK_R: tl.constexpr, TABLE: tl.co
     # is R/2, or 0 past the last token (masks are built from bounds: the interpreter cannot AND
     # a block with a scalar condition).
     if TABLE == 2:
-        # one angle a pair, from the row's first half (DeepSeek-V3's cos[..., : R // 2])
+        # one angle a pair, from the row's first R/2 entries (DeepSeek-V3's cos[..., : R // 2],
+        # or all of a GPT-OSS row, which holds each angle once)
         cols = tl.arange(0, BLOCK_R)
         v1 = tl.load(ptr + cols, mask=cols < pairs, other=0.0).to(tl.float32)
         v2 = v1
@@ -131,7 +132,7 @@ def _rope_kernel(
     ROWS: tl.constexpr,
     X_INTERLEAVED: tl.constexpr,  # where q/k's pairs sit: (2i, 2i + 1), else (i, i + R/2)
     O_INTERLEAVED: tl.constexpr,  # where the outputs' pairs go
-    TABLE: tl.constexpr,  # cos/sin pairs: 0 halves, 1 interleaved, 2 first half for both
+    TABLE: tl.constexpr,  # cos/sin pairs: 0 halves, 1 interleaved, 2 first R/2 for both
     IS_BACKWARD: tl.constexpr,
 ):  # fmt: skip
     # Program p owns tokens s0 .. s0 + ROWS of batch b; the token blocks of one batch are on

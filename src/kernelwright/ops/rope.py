@@ -2,16 +2,19 @@
 
     q_embed = q * cos + rotate_half(q) * sin        (cos, sin unsqueezed at `unsqueeze_dim`)
 
-on the first R = cos.shape[-1] channels of every head; channels R..D pass through unchanged
-(partial rotary). Channels are rotated in pairs (x1, x2) with the matching (cos1, cos2) and
-(sin1, sin2):
+on the first R = cos.shape[-1] channels of every head (2 * cos.shape[-1] for a half table);
+channels R..D pass through unchanged (partial rotary). Channels are rotated in pairs (x1, x2)
+with the matching (cos1, cos2) and (sin1, sin2):
     out1 = x1 * cos1 - x2 * sin1,   out2 = x2 * cos2 + x1 * sin2
 - half-split (default; Llama, Mistral, Qwen, Gemma): x1 = x[:R/2], x2 = x[R/2:R], and cos1,
   cos2 the same halves of cos (likewise sin);
 - interleaved (GPT-J, GLM): x1 = x[0::2], x2 = x[1::2], cos1 = cos[0::2], cos2 = cos[1::2];
 - deinterleave (DeepSeek-V3's `apply_rotary_pos_emb_interleave`): x1 = x[0::2], x2 = x[1::2],
   cos1 = cos2 = cos[:R/2] (likewise sin), and out1, out2 written half-split (out[:R/2],
-  out[R/2:R]): the input's pairs are de-interleaved on load, with no copy of q or k.
+  out[R/2:R]): the input's pairs are de-interleaved on load, with no copy of q or k;
+- half table (GPT-OSS's `_apply_rotary_emb`): half-split pairs with cos/sin one angle a pair,
+  [.., R/2] (the rotary embedding returns the angles once, not [f, f]): cos1 = cos2 = cos, and
+  R = 2 * cos.shape[-1].
 The full cos/sin vectors are used element-wise (HF's tables repeat one half; nothing here
 assumes it), in fp32, with one rounding to q's dtype at the end. The backward is the transpose
 of the rotation, which is the same kernel with (sin1, sin2) replaced by (-sin2, -sin1):
@@ -46,7 +49,7 @@ _OP = "rope"
 # The layout of q and k per unsqueeze_dim (HF unsqueezes cos/sin [B, S, R] at that dim).
 LAYOUTS = {1: "[batch, heads, seq, head_dim]", 2: "[batch, seq, heads, head_dim]"}
 # Channel pairings (the launchers' `pairing`; False/True are HALF/INTERLEAVED).
-HALF, INTERLEAVED, DEINTERLEAVE = 0, 1, 2
+HALF, INTERLEAVED, DEINTERLEAVE, HALF_TABLE = 0, 1, 2, 3
 
 # --------------------------------------------------------------------------- launchers
 
@@ -101,7 +104,8 @@ def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, co
     )
     qo_stride, ko_stride = bshd(qo_stride), bshd(ko_stride)
     B, S, HQ, D = q_shape
-    HK, R = k_shape[2], cos_shape[-1]
+    # a half table holds one angle a pair: the rotated width is twice its own
+    HK, R = k_shape[2], cos_shape[-1] * (2 if pairing == HALF_TABLE else 1)
     if B == 0 or S == 0 or HQ + HK == 0:
         return None
     cfg = config or lookup(TABLE, _OP, kernel, device_info(device), (HQ + HK) * D)
@@ -120,7 +124,9 @@ def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, co
         # the gradient half-split and writes it interleaved
         X_INTERLEAVED=pairing == INTERLEAVED or (pairing == DEINTERLEAVE and kernel == "fwd"),
         O_INTERLEAVED=pairing == INTERLEAVED or (pairing == DEINTERLEAVE and kernel == "bwd"),
-        TABLE=pairing,
+        # the table's pairs: halves, interleaved, or one value a pair from the row's start
+        # (DeepSeek-V3's first half, or a whole half table)
+        TABLE=2 if pairing == HALF_TABLE else pairing,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return _grid(B, S, cfg), ints, constexprs
@@ -134,7 +140,7 @@ def rope_fwd_launch(
     q_out: torch.Tensor,  # q's shape and dtype, stride(-1) == 1
     k_out: torch.Tensor,  # k's shape and dtype, stride(-1) == 1
     unsqueeze_dim: int,
-    pairing: int,  # HALF, INTERLEAVED or DEINTERLEAVE
+    pairing: int,  # HALF, INTERLEAVED, DEINTERLEAVE or HALF_TABLE
     config: LaunchConfig | None = None,
 ) -> None:
     _launch("fwd", q, k, cos, sin, q_out, k_out, unsqueeze_dim, pairing, config)
@@ -272,7 +278,7 @@ def _shape_error(name: str, t: torch.Tensor, expected: str) -> ValueError:
     return ValueError(f"{_OP}: argument '{name}' must have shape {expected}, got {tuple(t.shape)}")
 
 
-def _check_inputs(q, k, cos, sin, unsqueeze_dim) -> None:
+def _check_inputs(q, k, cos, sin, unsqueeze_dim, half_table=False) -> None:
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         check_tensor(_OP, name, t)
     check_same_device(_OP, q=q, k=k, cos=cos, sin=sin)
@@ -298,12 +304,15 @@ def _check_inputs(q, k, cos, sin, unsqueeze_dim) -> None:
             f"{_OP}: arguments 'cos' and 'sin' must have one shape, got {tuple(cos.shape)} "
             f"and {tuple(sin.shape)}"
         )
-    expected = f"[1 or {B}, {S}, R] or [{S}, R] (R = rotary dim <= head_dim {D}, even)"
+    if half_table:
+        expected = f"[1 or {B}, {S}, R/2] or [{S}, R/2] (R = rotary dim <= head_dim {D})"
+    else:
+        expected = f"[1 or {B}, {S}, R] or [{S}, R] (R = rotary dim <= head_dim {D}, even)"
     if cos.dim() not in (2, 3) or cos.shape[-2] != S:
         raise _shape_error("cos", cos, expected)
     if cos.dim() == 3 and cos.shape[0] not in (1, B):
         raise _shape_error("cos", cos, expected)
-    R = cos.shape[-1]
+    R = cos.shape[-1] * (2 if half_table else 1)
     if R == 0 or R > D or R % 2:
         raise _shape_error("cos", cos, expected)
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
@@ -331,6 +340,7 @@ def rope(
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
     deinterleave: bool = False,
+    half_table: bool = False,
     in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position embedding of q and k in one Triton launch each way (HF semantics).
@@ -348,8 +358,10 @@ def rope(
             instead of (i, i + R/2) (rotate_half).
         deinterleave: rotate pairs (2i, 2i+1) by angle i (cos[..., :R/2], one angle a pair) and
             write them half-split, (i, i + R/2), as DeepSeek-V3's
-            `apply_rotary_pos_emb_interleave`; the gradients go back interleaved. Excludes
-            `interleaved`.
+            `apply_rotary_pos_emb_interleave`; the gradients go back interleaved.
+        half_table: cos/sin are [.., R/2], one angle a pair (i, i + R/2), as GPT-OSS's rotary
+            embedding returns them (`_apply_rotary_emb`: no [f, f] repeat); R = 2 *
+            cos.shape[-1]. At most one of interleaved, deinterleave and half_table.
         in_place: UNSAFE opt-in. Write the rotated values into q's and k's own storage (no new
             memory: the forward's peak drops by the size of q and k) and return (views of)
             them. Autograd is not told, as with Liger's rope: correct only when nothing else
@@ -360,10 +372,15 @@ def rope(
         (q_embed, k_embed): new tensors of q's and k's shapes and dtype, their dims laid out in
         memory in q's and k's order, computed in fp32 and rounded once.
     """
-    _check_inputs(q, k, cos, sin, unsqueeze_dim)
-    if interleaved and deinterleave:
-        raise ValueError(f"{_OP}: pass at most one of interleaved=True and deinterleave=True")
-    pairing = DEINTERLEAVE if deinterleave else INTERLEAVED if interleaved else HALF
+    _check_inputs(q, k, cos, sin, unsqueeze_dim, half_table)
+    if interleaved + deinterleave + half_table > 1:
+        raise ValueError(
+            f"{_OP}: pass at most one of interleaved=True, deinterleave=True and half_table=True"
+        )
+    pairing = (
+        DEINTERLEAVE if deinterleave else INTERLEAVED if interleaved else
+        HALF_TABLE if half_table else HALF
+    )  # fmt: skip
     if in_place and (q.stride(-1) != 1 or k.stride(-1) != 1):
         raise ValueError(
             f"{_OP}: in_place=True needs q and k with a contiguous last dim, got strides "
@@ -378,24 +395,31 @@ class RoPE(torch.nn.Module):
     drop-in for HF's `apply_rotary_pos_emb` (cos/sin from the model's rotary embedding)."""
 
     def __init__(
-        self, *, unsqueeze_dim: int = 1, interleaved: bool = False, deinterleave: bool = False
+        self,
+        *,
+        unsqueeze_dim: int = 1,
+        interleaved: bool = False,
+        deinterleave: bool = False,
+        half_table: bool = False,
     ):
         super().__init__()
         self.unsqueeze_dim = unsqueeze_dim
         self.interleaved = interleaved
         self.deinterleave = deinterleave
+        self.half_table = half_table
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope(
             q, k, cos, sin, unsqueeze_dim=self.unsqueeze_dim, interleaved=self.interleaved,
-            deinterleave=self.deinterleave,
+            deinterleave=self.deinterleave, half_table=self.half_table,
         )  # fmt: skip
 
     def extra_repr(self) -> str:
         out = f"unsqueeze_dim={self.unsqueeze_dim}, interleaved={self.interleaved}"
-        return out + (", deinterleave=True" if self.deinterleave else "")
+        out += ", deinterleave=True" if self.deinterleave else ""
+        return out + (", half_table=True" if self.half_table else "")
 
 
 # --------------------------------------------------------------------------- references
@@ -425,12 +449,16 @@ def rope_eager(
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
     deinterleave: bool = False,
+    half_table: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's `apply_rotary_pos_emb` as written, in the inputs' dtypes (the `torch` provider);
     partial rotary as Phi/GLM write it (rotate the first R channels, concatenate the rest).
-    deinterleave: DeepSeek-V3's `apply_rotary_pos_emb_interleave` instead."""
+    deinterleave: DeepSeek-V3's `apply_rotary_pos_emb_interleave` instead. half_table: cos/sin
+    one angle a pair (GPT-OSS), used for both halves."""
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    if half_table:
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
     rotary_dim = cos.shape[-1]
@@ -456,12 +484,13 @@ def rope_ref(
     unsqueeze_dim: int = 1,
     interleaved: bool = False,
     deinterleave: bool = False,
+    half_table: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 reference (differentiable in q and k): `rope_eager` on fp32 copies, returned in q's
     dtype (fp32 when given fp32 inputs, as `testing.check_op` does)."""
     q32, k32 = rope_eager(
-        q.float(), k.float(), cos.float(), sin.float(),
-        unsqueeze_dim=unsqueeze_dim, interleaved=interleaved, deinterleave=deinterleave,
+        q.float(), k.float(), cos.float(), sin.float(), unsqueeze_dim=unsqueeze_dim,
+        interleaved=interleaved, deinterleave=deinterleave, half_table=half_table,
     )  # fmt: skip
     return q32.to(q.dtype), k32.to(k.dtype)
 

@@ -143,15 +143,23 @@ class ComponentDecision(Decision):
 
 
 class RopeDecision(Decision):
-    """The rotary embedding the attention really calls (8)."""
+    """The rotary embedding the attention really calls (8).
+
+    One decision per model: the fields describe the first attention class (by name) whose
+    forward calls a rotary function; `other_sites` holds one decision of the same shape for each
+    further class (DeepSeek-V3.2's indexer, which calls a half-split function beside MLA's
+    interleaved one). The rope is patched only where every site is proven; the patcher applies
+    each site to its own class."""
 
     attention_class: str | None = None
     function: str | None = None  # "transformers.models.llama.modeling_llama.apply_rotary_pos_emb"
     call_name: str | None = None  # the global name the attention forward calls
-    # deinterleave: interleaved pairs in, half-split out (DeepSeek-V3's rope_interleave)
-    variant: Literal["half_split", "interleaved", "deinterleave"] | None = None
+    # deinterleave: interleaved pairs in, half-split out (DeepSeek-V3's rope_interleave);
+    # half_table: half-split with cos/sin one angle a pair, [.., R/2] (GPT-OSS)
+    variant: Literal["half_split", "interleaved", "deinterleave", "half_table"] | None = None
     partial_rotary_factor: float = 1.0
     unsqueeze_dim: int = 1
+    other_sites: list[RopeDecision] = Field(default_factory=list)
 
 
 class OutputDecision(Decision):

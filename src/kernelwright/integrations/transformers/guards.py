@@ -7,7 +7,9 @@ exactly what the instance computes, else the reason it is left alone.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 
 import torch
 from transformers.activations import ACT2FN
@@ -44,18 +46,34 @@ def experts_unsupported(module: torch.nn.Module) -> str | None:
     """None when `moe_experts` computes exactly what this stacked-experts instance computes.
 
     The flags are the ones `@use_experts_implementation` sets on the instance; a class with its
-    own `_apply_gate` (gpt-oss clamps and offsets it) or a non-silu act_fn is left alone.
+    own `_apply_gate` (gpt-oss clamps and offsets it) or a non-silu act_fn is left alone. The
+    reason names every flag that differs and quotes an own `_apply_gate`.
     """
     from transformers.integrations.moe import _default_apply_gate
 
     flags = {"has_gate": True, "has_bias": False, "is_transposed": False, "is_concatenated": True}
-    for flag, want in flags.items():
-        got = getattr(module, flag, None)
-        if got is not want:
-            return f"{flag}={got!r} (moe_experts needs {flag}={want})"
+    got = {flag: getattr(module, flag, None) for flag in flags}
+    if all(v is None for v in got.values()):
+        return (
+            f"{type(module).__name__} is not a @use_experts_implementation experts class (it "
+            f"sets none of {', '.join(flags)}); moe_experts replaces only those"
+        )
+    wrong = [flag for flag, want in flags.items() if got[flag] is not want]
+    problems = []
+    if wrong:
+        problems.append(
+            ", ".join(f"{f}={got[f]!r}" for f in wrong)
+            + " (moe_experts needs "
+            + ", ".join(f"{f}={flags[f]}" for f in wrong)
+            + ")"
+        )
     gate = getattr(type(module), "_apply_gate", None)
-    if gate is not _default_apply_gate:
-        return "its class defines its own _apply_gate (not HF's act_fn(gate) * up)"
+    if gate is None:
+        problems.append(f"{type(module).__name__} has no _apply_gate")
+    elif gate is not _default_apply_gate:
+        problems.append(_own_gate(type(module), gate))
+    if problems:
+        return "; ".join(problems)
     gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not isinstance(gu, torch.Tensor) or not isinstance(down, torch.Tensor):
         return "it has no gate_up_proj/down_proj tensors"
@@ -76,3 +94,19 @@ def experts_unsupported(module: torch.nn.Module) -> str | None:
     if not torch.allclose(got, torch.nn.functional.silu(probe), rtol=1e-5, atol=1e-6):
         return f"its act_fn ({type(act).__name__}) does not compute silu"
     return None
+
+
+def _own_gate(cls: type, gate) -> str:
+    """What a class's own `_apply_gate` computes, quoted from its source (its statements, without
+    comments), against the act_fn(gate) * up that moe_experts computes."""
+    head = f"{cls.__name__}._apply_gate is its own, not HF's act_fn(gate) * up"
+    try:
+        fdef = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(gate)))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return head
+    body = [
+        ast.unparse(stmt)
+        for stmt in getattr(fdef, "body", [])
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))  # docstring
+    ]
+    return f"{head}: {'; '.join(body)}" if body else head

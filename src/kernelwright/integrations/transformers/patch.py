@@ -19,6 +19,7 @@ attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one an
   (`guards.py`) the instance's layout flags and that its act_fn computes silu;
 - RoPE: the attention class's own forward, re-created (`rebind.py`) with a globals dict in which
   the name it calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
+  likewise each of `profile.rope.other_sites` (another class, its own function);
 - the causal LM: `forward.causal_lm_forward` (fused linear cross-entropy when training).
 
 A module that already carries an instance-level `forward` (another patcher, or accelerate's
@@ -265,24 +266,33 @@ class _Patcher:
         if not d.patched:
             self.skip("rope", f"{d.status}: {d.reason}")
             return
-        if d.attention_class is None or d.call_name is None:
+        # a site edited to unsupported in review is left alone on its own
+        for s in d.other_sites:
+            if not s.patched:
+                self.skip(f"rope {s.attention_class}", f"{s.status}: {s.reason}")
+        sites = [d, *(s for s in d.other_sites if s.patched)]
+        if any(s.attention_class is None or s.call_name is None for s in sites):
             raise ValueError(
                 f"profile {self.profile.architecture}: the rope decision is 'patch' but lacks "
                 "attention_class or call_name; re-run the analyser or mark it unsupported"
             )
+        # each site (attention class) gets its own function: DeepSeek-V3.2's MLA attention
+        # and its indexer call different rotary functions
+        site_of = {s.attention_class: s for s in sites}
         built: dict[type, Callable] = {}
         for m in self.root.modules():
-            if _class_name(m) != d.attention_class:
+            site = site_of.get(_class_name(m))
+            if site is None:
                 continue
-            cls = _modeling_class(m, d.attention_class)
+            cls = _modeling_class(m, site.attention_class)
             if cls not in built:
                 try:
-                    built[cls] = rope_forward(cls, d)
+                    built[cls] = rope_forward(cls, site)
                 except NotStandardForward as e:
                     built[cls] = None
                     self.skip(f"rope {cls.__name__}", str(e), found=True)
             if built[cls] is not None:
-                self.install("rope", m, built[cls], d.variant or "")
+                self.install("rope", m, built[cls], site.variant or "")
 
     def causal_lm(self) -> None:
         p = self.profile

@@ -181,7 +181,7 @@ def mlp_forward(d: MLPDecision, *, recompute: bool = True) -> Callable:
 def rope_function(d: RopeDecision) -> Callable:
     """A drop-in for the modeling file's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)."""
     _require(d, "variant")
-    pairing = dict(interleaved=d.variant == "interleaved", deinterleave=d.variant == "deinterleave")
+    pairing = {v: d.variant == v for v in ("interleaved", "deinterleave", "half_table")}
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim: int = 1):
         return rope(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, **pairing)

@@ -77,12 +77,15 @@ def rows(profile: ModelProfile) -> list[Row]:
         for c in p.components
     ]
     r = p.rope
-    rope_value = ""
-    if r.call_name:
-        rope_value = f"{r.call_name} in {r.attention_class}: {r.variant or '?'}"
-        if r.partial_rotary_factor != 1.0:
-            rope_value += f", partial {r.partial_rotary_factor:g}"
-    out.append(Row("rope", r.status, rope_value, len(r.evidence), r.reason))
+    sites = []
+    for site in [r, *r.other_sites]:
+        if site.call_name:
+            value = f"{site.call_name} in {site.attention_class}: {site.variant or '?'}"
+            if site.partial_rotary_factor != 1.0:
+                value += f", partial {site.partial_rotary_factor:g}"
+            sites.append(value)
+    n_evidence = len(r.evidence) + sum(len(s.evidence) for s in r.other_sites)
+    out.append(Row("rope", r.status, "; ".join(sites), n_evidence, r.reason))
     o = p.output
     out.append(
         Row(

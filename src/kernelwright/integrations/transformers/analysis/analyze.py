@@ -105,7 +105,7 @@ def _analyze(source, *, check: bool) -> ModelProfile:
     }
     ctx.text_model_path = _text_model_path(tiny)
 
-    rope, attention_classes, rope_fn = analyze_rope(ctx)
+    rope, attention_classes, rope_fns = analyze_rope(ctx)
     norms = _norms(ctx)
     mlps = _mlps(ctx)
     moe = _moe(ctx)
@@ -125,7 +125,7 @@ def _analyze(source, *, check: bool) -> ModelProfile:
     lm_head = analyze_lm_head(ctx)
 
     if check:
-        _run_checks(ctx, norms, mlps, rope, rope_fn)
+        _run_checks(ctx, norms, mlps, rope, rope_fns)
     else:
         ctx.notes.append("numerical checks skipped (check=False): decisions rest on source only")
 
@@ -452,7 +452,7 @@ def _moe(ctx: Context) -> MoEDecision:
 # ----------------------------------------------------------------------------- checks
 
 
-def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fn) -> None:
+def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fns) -> None:
     classes = ctx.classes(components=True)
     for d in norms:
         module = classes[d.class_name][0][1]
@@ -477,17 +477,24 @@ def _run_checks(ctx: Context, norms, mlps, rope: RopeDecision, rope_fn) -> None:
             rope.reason = f"numerical check could not start: {type(e).__name__}: {e}"
             rope.status = "unsupported"
             return
-        C.run_check(
-            rope,
-            C.check_rope,
-            rope_fn.fn,
-            cos,
-            sin,
-            heads=heads,
-            kv_heads=kv,
-            head_dim=head_dim,
-            q_dim=cos.shape[-1] if rope_fn.caller_slices else head_dim,
-        )
+        # every site rotates by the one rotary embedding's tables; each is checked against its
+        # own function (the shapes only need to be ones the function takes)
+        for site, fn in zip([rope, *rope.other_sites], rope_fns, strict=True):
+            rotated = cos.shape[-1] * (2 if site.variant == "half_table" else 1)
+            C.run_check(
+                site,
+                C.check_rope,
+                fn.fn,
+                cos,
+                sin,
+                heads=heads,
+                kv_heads=kv,
+                head_dim=head_dim,
+                q_dim=rotated if fn.caller_slices else head_dim,
+            )
+            if site is not rope and site.status != "patch":
+                rope.status = "unsupported"
+                rope.reason = f"{site.attention_class} calls {site.call_name}: {site.reason}"
 
 
 def _confirm_model(ctx: Context, profile: ModelProfile) -> None:

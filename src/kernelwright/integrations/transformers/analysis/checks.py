@@ -161,8 +161,8 @@ def check_rope(
 ) -> CheckResult:
     """The modeling file's rotary function vs `rope_function(d)` on random q, k (fp32).
 
-    q_dim: the width the function receives (cos.shape[-1] when the attention slices q to the
-    rotated dims before the call, as Phi does); default head_dim.
+    q_dim: the width the function receives (the rotated dims when the attention slices q to
+    them before the call, as Phi does); default head_dim.
     """
     width = q_dim or head_dim
     dev = _device()
@@ -182,7 +182,7 @@ def check_rope(
         ref = original(q, k, cos, sin, **kwargs)
         out = rope_function(d)(q, k, cos, sin, unsqueeze_dim=d.unsqueeze_dim)
     res = _compare(f"rope {d.call_name}", tuple(ref), tuple(out), q.shape)
-    rot = cos.shape[-1]
+    rot = cos.shape[-1] * (2 if d.variant == "half_table" else 1)  # a half table: one angle a pair
     # the rotary embedding's own tables must have the width the partial factor promises
     width_ok = abs(rot - head_dim * d.partial_rotary_factor) < 1
     detail = f"{res.detail}, rotary dims {rot}/{head_dim}"

@@ -7,8 +7,12 @@ functions by a config flag (`if self.config.rope_interleave:`), the branch the c
 is the one analysed. The variant comes from the function's AST (rotate_half: half split;
 x[..., ::2] pairs: interleaved; x[..., ::2] pairs concatenated as (rotated evens, rotated
 odds) with one angle a pair from cos's first half: deinterleave, DeepSeek-V3's
-`apply_rotary_pos_emb_interleave`), the partial factor from the config, and where the rotated
-dims are cut (in the function by cos.shape[-1], or by the caller).
+`apply_rotary_pos_emb_interleave`; torch.chunk halves rotated by tables as given, which then hold
+one angle a pair: half_table, GPT-OSS's `_apply_rotary_emb`), the partial factor from the
+config, and where the rotated dims are cut (in the function by cos.shape[-1], or by the caller).
+Every attention class whose forward makes such a call is a site of its own (DeepSeek-V3.2's
+indexer calls a half-split function beside MLA's interleaved one); the decision is patched only
+where every site is.
 M-RoPE (`mrope_section`: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V) is the ordinary rotation by
 tables the rotary-embedding module builds from three position streams; it is patched like any
 half-split rope, and checked on tables from three different streams. A rotary function that
@@ -80,8 +84,9 @@ class RopeFn:
     caller_slices: bool = False
 
 
-def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
-    """(the decision, the attention classes, the function the check compares against)."""
+def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], list[RopeFn]]:
+    """(the decision, the attention classes, the function each site's check compares against:
+    the decision's own first, then one per `other_sites` entry)."""
     found: dict[str, tuple] = {}
     for name, mods in ctx.classes().items():
         hit = _rope_call(type(mods[0][1]), ctx)
@@ -99,28 +104,40 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
             "rotary" in n.lower() for n in ctx.classes()
         )
         if not has_rope:
-            return RopeDecision(status="absent"), attention, None
+            return RopeDecision(status="absent"), attention, []
         return (
             RopeDecision(
                 status="unsupported",
                 reason="no attention forward calls a global function taking (q, k, cos, sin)",
             ),
             attention,
-            None,
+            [],
         )
-    fns = {id(h[1]) for h in found.values()}
-    attn_name = sorted(found)[0]
-    call_name, fn, call, fwd = found[attn_name]
+    # one site per attention class that calls a rotary function, each analysed and checked on
+    # its own (DeepSeek-V3.2: MLA's interleaved function and the indexer's half-split one)
+    names = sorted(found)
+    d, rope_fn = _analyze_site(ctx, names[0], found[names[0]])
+    fns = [rope_fn]
+    for name in names[1:]:
+        other, other_fn = _analyze_site(ctx, name, found[name])
+        d.other_sites.append(other)
+        fns.append(other_fn)
+        if d.status == "patch" and other.status != "patch":
+            d.status = "unsupported"
+            d.reason = f"{name} calls {other.call_name}: {other.reason}"
+    return d, attention, fns
+
+
+def _analyze_site(ctx: Context, attn_name: str, hit: tuple) -> tuple[RopeDecision, RopeFn]:
+    """The decision for one attention class's (q, k, cos, sin) call, and the function its check
+    compares against."""
+    call_name, fn, call, fwd = hit
     rope_fn = RopeFn(fn)
     d = RopeDecision(attention_class=attn_name, call_name=call_name)
     d.evidence.append(fwd.ev(call))
     branch = _config_branch(fwd, call, ctx)
     if branch is not None:
         d.evidence.append(S.config_evidence(ctx.text_prefix + branch[0], ctx.cfg(branch[0])))
-    if len(fns) > 1:
-        d.reason = f"attention classes call different rotary functions: {sorted(found)}"
-        d.status = "unsupported"
-        return d, attention, rope_fn
     # transformers 5 marks the function and the attention for hub kernels; kernelwright
     # replaces the module global the forward resolves at call time
     found_cls = S.class_node(fwd.owner)
@@ -130,7 +147,7 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
     if fdef is None:
         d.reason = f"no source for {call_name}"
         d.status = "unsupported"
-        return d, attention, rope_fn
+        return d, rope_fn
     target = inspect.unwrap(fn)
     d.function = f"{target.__module__}.{target.__qualname__}"
     d.evidence.append(fdef.ev())
@@ -154,7 +171,7 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
             "itself; the rope kernel takes cos/sin tables that are already sectioned"
         )
         d.status = "unsupported"
-        return d, attention, rope_fn
+        return d, rope_fn
     # M-RoPE (Qwen2-VL and kin): the rotary-embedding module builds cos/sin from three position
     # streams (temporal, height, width), a section of frequencies each, and the attention
     # applies the ordinary rotation to those tables; the check feeds three distinct streams,
@@ -168,13 +185,13 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
             "repeat_interleave); the kernel takes the tables as the rotary embedding gives them"
         )
         d.status = "unsupported"
-        return d, attention, rope_fn
+        return d, rope_fn
     variant, lines = _rope_variant(fdef)
     d.evidence += [fdef.ev(n) for n in lines]
     if variant is None:
         d.reason = f"{call_name}: neither rotate_half (half split) nor an interleaved rotation"
         d.status = "unsupported"
-        return d, attention, rope_fn
+        return d, rope_fn
     d.variant = variant
     factor, key = _partial_factor(ctx)
     d.partial_rotary_factor = factor
@@ -197,7 +214,7 @@ def analyze_rope(ctx: Context) -> tuple[RopeDecision, set[str], RopeFn | None]:
     if isinstance(rp, dict) and rp.get("rope_type", "default") != "default":
         key = ctx.text_prefix + "rope_parameters.rope_type"
         d.evidence.append(S.config_evidence(key, rp["rope_type"]))
-    return d, attention, rope_fn
+    return d, rope_fn
 
 
 def _mrope_evidence(ctx: Context, rp) -> list:
@@ -285,9 +302,20 @@ def _rope_variant(fdef: S.Method) -> tuple[str | None, list[ast.AST]]:
                 return "half_split", [call, helper.node]
             if helper is not None and _is_interleaved(helper):
                 return "interleaved", [call, helper.node]
+    for call in S.calls(fdef.node):
+        # a helper that rotates one tensor by the tables (GPT-OSS's _apply_rotary_emb(q, cos, sin))
+        args = {a.id for a in call.args if isinstance(a, ast.Name)}
+        if isinstance(call.func, ast.Name) and {"cos", "sin"} <= args:
+            helper = _global_function(fdef, call.func.id)
+            nodes = _half_table_nodes(helper) if helper is not None else []
+            if nodes:
+                return "half_table", [call, *nodes]
     deinterleave = _deinterleave_nodes(fdef)
     if deinterleave:
         return "deinterleave", deinterleave
+    half_table = _half_table_nodes(fdef)
+    if half_table:
+        return "half_table", half_table
     if _is_interleaved(fdef):
         return "interleaved", [fdef.node]
     return None, []
@@ -323,6 +351,92 @@ def _deinterleave_nodes(m: S.Method) -> list[ast.AST]:
         None,
     )
     return [cut, cat] if cut is not None and cat is not None else []
+
+
+def _half_table_nodes(m: S.Method) -> list[ast.AST]:
+    """[the split, the concatenation] of a function that splits x into halves (a, b) =
+    torch.chunk(x, 2, dim=-1) and returns cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    with cos and sin as given: half-split pairs by tables that hold one angle a pair (GPT-OSS,
+    whose rotary embedding returns the angles once, [.., D/2], not [f, f]). Empty where any part
+    differs."""
+    assigned: dict[str, ast.expr] = {}
+    split = halves = None
+    for stmt, _ in S.statements(m.node.body):
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            continue
+        target = stmt.targets[0]
+        if isinstance(target, ast.Name):
+            assigned[target.id] = stmt.value
+        elif (
+            isinstance(target, ast.Tuple)
+            and len(target.elts) == 2
+            and all(isinstance(e, ast.Name) for e in target.elts)
+            and _chunks_in_two(stmt.value)
+        ):
+            split, halves = stmt, tuple(e.id for e in target.elts)
+    if split is None:
+        return []
+    tables = [n for n in ast.walk(m.node) if isinstance(n, ast.Name) and n.id in ("cos", "sin")]
+    if any(isinstance(p, ast.Subscript | ast.Attribute) for p in _parents(m, tables)):
+        return []  # the tables are cut or re-laid out, not used as given
+
+    def product(node) -> frozenset | None:
+        if (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Mult)
+            and isinstance(node.left, ast.Name)
+            and isinstance(node.right, ast.Name)
+        ):
+            return frozenset((node.left.id, node.right.id))
+        return None
+
+    a, b = halves
+    for call in S.calls(m.node):
+        if S.dotted(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate"):
+            continue
+        if not call.args or not isinstance(call.args[0], ast.Tuple | ast.List):
+            continue
+        parts = [assigned.get(e.id) if isinstance(e, ast.Name) else e for e in call.args[0].elts]
+        if len(parts) != 2 or not all(isinstance(p, ast.BinOp) for p in parts):
+            continue
+        first, second = parts
+        ok = (
+            isinstance(first.op, ast.Sub)
+            and product(first.left) == {a, "cos"}
+            and product(first.right) == {b, "sin"}
+            and isinstance(second.op, ast.Add)
+            and {product(second.left), product(second.right)}
+            == {
+                frozenset((b, "cos")),
+                frozenset((a, "sin")),
+            }
+        )
+        if ok:
+            return [split, call]
+    return []
+
+
+def _chunks_in_two(node: ast.expr) -> bool:
+    """`torch.chunk(x, 2, dim=-1)` or `x.chunk(2, dim=-1)` (the dim as a keyword or positional)."""
+    if not isinstance(node, ast.Call):
+        return False
+    if S.dotted(node.func) == "torch.chunk":
+        rest = node.args[1:]
+    elif isinstance(node.func, ast.Attribute) and node.func.attr == "chunk":
+        rest = node.args
+    else:
+        return False
+    dims = [kw.value for kw in node.keywords if kw.arg == "dim"] + rest[1:2]
+    return (
+        bool(rest)
+        and S.const_number(rest[0]) == 2.0
+        and bool(dims)
+        and S.const_number(dims[0]) == -1.0
+    )
+
+
+def _parents(m: S.Method, nodes: list[ast.AST]) -> list[ast.AST]:
+    return [p for n in nodes if (p := m.file.parent(n)) is not None]
 
 
 def _global_function(fdef: S.Method, name: str) -> S.Method | None:
