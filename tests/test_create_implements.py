@@ -125,8 +125,9 @@ def test_created_implementation_is_benched_chosen_and_inserted(
 
     provider = f"created_{NAME}"
     with _written(NAME):
-        monkeypatch.setattr(L.subprocess, "run", _passing_gate)
-        result = L.into_library(profile, tmp_path / "log", implements="relu_squared")
+        with monkeypatch.context() as m:  # subprocess.run is global: Triton's compiles use it
+            m.setattr(L.subprocess, "run", _passing_gate)
+            result = L.into_library(profile, tmp_path / "log", implements="relu_squared")
         assert result.passed
         source = (L.checkout_paths()[0] / "ops" / "generated" / f"{NAME}.py").read_text()
         assert "IMPLEMENTS = {'op': 'relu_squared', 'inputs': ('x',)" in source
@@ -151,13 +152,11 @@ def test_created_implementation_is_benched_chosen_and_inserted(
                 "--db", str(db), "--out", str(tmp_path / "out")]  # fmt: skip
         got = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
         assert got.exit_code == 0, got.output
-        assert {r["provider"] for r in ResultsDB.existing(db).query()} == {
-            "kernelwright",
-            provider,
-        }
-        c = select.choose("relu_squared", dtype="fp32", shape=(4, 16), device="cpu", db=db,
+        # (on a GPU the installed peers are timed beside them)
+        assert {"kernelwright", provider} <= {r["provider"] for r in ResultsDB.existing(db).query()}
+        c = select.choose("relu_squared", dtype="fp32", shape=(4, 16), device=DEVICE.type, db=db,
                           among=select.INSERTABLE)  # fmt: skip
-        assert c.measured and dict(c.timings).keys() == {"kernelwright", "created"}
+        assert c.measured and {"kernelwright", "created"} <= dict(c.timings).keys()
 
         # the pass: created where measured faster (rows~4), kernelwright where it is (rows~64)
         arch = select._arch(select._device_name(DEVICE), None)

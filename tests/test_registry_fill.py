@@ -62,7 +62,7 @@ def test_bench_at_a_site_shape_fills_its_bucket(tmp_path, monkeypatch):
         real(copy_gbps=1.0), timing=GPU_ONLY))  # fmt: skip
     db = tmp_path / "r.db"
     # on a GPU every installed provider is timed there, at this GPU's arch
-    where = "cuda" if DEVICE == "cuda" else "cpu-interpreter"
+    where = "cuda" if DEVICE.type == "cuda" else "cpu-interpreter"
     site = ("--shape", "3x5x64", "--dtype", "fp32", "--device", where, "--db", db)
     before = _cli("choose", "rms_norm", *site)
     assert before.exit_code == 0, before.output
@@ -80,7 +80,7 @@ def test_bench_at_a_site_shape_fills_its_bucket(tmp_path, monkeypatch):
     after = _cli("choose", "rms_norm", *site)
     assert after.exit_code == 0, after.output
     assert "fastest measured in rows~16 n~64" in after.output and "fills it" not in after.output
-    c = choose("rms_norm", dtype="fp32", shape=(15, 64), device=DEVICE, db=db)
+    c = choose("rms_norm", dtype="fp32", shape=(15, 64), device=DEVICE.type, db=db)
     assert c.measured and "kernelwright" in dict(c.timings)
 
 
