@@ -143,3 +143,34 @@ def test_stored_backward_with_every_token_ignored_and_a_bad_option():
     assert (gh == 0).all()
     with pytest.raises(ValueError, match="backward must be one of"):
         fused_linear_logprobs(hidden, weight, target, backward="keep")
+
+
+@pytest.mark.parametrize("backward", ["stored", "recompute"])
+def test_metric_entropy_keeps_gradient_rows_and_refuses_a_gradient(backward):
+    """entropy_grad=False (an entropy that is logged, not trained on): the same values and
+    log-prob gradients as with a differentiable entropy; with a frozen head the stored backward
+    keeps the [N, H] rows instead of the [N, V] logits; a gradient reaching the entropy raises."""
+    T, H, V = 11, 12, 41
+    hidden, weight, bias, target, dl, _ = _inputs(21, T, H, V, head_grad=False, bias=True)
+    kw = dict(bias=bias, temperature=0.9, return_entropy=True, chunk_size=4, backward=backward)
+    saved, (lp, ent) = _saved_shapes(
+        lambda: fused_linear_logprobs(hidden, weight, target, entropy_grad=False, **kw)
+    )
+    lp_d, ent_d = fused_linear_logprobs(hidden, weight, target, **kw)
+    ref_lp, ref_ent = fused_linear_logprobs_ref(hidden, weight, target, bias=bias,
+                                                temperature=0.9, return_entropy=True)  # fmt: skip
+    keep = target != -100
+    torch.testing.assert_close(lp, lp_d, atol=0, rtol=0)
+    torch.testing.assert_close(ent, ent_d, atol=0, rtol=0)
+    torch.testing.assert_close(ent, torch.where(keep, ref_ent, 0.0), atol=2e-5, rtol=1e-5)
+    (g,) = torch.autograd.grad((lp * dl).sum(), hidden, retain_graph=True)
+    (g_d,) = torch.autograd.grad((lp_d * dl).sum(), hidden)
+    (g_ref,) = torch.autograd.grad((torch.where(keep, ref_lp, 0.0) * dl).sum(), hidden)
+    torch.testing.assert_close(g, g_d, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-4)
+    n = int(keep.sum())
+    assert (n, V) not in saved
+    if backward == "stored":
+        assert [x for x in saved if len(x) == 2] == [(n, H)]
+    with pytest.raises(RuntimeError, match="entropy_grad=False"):
+        torch.autograd.grad((lp * dl + ent).sum(), hidden)

@@ -3,9 +3,10 @@ metrics, for every option our functions expose.
 
 TRL computes these losses inside trainer methods. Building a trainer takes seconds, so each test
 calls the unbound method on a SimpleNamespace that holds only the attributes the method reads
-(listed at each stub); the method's code is TRL's, unchanged. Where TRL has no such method
-(KTO computes its loss inline in `KTOTrainer._compute_loss`, with two more model forwards; DPO
-without a reference) tests/test_losses.py compares with the papers' formulas.
+(listed at each stub); the method's code is TRL's, unchanged; where a method calls the model
+(DPO's and KTO's `_compute_loss`) the model is a function returning the fused head's
+per-token outputs. Where TRL has no such code (DPO without a reference) tests/test_losses.py
+compares with the papers' formulas.
 """
 
 from __future__ import annotations
@@ -25,15 +26,18 @@ try:  # TRL's trainers need datasets, accelerate (the GPU machine has TRL's whee
         from trl.experimental.orpo import ORPOTrainer
         from trl.trainer.dpo_trainer import DPOTrainer
         from trl.trainer.grpo_trainer import GRPOTrainer
+        from trl.trainer.kto_trainer import KTOTrainer
 except ImportError as e:
     pytest.skip(f"needs TRL's trainers: {e}", allow_module_level=True)
 
 from kernelwright.losses import (  # noqa: E402
     CPO_LOSS_TYPES,
     DPO_LOSS_TYPES,
+    KTO_LOSS_TYPES,
     cpo_loss,
     dpo_loss,
     grpo_loss,
+    kto_loss,
     orpo_loss,
     sequence_logprobs,
     simpo_loss,
@@ -188,6 +192,100 @@ def test_orpo_loss_equals_orpo_trainers_odds_ratio_loss():
     for a, b in zip(_grads(got.sum(), [c, r]), _grads(-losses.sum(), [c, r]), strict=True):
         torch.testing.assert_close(a, b)
         assert torch.isfinite(a).all()
+
+
+# ---- KTO: KTOTrainer._compute_loss --------------------------------------------------------------
+
+
+def _completions(g, B: int, T: int):
+    """A prompt, a completion and padding per row; the fused head's per-token log-probs (0 off
+    the completion, as it returns them) and the shifted completion mask."""
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for i, start in enumerate(torch.randint(1, 3, (B,), generator=g).tolist()):
+        mask[i, start : T - i % 2] = 1
+    shift = mask[:, 1:]
+    logps = (-torch.rand(B, T - 1, generator=g) * 3).requires_grad_()
+    return logps, shift, mask
+
+
+KTO_CASES = {  # loss_type, beta, desirable / undesirable weights, the KL estimate's sign, labels
+    "kto": ("kto", 0.1, 1.0, 1.0, 1, "mixed"),
+    "kto-weighted-kl-clamped": ("kto", 0.4, 1.3, 0.7, -1, "mixed"),
+    "kto-desirable-only": ("kto", 0.2, 1.0, 1.5, 1, "desirable"),
+    "apo_zero_unpaired-weighted": ("apo_zero_unpaired", 0.3, 0.8, 1.2, 1, "mixed"),
+}
+
+
+@pytest.mark.parametrize("case", list(KTO_CASES))
+def test_kto_loss_equals_kto_trainers_compute_loss(case):
+    """The reference log-probs and their KL batch precomputed (TRL's precompute_ref_log_probs);
+    the KL estimate is the mean of the KL batch's policy - reference sums, clamped at 0 (a
+    negative one is tested), no gradient; "apo_zero_unpaired" has none."""
+    loss_type, beta, w_d, w_u, kl_sign, labels = KTO_CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    B, T, T_kl = 6, 7, 6
+    logps, shift, mask = _completions(g, B, T)
+    kl_logps, kl_shift, kl_mask = _completions(g, B, T_kl)
+    label = torch.arange(B) % 3 != 0 if labels == "mixed" else torch.ones(B, dtype=torch.bool)
+    token_logps, kl_token_logps = logps * shift, kl_logps.detach() * kl_shift
+    ref = sequence_logprobs(-torch.rand(B, T - 1, generator=g) * 3, shift)
+    kl_seq = sequence_logprobs(kl_token_logps, kl_shift)
+    ref_kl = kl_seq - kl_sign * (0.5 + torch.rand(B, generator=g))  # a KL estimate of that sign
+    zeros = torch.zeros_like(logps.detach())
+    outputs = SimpleNamespace(log_probs=token_logps, entropy=zeros, mean_logits=zeros)
+    kl_outputs = SimpleNamespace(log_probs=kl_token_logps)
+
+    def model(input_ids, labels, fused_lm_head, **kw):  # the KL batch is the narrower one
+        assert fused_lm_head
+        return outputs if input_ids.shape[1] == T else kl_outputs
+
+    inputs = {
+        "input_ids": torch.randint(0, 50, (B, T), generator=g),
+        "attention_mask": torch.ones(B, T, dtype=torch.long), "completion_mask": mask,
+        "KL_input_ids": torch.randint(0, 50, (B, T_kl), generator=g),
+        "KL_attention_mask": torch.ones(B, T_kl, dtype=torch.long), "KL_completion_mask": kl_mask,
+        "label": label, "ref_logps": ref, "ref_KL_logps": ref_kl,
+    }  # fmt: skip
+    # KTOTrainer._compute_loss reads: model.training, accelerator (device, gather_for_metrics),
+    # _compute_kl_logps (TRL's, bound to the stub: reads calculate_KL), aux_loss_enabled,
+    # precompute_ref_logps, calculate_KL, loss_type, beta, desirable_weight,
+    # undesirable_weight, _metrics, _total_train_tokens, _tp_size
+    stub = SimpleNamespace(
+        model=SimpleNamespace(training=True), accelerator=_OneProcess(), aux_loss_enabled=False,
+        precompute_ref_logps=True, calculate_KL=loss_type == "kto", loss_type=loss_type,
+        beta=beta, desirable_weight=w_d, undesirable_weight=w_u, _metrics=_metrics(),
+        _total_train_tokens=0, _tp_size=1,
+    )  # fmt: skip
+    stub._compute_kl_logps = types.MethodType(KTOTrainer._compute_kl_logps, stub)
+    want = KTOTrainer._compute_loss(stub, model, inputs, return_outputs=False)
+
+    seq = sequence_logprobs(token_logps, shift)
+    kl = (kl_seq - ref_kl).mean()
+    assert (kl > 0) == (kl_sign > 0)
+    losses, chosen_rw, rejected_rw = kto_loss(
+        seq[label], seq[~label], ref[label], ref[~label], kl, beta=beta, desirable_weight=w_d,
+        undesirable_weight=w_u, loss_type=loss_type,
+    )  # fmt: skip
+    got = losses.mean()
+    torch.testing.assert_close(got, want)
+    for a, b in zip(_grads(got, [logps]), _grads(want, [logps]), strict=True):
+        torch.testing.assert_close(a, b)
+    m = stub._metrics["train"]
+    assert m["kl"][0] == pytest.approx(kl.clamp(min=0).item() if stub.calculate_KL else 0.0)
+    assert chosen_rw.mean().item() == pytest.approx(m["rewards/chosen"][0], rel=1e-5)
+    if labels == "mixed":
+        assert rejected_rw.mean().item() == pytest.approx(m["rewards/rejected"][0], rel=1e-5)
+    else:
+        assert rejected_rw.numel() == 0 and "rewards/rejected" not in m
+
+
+def test_kto_loss_types_are_trls():
+    from trl import KTOConfig
+
+    field = KTOConfig.__dataclass_fields__["loss_type"]
+    assert tuple(field.metadata["choices"]) == KTO_LOSS_TYPES
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        kto_loss(*torch.zeros(4, 2), loss_type="bco")
 
 
 # ---- GRPO: GRPOTrainer._compute_loss ----------------------------------------------------------

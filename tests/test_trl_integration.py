@@ -138,6 +138,44 @@ def test_adapter_matches_trls_chunked_logprob_function(opts):
     assert few[1:] == (None, None, None, None)
 
 
+@pytest.mark.parametrize("head_grad", [True, False])
+def test_adapter_options_give_the_default_values_and_gradients(head_grad):
+    # backward="stored" (the logits kept for a trainable head; a frozen head's metric entropy
+    # lets it keep one gradient row per token) against the default recomputing function
+    g = torch.Generator().manual_seed(1)
+    N, H, V = 23, 12, 37
+    outputs = ("log_probs", "entropy", "mean_logits", "is_top1")  # what DPOTrainer asks
+    h = torch.randn(N, H, generator=g).to(DEVICE).requires_grad_()
+    w = torch.randn(V, H, generator=g).mul(0.5).to(DEVICE).requires_grad_(head_grad)
+    b = torch.randn(V, generator=g).to(DEVICE).requires_grad_(head_grad)
+    t = torch.randint(0, V, (N,), generator=g).to(DEVICE)
+    dl, de = (torch.randn(N, generator=g).to(DEVICE) for _ in range(2))
+    args = (h, w, b, t, 0.8, 16, None, 1.0, outputs)
+    params = [p for p in (h, w, b) if p.requires_grad]
+    fn = kw_trl.KernelwrightLogProbs.configured(backward="stored", entropy_grad=head_grad)
+    assert (fn.backward, fn.entropy_grad) == ("stored", head_grad)
+    assert kw_trl.KernelwrightLogProbs.configured() is kw_trl.KernelwrightLogProbs
+    got, want = fn.apply(*args), kw_trl.KernelwrightLogProbs.apply(*args)
+    assert got[2] is None and want[2] is None  # log_sum_sq_probs: not asked
+    for name, a, e in zip(outputs, (got[:2] + got[3:]), (want[:2] + want[3:]), strict=True):
+        torch.testing.assert_close(a, e, atol=1e-6, rtol=1e-6, msg=name)
+
+    def loss(out):  # the entropy is trained on only when it may be
+        return (out[0] * dl + (out[1] * de if head_grad else 0)).sum()
+
+    for a, e in zip(_grads(loss(got), params), _grads(loss(want), params), strict=True):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+    if not head_grad:
+        with pytest.raises(RuntimeError, match="entropy_grad=False"):
+            torch.autograd.grad((got[0] * dl + got[1] * de).sum(), h)
+    with pytest.raises(ValueError, match="backward must be one of"):
+        kw_trl.KernelwrightLogProbs.configured(backward="keep")
+
+
+def _grads(loss, params):
+    return torch.autograd.grad(loss, params, retain_graph=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 rounding of the GPU")
 def test_adapter_in_bf16_is_as_accurate_as_trls_function():
@@ -175,6 +213,28 @@ def test_enable_swaps_and_restores_trls_function():
         assert utils._ChunkedLogProbFunction is kw_trl.KernelwrightLogProbs
         kw_trl.enable()  # idempotent
     assert utils._ChunkedLogProbFunction is original and not kw_trl.is_enabled()
+
+
+@needs_trainers
+def test_enable_passes_the_options_and_restores_the_earlier_ones():
+    import trl.trainer.utils as utils
+
+    original = utils._ChunkedLogProbFunction
+    with kw_trl.enabled(backward="stored"):
+        stored = utils._ChunkedLogProbFunction
+        assert (stored.backward, stored.entropy_grad) == ("stored", True)
+        with kw_trl.enabled(backward="stored", entropy_grad=False):
+            inner = utils._ChunkedLogProbFunction
+            assert (inner.backward, inner.entropy_grad) == ("stored", False)
+            kw_trl.enable(backward="stored", entropy_grad=False)  # idempotent
+            assert utils._ChunkedLogProbFunction is inner
+        assert utils._ChunkedLogProbFunction is stored
+        kw_trl.enable()  # back to the defaults, TRL's function still the one to restore
+        assert utils._ChunkedLogProbFunction is kw_trl.KernelwrightLogProbs
+    assert utils._ChunkedLogProbFunction is original and not kw_trl.is_enabled()
+    with pytest.raises(ValueError, match="backward must be one of"):
+        kw_trl.enable(backward="keep")
+    assert utils._ChunkedLogProbFunction is original
 
 
 @needs_trainers

@@ -25,7 +25,11 @@ by DeepSpeed ZeRO-3 (which TRL gathers inside its own functions) and soft-capped
     trainer.train()
 
 or `with kw_trl.enabled(): trainer.train()`; `enable(distillation=False)` (or
-`logprobs=False`) leaves one of the two to TRL.
+`logprobs=False`) leaves one of the two to TRL. `enable(backward="stored")` keeps what spares
+the backward a projection (see `fused_linear_logprob_stats`); `entropy_grad=False` treats the
+entropy TRL asks for as the metric it is in DPO, KTO and GRPO without an entropy bonus (a
+backward through it raises), so that a frozen head stores one gradient row per token rather
+than the logits.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from collections.abc import Iterator
 import torch
 
 from kernelwright.losses.distill import fused_linear_distill
-from kernelwright.losses.logprobs import STATS, fused_linear_logprob_stats
+from kernelwright.losses.logprobs import BACKWARDS, STATS, fused_linear_logprob_stats
 
 # The parameters of trl.kernels.ChunkedLogProbFunction.forward this adapter stands in for.
 _CONTRACT = (
@@ -53,6 +57,7 @@ _DISTILL_CONTRACT = (
     "student_final_logit_softcapping", "teacher_final_logit_softcapping", "temperature",
 )  # fmt: skip
 _TRL_DIVERGENCE: object | None = None  # TRL's distillation loss while ours is in its place
+_CONFIGURED: dict[tuple[str, bool], type] = {}  # KernelwrightLogProbs with non-default options
 
 
 class KernelwrightLogProbs:
@@ -62,10 +67,34 @@ class KernelwrightLogProbs:
 
     TRL's `chunk_size` is the width of its vocabulary tiles; here each chunk of tokens sees the
     whole vocabulary at once, so it is not used. Every target is scored (TRL passes only the
-    scored tokens, or ignored ones clamped to 0)."""
+    scored tokens, or ignored ones clamped to 0).
 
-    @staticmethod
+    `backward` and `entropy_grad` are `fused_linear_logprob_stats`'s options; TRL calls
+    `apply` on the class, so `configured(...)` returns a subclass that carries them."""
+
+    backward: str = "recompute"
+    entropy_grad: bool = True
+
+    @classmethod
+    def configured(
+        cls, *, backward: str = "recompute", entropy_grad: bool = True
+    ) -> type[KernelwrightLogProbs]:
+        """This function with those options (the class itself for the defaults)."""
+        if backward not in BACKWARDS:
+            raise ValueError(f"KernelwrightLogProbs: backward must be one of {BACKWARDS}, "
+                             f"got {backward!r}")  # fmt: skip
+        base = KernelwrightLogProbs
+        if (backward, bool(entropy_grad)) == (base.backward, base.entropy_grad):
+            return base
+        key = (backward, bool(entropy_grad))
+        if key not in _CONFIGURED:  # one class per options: enable() stays idempotent
+            options = dict(backward=backward, entropy_grad=bool(entropy_grad))
+            _CONFIGURED[key] = type(base.__name__, (base,), {**options, "__module__": __name__})
+        return _CONFIGURED[key]
+
+    @classmethod
     def apply(
+        cls,
         hidden: torch.Tensor,
         weight: torch.Tensor,
         bias: torch.Tensor | None,
@@ -91,6 +120,8 @@ class KernelwrightLogProbs:
             logit_scale=logit_scale,
             ignore_index=-(2**62),
             outputs=tuple(o for o in outputs if o in STATS),
+            backward=cls.backward,
+            entropy_grad=cls.entropy_grad,
         )
         return tuple(st)
 
@@ -208,24 +239,37 @@ def _check_distill_contract(module) -> None:
         )
 
 
-def enable(*, logprobs: bool = True, distillation: bool = True) -> None:
+def _ours(fn: object) -> bool:
+    return isinstance(fn, type) and issubclass(fn, KernelwrightLogProbs)
+
+
+def enable(
+    *,
+    logprobs: bool = True,
+    distillation: bool = True,
+    backward: str = "recompute",
+    entropy_grad: bool = True,
+) -> None:
     """Route TRL's fused LM head (logprobs) and its DistillationTrainer's loss (distillation)
-    through kernelwright's functions (idempotent). Both are checked before either is swapped."""
+    through kernelwright's functions (idempotent; called again, it replaces the log-prob
+    function's `backward` and `entropy_grad`). Both are checked before either is swapped."""
     global _TRL_FUNCTION, _TRL_DIVERGENCE
+    ours = KernelwrightLogProbs.configured(backward=backward, entropy_grad=entropy_grad)
     utils = _trl_utils() if logprobs else None
     module = _distillation() if distillation else None
     current = getattr(utils, "_ChunkedLogProbFunction", None)
-    swap_lp = utils is not None and current is not KernelwrightLogProbs
+    swap_lp = utils is not None and current is not ours
     swap_kd = module is not None and module.__dict__.get("_chunked_divergence_loss") is not (
         kernelwright_divergence_loss
     )
-    if swap_lp:
+    if swap_lp and not _ours(current):
         _check_contract(current)
     if swap_kd:
         _check_distill_contract(module)
     if swap_lp:
-        _TRL_FUNCTION = current
-        utils._ChunkedLogProbFunction = KernelwrightLogProbs
+        if not _ours(current):
+            _TRL_FUNCTION = current
+        utils._ChunkedLogProbFunction = ours
     if swap_kd:
         _TRL_DIVERGENCE = module._chunked_divergence_loss
         module._chunked_divergence_loss = kernelwright_divergence_loss
@@ -247,7 +291,7 @@ def _swapped() -> tuple[bool, bool]:
     module = _distillation()
     kd = module is not None and module.__dict__.get("_chunked_divergence_loss")
     return (
-        getattr(_trl_utils(), "_ChunkedLogProbFunction", None) is KernelwrightLogProbs,
+        _ours(getattr(_trl_utils(), "_ChunkedLogProbFunction", None)),
         kd is kernelwright_divergence_loss,
     )
 
@@ -258,11 +302,22 @@ def is_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def enabled(*, logprobs: bool = True, distillation: bool = True) -> Iterator[None]:
-    """`enable()` for the block, then back to whatever was in place before it."""
+def enabled(
+    *,
+    logprobs: bool = True,
+    distillation: bool = True,
+    backward: str = "recompute",
+    entropy_grad: bool = True,
+) -> Iterator[None]:
+    """`enable(...)` for the block, then back to whatever was in place before it (ours
+    with its earlier options, or TRL's)."""
     had_lp, had_kd = _swapped()
-    enable(logprobs=logprobs, distillation=distillation)
+    before = _trl_utils()._ChunkedLogProbFunction if had_lp else None
+    enable(logprobs=logprobs, distillation=distillation, backward=backward,
+           entropy_grad=entropy_grad)  # fmt: skip
     try:
         yield
     finally:
         disable(logprobs=not had_lp, distillation=not had_kd)
+        if before is not None:
+            _trl_utils()._ChunkedLogProbFunction = before

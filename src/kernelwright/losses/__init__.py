@@ -21,6 +21,7 @@ from kernelwright.losses.logprobs import (
 from kernelwright.losses.preference import (
     CPO_LOSS_TYPES,
     DPO_LOSS_TYPES,
+    KTO_LOSS_TYPES,
     cpo_loss,
     dpo_loss,
     kto_loss,
@@ -33,6 +34,7 @@ __all__ = [
     "CPO_LOSS_TYPES",
     "DPO_LOSS_TYPES",
     "GRPO_LOSS_TYPES",
+    "KTO_LOSS_TYPES",
     "LogprobStats",
     "cpo_loss",
     "dpo_loss",

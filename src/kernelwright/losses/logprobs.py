@@ -47,6 +47,7 @@ def fused_linear_logprobs(
     logit_scale: float = 1.0,
     accum_dtype: torch.dtype | None = None,
     backward: str = "recompute",
+    entropy_grad: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log softmax(z)[target] per token, in fp32, where z are the logits a model samples from:
     z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap) / temperature (no
@@ -61,14 +62,15 @@ def fused_linear_logprobs(
     traced call computes every token). return_entropy: also each token's entropy of that
     distribution, differentiable, 0 where the target is ignored: (logps, entropy).
     accum_dtype=torch.float32 accumulates the weight gradient of bf16 weights in fp32.
-    backward: "recompute" or "stored", what the forward keeps for the backward (see
-    `fused_linear_logprob_stats`).
+    backward: "recompute" or "stored", what the forward keeps for the backward, and
+    entropy_grad=False, an entropy that is only a metric (see `fused_linear_logprob_stats`).
     """
     if return_entropy:
         st = fused_linear_logprob_stats(
             hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
             logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
             accum_dtype=accum_dtype, outputs=("entropy",), backward=backward,
+            entropy_grad=entropy_grad,
         )  # fmt: skip
         return st.log_probs, st.entropy
     _check(temperature, softcap, backward)
@@ -141,6 +143,7 @@ def fused_linear_logprob_stats(
     accum_dtype: torch.dtype | None = None,
     outputs: tuple[str, ...] = STATS,
     backward: str = "recompute",
+    entropy_grad: bool = True,
 ) -> LogprobStats:
     """The target log-probs and, per token, the statistics named in `outputs` (of STATS) of
     the same distribution as `fused_linear_logprobs`, from one pass over each chunk's logits.
@@ -155,14 +158,20 @@ def fused_linear_logprob_stats(
     d weight; three with a frozen head). backward="stored" trades memory for that second
     projection when a gradient is recorded (under no_grad it keeps nothing):
     - the hidden states alone need a gradient (a frozen head and bias) and no entropy is
-      asked: each token's gradient row d logp_t / d hidden_t = (onehot(y_t) - p_t) @ W
-      (through the transform) is computed in the forward, [N, H] fp32 kept; the backward
-      only scales the rows by the upstream gradient (two matmuls per chunk, not three).
+      asked, or it is asked with entropy_grad=False: each token's gradient row
+      d logp_t / d hidden_t = (onehot(y_t) - p_t) @ W (through the transform) is computed in
+      the forward, [N, H] fp32 kept; the backward only scales the rows by the upstream
+      gradient (two matmuls per chunk, not three).
     - otherwise: every chunk's logits are kept, [N, V] in the matmul dtype (N the scored
       tokens); the backward skips their projection (three matmuls per chunk, not four).
     The weight's gradient sum_t dlogp_t (onehot(y_t) - p_t) h_t^T cannot be formed before
     the per-token upstream gradients are known without p itself, nor the entropy's hidden
     gradient without a second matmul, hence the logits there.
+
+    entropy_grad=False: the entropy is a metric (a trainer that logs it, or masks tokens by
+    it, without differentiating it). Its values are the same and it stays in the graph, but
+    a backward that reaches it raises instead of computing its gradient; that lets the stored
+    backward of a frozen head keep the gradient rows rather than the logits.
     """
     _check(temperature, softcap, backward)
     unknown = set(outputs) - set(STATS)
@@ -192,7 +201,7 @@ def fused_linear_logprob_stats(
         h2 if keep is None else h2[keep], weight, bias, t if keep is None else t[keep],
         float(temperature), None if softcap is None else float(softcap), float(logit_scale),
         int(ignore_index), chunk_size, want, accum_dtype,
-        backward == "stored" and torch.is_grad_enabled(),
+        backward == "stored" and torch.is_grad_enabled(), bool(entropy_grad),
     )  # fmt: skip
     shape = target.shape
     return LogprobStats(*(None if x is None else _spread(x, keep).reshape(shape) for x in res))
@@ -229,12 +238,14 @@ class _LogprobStats(torch.autograd.Function):
     buffer, then the stats kernel. The backward recomputes each chunk's logits, turns them into
     their gradient in place and runs the two gradient matmuls. With `store` (backward="stored"
     under grad mode) the forward keeps what spares the backward that projection: the hidden
-    gradient rows of the log-probs (only hidden needs a gradient, no entropy) or the logits."""
+    gradient rows of the log-probs (only hidden needs a gradient, no differentiable entropy)
+    or the logits. Without `ent_grad` the entropy is a metric: a gradient reaching it raises."""
 
     @staticmethod
     def forward(
-        ctx, h, w, b, t, temperature, softcap, scale, ignore_index, chunk, want, accum, store
-    ):
+        ctx, h, w, b, t, temperature, softcap, scale, ignore_index, chunk, want, accum, store,
+        ent_grad,
+    ):  # fmt: skip
         ctx.set_materialize_grads(False)
         N, V = h.shape[0], w.shape[0]
         cd = _compute_dtype(h)
@@ -247,7 +258,8 @@ class _LogprobStats(torch.autograd.Function):
         need = ctx.needs_input_grad[:3]
         store = store and any(need)
         rows = logits = None
-        if store and not (need[1] or need[2]) and ent is None:
+        diff_ent = ent is not None and ent_grad
+        if store and not (need[1] or need[2]) and not diff_ent:
             rows = torch.zeros(h.shape, **f32)  # d logp_t / d hidden_t
             ones = torch.ones(N, **f32)
         elif store:
@@ -275,7 +287,8 @@ class _LogprobStats(torch.autograd.Function):
             ctx.save_for_backward(rows)
         else:
             ctx.save_for_backward(h, w, b, t, lse, ent if ent is not None else lse, logits)
-        ctx.args = (cd, chunk, kw, accum, ent is not None, rows is not None, h.dtype)
+        ctx.args = (cd, chunk, kw, accum, diff_ent, rows is not None, h.dtype)
+        ctx.metric_ent = ent is not None and not ent_grad
         out = [x for x in (lssp, mean) if x is not None]
         if top1 is not None:
             top1 = top1.bool()
@@ -286,7 +299,12 @@ class _LogprobStats(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_logp, d_ent, *_):
         cd, chunk, kw, accum, has_ent, has_rows, h_dtype = ctx.args
-        none = (None,) * 9
+        if d_ent is not None and ctx.metric_ent:
+            raise RuntimeError(
+                "fused_linear_logprob_stats: the loss differentiates an entropy computed with "
+                "entropy_grad=False (a metric); pass entropy_grad=True to train on it"
+            )
+        none = (None,) * 10
         if has_rows:  # only hidden needs a gradient, and only the log-probs have one
             (rows,) = ctx.saved_tensors
             if d_logp is None:

@@ -19,9 +19,10 @@ trainer does (a mean over pairs). Definitions, option names and defaults are TRL
 - ORPO (Hong et al. 2024), on mean log-probs (< 0): log_odds = (c - r) - (log(1 - e^c) -
   log(1 - e^r)), log(1 - e^x) evaluated stably; the term -β·log σ(log_odds) is added to the
   NLL of the chosen (TRL returns β·log σ(log_odds) and subtracts it).
-- KTO (Ethayarajh et al. 2024), unpaired: desirable 1 - σ(β·(logratio - z)), undesirable
-  1 - σ(β·(z - logratio)), weighted, with z the reference-KL estimate clamped at 0 (no
-  gradient); rewards β·logratio.
+- KTO (Ethayarajh et al. 2024), unpaired: "kto": desirable 1 - σ(β·(logratio - z)),
+  undesirable 1 - σ(β·(z - logratio)), weighted, with z the reference-KL estimate clamped at
+  0 (no gradient); "apo_zero_unpaired" (APO-zero, D'Oosterlinck et al. 2024, unpaired):
+  1 - σ(β·logratio) and σ(β·logratio), no KL estimate; rewards β·logratio.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 DPO_LOSS_TYPES = ("sigmoid", "robust", "hinge", "ipo")
 CPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "simpo", "alphapo")
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
 
 
 def _check(name: str, *ts: torch.Tensor | None) -> None:
@@ -180,18 +182,26 @@ def kto_loss(
     beta: float = 0.1,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
+    loss_type: str = "kto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """KTO on unpaired examples: [desirable] and [undesirable] sequence log-probs with their
-    reference's, `kl` the batch's reference-KL estimate (a scalar). Returns the losses (the
-    desirable ones, then the undesirable ones) and the two rewards."""
+    reference's, `kl` the batch's reference-KL estimate (a scalar; "apo_zero_unpaired" does not
+    read it). Returns the losses (the desirable ones, then the undesirable ones) and the two
+    rewards; the trainer's loss is their mean."""
+    if loss_type not in KTO_LOSS_TYPES:
+        raise ValueError(f"kto_loss: loss_type must be one of {KTO_LOSS_TYPES}, "
+                         f"got {loss_type!r}")  # fmt: skip
     _check("kto_loss", chosen_logps, ref_chosen_logps)
     _check("kto_loss", rejected_logps, ref_rejected_logps)
-    z = torch.as_tensor(kl, dtype=chosen_logps.dtype, device=chosen_logps.device)
-    z = z.detach().clamp(min=0)
     chosen_ratio = chosen_logps - ref_chosen_logps
     rejected_ratio = rejected_logps - ref_rejected_logps
-    losses = torch.cat([
-        desirable_weight * (1 - torch.sigmoid(beta * (chosen_ratio - z))),
-        undesirable_weight * (1 - torch.sigmoid(beta * (z - rejected_ratio))),
-    ])  # fmt: skip
+    if loss_type == "kto":
+        z = torch.as_tensor(kl, dtype=chosen_logps.dtype, device=chosen_logps.device)
+        z = z.detach().clamp(min=0)
+        chosen = 1 - torch.sigmoid(beta * (chosen_ratio - z))
+        rejected = 1 - torch.sigmoid(beta * (z - rejected_ratio))
+    else:
+        chosen = 1 - torch.sigmoid(beta * chosen_ratio)
+        rejected = torch.sigmoid(beta * rejected_ratio)
+    losses = torch.cat([desirable_weight * chosen, undesirable_weight * rejected])
     return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
