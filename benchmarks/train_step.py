@@ -14,8 +14,11 @@ Providers:
     liger         Liger Kernel's `apply_liger_kernel_to_<model>(model=model)`, its defaults
                   (`notes` lists names it set that the modeling module lacks: no effect)
     <p>+compile   any of the above, then `torch.compile(model)` (hf+compile, ...)
-    kw.compile    the unpatched model under `kernelwright.compile(model)`: the registry's graph
-                  pass picks the kernels (no per-model code); its notes count the sites replaced
+    kw.compile    the unpatched model under `kernelwright.compile(model,
+                  logits="drop_with_labels")`: the registry's graph pass picks the kernels (no
+                  per-model code); called with labels, the model returns logits=None (the step
+                  reads only the loss), so its lm-head + loss is fused linear cross-entropy as
+                  patch's is; its notes count the sites replaced and say what became of the logits
 
 Compile time lands in `warmup_s` (the first steps compile). `--process-per-provider` runs each
 provider in its own process (this script again, one provider each) and merges the rows, so that
@@ -107,7 +110,8 @@ LIGER_APPLY = {
     "qwen2_5_vl": "apply_liger_kernel_to_qwen2_5_vl",
 }
 # "+compile": the provider's model under torch.compile; "kw.compile": the unpatched model under
-# kernelwright.compile (the registry's graph pass chooses the kernels, no per-model code).
+# kernelwright.compile (the registry's graph pass chooses the kernels, no per-model code; the
+# logits dropped from the output of a step with labels, as patch drops them).
 PROVIDERS = (
     "hf", "kernelwright", "liger", "hf+compile", "kernelwright+compile", "liger+compile",
     "kw.compile",
@@ -171,7 +175,8 @@ def apply_provider(provider: str, model, shape: Shape, device: torch.device):
         import kernelwright
 
         report = kernelwright.compile.CompileReport()
-        return kernelwright.compile(model, report=report), "kernelwright.compile", report
+        compiled = kernelwright.compile(model, report=report, logits="drop_with_labels")
+        return compiled, "kernelwright.compile", report
     base, compiled = provider.removesuffix("+compile"), provider.endswith("+compile")
     notes, profile = patch_provider(base, model, shape, device)
     if compiled:
@@ -332,6 +337,7 @@ def run_provider(name: str, shape: Shape, provider: str, batch: int, args, devic
                     f"{profile.graphs} graph(s), {len(profile.replaced())}/{len(profile)} sites "
                     f"replaced ({', '.join(ops) or 'none'}); {len(profile.breaks)} graph break(s)"
                 )
+                row["notes"] += "".join(f"; {n}" for n in getattr(profile, "notes", ()))
             timed = times[args.warmup :]
             total = sum(timed)
             row["ms_per_step"] = 1e3 * total / len(timed)

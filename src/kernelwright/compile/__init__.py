@@ -6,6 +6,9 @@
     loss = model(batch).sum(); loss.backward()               # compiles: the report fills
     print(report.summary())
 
+    # a Hugging Face model trained with labels: logits=None, the lm-head + loss fused
+    model = kernelwright.compile(hf_model, logits="drop_with_labels")
+
     # the same pass, with torch.compile called yourself:
     model = torch.compile(model, backend=kernelwright.compile_backend())
     # or as Inductor's own pre-grad pass:
@@ -38,6 +41,7 @@ import types
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from kernelwright.compile import logits as logits_option
 from kernelwright.compile import loops
 from kernelwright.compile.passes import (
     CompileReport,
@@ -99,6 +103,7 @@ def compile(
     db=None,
     capture_loops: bool = True,
     only: Collection[str] | None = None,
+    logits: str = "keep",
     **torch_compile_kwargs,
 ):
     """`torch.compile(model_or_fn, **torch_compile_kwargs)` with kernelwright's graph pass.
@@ -112,6 +117,12 @@ def compile(
             the forward of each submodule (on the instance) or in the function.
         only: the keys (`Site.key`, "graph:node") of the graph sites that may be replaced;
             the others are left to the backend (None: every site). For bisecting a divergence.
+        logits: "keep" (the output as the model returns it) or "drop_with_labels": a Hugging
+            Face model called with labels and grad enabled returns `logits=None` beside its
+            loss (set on the instance's forward, `compile/logits.py`), so its lm-head and loss
+            become fused linear cross-entropy and the [tokens, vocab] logits are never stored.
+            Calls without labels, under no_grad, with `logits_to_keep` or `return_dict=False`
+            keep them; `report.notes` says which happened.
         **torch_compile_kwargs: fullgraph, dynamic, mode, options, ... as torch.compile takes.
     """
     import torch
@@ -119,8 +130,9 @@ def compile(
     if model_or_fn is None:
         return lambda m: compile(
             m, report=report, backend=backend, db=db, capture_loops=capture_loops, only=only,
-            **torch_compile_kwargs,
+            logits=logits, **torch_compile_kwargs,
         )  # fmt: skip
+    logits_option.check(logits, model_or_fn)  # before anything is changed
     check_db(db)  # a results database that is not one: an error naming it, now
     ensure_log_handler()  # before the loop sites are logged
     if capture_loops:
@@ -130,6 +142,8 @@ def compile(
             log.info(site.line())
         if report is not None:
             report.extend(sites)
+    if logits == "drop_with_labels":
+        logits_option.drop_with_labels(model_or_fn, report, log)
     be = make_backend(backend, report=report, db=db, only=only)
     return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
 

@@ -90,6 +90,9 @@ class CompileReport(list):
         super().__init__(*args)
         self.graphs = 0
         self.breaks: list[str] = []  # one line per graph break: where, and Dynamo's reason
+        # what was done to the model's output before Dynamo (compile's `logits=` option): one
+        # line per case met while tracing, e.g. "LlamaForCausalLM: logits=None in the output"
+        self.notes: list[str] = []
 
     def replaced(self) -> list[Site]:
         return [s for s in self if s.replaced]
@@ -100,7 +103,7 @@ class CompileReport(list):
             f"{len(self.replaced())} replaced"
         )
         lines = [head] + ["  " + s.line() for s in self]
-        return "\n".join(lines + ["  " + b for b in self.breaks])
+        return "\n".join(lines + ["  " + b for b in (*self.breaks, *self.notes)])
 
 
 def _logging_requested() -> bool:

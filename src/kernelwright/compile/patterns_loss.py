@@ -101,7 +101,11 @@ def _linear_cross_entropy(ce: Match, logits: Node, absorbed: list, node: Node) -
         len(logits.users) != 1 or (absorbed and any(len(n.users) != 1 for n in absorbed))
     ):
         # e.g. a Hugging Face causal LM, whose output holds the logits beside the loss
-        problem = "the logits are also read outside the loss (a graph output?): they must exist"
+        problem = (
+            "the logits are also read outside the loss (a graph output?): they must exist; "
+            'kernelwright.compile(model, logits="drop_with_labels") drops a Hugging Face '
+            "model's logits when it is trained with labels"
+        )
     hv, wv = value(hidden), value(w)
     if problem is None and (hv is None or wv is None or hv.dtype != wv.dtype):
         problem = "hidden and the lm-head weight differ in dtype (eager promotes)"
