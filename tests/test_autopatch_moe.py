@@ -231,12 +231,12 @@ def _rope_check(site, fn, cos, sin, **shapes) -> bool:
     return C.check_rope(site, fn, cos, sin, **shapes).passed
 
 
-def test_gpt_oss_rope_is_patched_and_its_experts_left_alone_with_the_reason():
+def test_gpt_oss_rope_is_patched_with_parity():
     # GPT-OSS's rotary embedding returns each angle once (cos/sin [.., D/2]) and
     # _apply_rotary_emb rotates torch.chunk halves by them: the kernel's half_table pairing,
     # which the check tells from half_split, then patched (loss and every gradient, fp32, YaRN
-    # tables). Its experts (biased, transposed, interleaved gate/up, clamped gate with alpha and
-    # up + 1) stay HF's, with every difference in the record.
+    # tables). Its experts (biased, transposed, interleaved gate/up) keep HF's forward; their own
+    # clamped gate (alpha, up + 1) is replaced by swiglu_clamped, checked below.
     ref, model = _pair(
         "GptOssConfig", hidden_size=32, intermediate_size=16, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
@@ -258,12 +258,60 @@ def test_gpt_oss_rope_is_patched_and_its_experts_left_alone_with_the_reason():
     )
     _assert_rope_only_parity(ref, model, profile, n_rope=2)
     unpatch(model)
-    with pytest.warns(UserWarning, match="left 2 part"):
-        patch(model, profile)
-    why = dict(patch_record(model).skipped)
-    experts = next(v for k, v in why.items() if k.startswith("moe_experts"))
-    assert "has_bias=True" in experts and "is_transposed=True" in experts
-    assert "_apply_gate is its own" in experts and "(up + 1) * glu" in experts
+
+
+def test_gpt_oss_clamped_gate_is_patched_with_parity():
+    # Only the experts' _apply_gate replaced: loss and every gradient against the unpatched
+    # model, with a limit small enough that the clamp cuts both gate and up; unpatch restores it.
+    ref, model = _pair(
+        "GptOssConfig", hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2,
+    )  # fmt: skip
+    for m in (*ref.modules(), *model.modules()):
+        if type(m).__name__ == "GptOssExperts":
+            m.limit = 0.05  # per instance, as HF's gate reads it
+    profile = analyze(model, check=False)
+    off = dict(rms_norm=False, layer_norm=False, mlp=False, rope=False)
+    patch(model, profile, **off, fused_linear_cross_entropy=False)
+    record = patch_record(model)
+    assert record.count("moe_experts") == 2, record.summary()
+    assert {p.detail for p in record.modules} == {"swiglu_clamped/interleaved"}
+    assert all("_apply_gate" in vars(p.module) for p in record.modules)
+    ids, labels = batch()
+    out, grads = loss_and_grads(model, ids, labels)
+    expected, ref_grads = loss_and_grads(ref, ids, labels)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=RTOL, atol=0)
+    for name, g in ref_grads.items():
+        err = (grads[name] - g).abs().max().item()
+        assert err <= RTOL * g.abs().max().item(), name
+    unpatch(model)
+    assert not any("_apply_gate" in vars(m) for m in model.modules())
+
+
+def test_a_gate_that_is_not_the_clamped_swiglu_is_left_alone():
+    # Step-3.7 clamps after the activation: no (alpha, offset, layout) reproduces it
+    from kernelwright.integrations.transformers import guards
+
+    class Step37Like(torch.nn.Module):
+        limit = 0.5
+
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up.chunk(2, dim=-1)
+            return torch.nn.functional.silu(gate).clamp(max=self.limit) * up.clamp(-0.5, 0.5)
+
+    class GptOssLike(Step37Like):
+        alpha = 1.702
+
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up[..., ::2].clamp(max=self.limit), gate_up[..., 1::2]
+            up = up.clamp(min=-self.limit, max=self.limit)
+            return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    spec, why = guards.clamped_gate(Step37Like())
+    assert spec is None and "not a clamped SwiGLU" in why
+    spec, _ = guards.clamped_gate(GptOssLike())
+    assert spec == {"alpha": 1.702, "limit": 0.5, "up_offset": 1.0, "interleaved": True}
 
 
 def test_deepseek_v32_patches_the_rope_of_mla_and_of_its_indexer():

@@ -12,6 +12,7 @@ from kernelwright.ops import _gated as family
 from kernelwright.ops.geglu import geglu_ref
 from kernelwright.ops.relu_squared import relu_squared_ref
 from kernelwright.ops.swiglu import swiglu_ref
+from kernelwright.ops.swiglu_clamped import swiglu_clamped_ref
 from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.runtime.tables.geglu import TABLE as GEGLU_TABLE
 from kernelwright.runtime.tables.relu_squared import TABLE as RELU_SQUARED_TABLE
@@ -28,7 +29,10 @@ REFS = {
     "gelu_tanh": lambda a, b: geglu_ref(a, b, approximate="tanh"),
     "gelu_erf": lambda a, b: geglu_ref(a, b, approximate="none"),
     "relu_squared": lambda a, b: relu_squared_ref(a),
+    "silu_clamped": lambda a, b: swiglu_clamped_ref(a, b, alpha=1.702, limit=1.0, up_offset=1.0),
 }
+# silu_clamped's runtime (alpha, limit, offset); limit 1 puts N(0, 1) inputs on both sides
+SCALARS = {"silu_clamped": (1.702, 1.0, 1.0)}
 
 
 def _strided(full: torch.Tensor, n: int) -> torch.Tensor:
@@ -58,8 +62,9 @@ def test_each_activation_matches_its_reference(activation, dtype, device):
 
     out_full, da_full, db_full = _buffers(m, n, dtype, device, 3)
     out, da, db = (_strided(t, n) for t in (out_full, da_full, db_full))
-    family.gated_fwd_launch(activation, a, b, out)
-    family.gated_bwd_launch(activation, dc, a, b, da, db if gated else None)
+    sc = SCALARS.get(activation)
+    family.gated_fwd_launch(activation, a, b, out, scalars=sc)
+    family.gated_bwd_launch(activation, dc, a, b, da, db if gated else None, scalars=sc)
 
     assert rel_norm_error(out, ref) < TOL[dtype]
     assert rel_norm_error(da, ref_grads[0]) < TOL[dtype]
@@ -77,15 +82,29 @@ def test_fused_form_equals_two_views(device):
     x = rand((19, 2 * 260), torch.float32, device, gen=gen)
     dc = rand((19, 260), torch.float32, device, gen=gen)
     for activation in family.GATED:
+        sc = SCALARS.get(activation)
         c_fused, c_split = (torch.full_like(dc, math.nan) for _ in range(2))
-        family.gated_fused_fwd_launch(activation, x, c_fused)
-        family.gated_fwd_launch(activation, x[:, :260], x[:, 260:], c_split)
+        family.gated_fused_fwd_launch(activation, x, c_fused, scalars=sc)
+        family.gated_fwd_launch(activation, x[:, :260], x[:, 260:], c_split, scalars=sc)
         assert torch.equal(c_fused, c_split)
         dx = torch.full_like(x, math.nan)
         da, db = (torch.full_like(dc, math.nan) for _ in range(2))
-        family.gated_fused_bwd_launch(activation, dc, x, dx)
-        family.gated_bwd_launch(activation, dc, x[:, :260], x[:, 260:], da, db)
+        family.gated_fused_bwd_launch(activation, dc, x, dx, scalars=sc)
+        family.gated_bwd_launch(activation, dc, x[:, :260], x[:, 260:], da, db, scalars=sc)
         assert torch.equal(dx, torch.cat([da, db], dim=1))
+    # interleaved (silu_clamped): the even/odd columns, read and written with column stride 2
+    sc = SCALARS["silu_clamped"]
+    c_fused, c_split = (torch.full_like(dc, math.nan) for _ in range(2))
+    family.gated_fused_fwd_launch("silu_clamped", x, c_fused, scalars=sc, interleaved=True)
+    family.gated_fwd_launch("silu_clamped", x[:, 0::2], x[:, 1::2], c_split, scalars=sc)
+    assert torch.equal(c_fused, c_split)
+    dx = torch.full_like(x, math.nan)
+    family.gated_fused_bwd_launch("silu_clamped", dc, x, dx, scalars=sc, interleaved=True)
+    ref = torch.full_like(x, math.nan)
+    family.gated_bwd_launch(
+        "silu_clamped", dc, x[:, 0::2], x[:, 1::2], ref[:, 0::2], ref[:, 1::2], scalars=sc
+    )
+    assert torch.equal(dx, ref) and not dx.isnan().any()
 
 
 def test_activations_differ(device):
@@ -95,7 +114,8 @@ def test_activations_differ(device):
     outs = {}
     for activation in family.ACTIVATIONS:
         out = torch.empty_like(a)
-        family.gated_fwd_launch(activation, a, b if activation in family.GATED else None, out)
+        b_in = b if activation in family.GATED else None
+        family.gated_fwd_launch(activation, a, b_in, out, scalars=SCALARS.get(activation))
         outs[activation] = out
     assert torch.allclose(outs["silu"], F.silu(a) * b, rtol=1e-6, atol=1e-6)
     names = list(outs)
@@ -111,6 +131,7 @@ def test_activations_differ(device):
         ("gelu_tanh", GEGLU_TABLE),
         ("gelu_erf", GEGLU_TABLE),
         ("relu_squared", RELU_SQUARED_TABLE),
+        ("silu_clamped", SWIGLU_TABLE),  # swiglu's pass with one more input: its table
     ],
 )
 def test_each_activation_reads_its_own_table(activation, table, device, monkeypatch):
@@ -132,9 +153,16 @@ def test_each_activation_reads_its_own_table(activation, table, device, monkeypa
         return real_grid(op, m, n, cfg)
 
     monkeypatch.setattr(family, "elementwise_grid", grid)
-    family.gated_fwd_launch(activation, a, b, torch.empty_like(a))
+    sc = SCALARS.get(activation)
+    family.gated_fwd_launch(activation, a, b, torch.empty_like(a), scalars=sc)
     family.gated_bwd_launch(
-        activation, a, a, b, torch.empty_like(a), torch.empty_like(a) if gated else None
+        activation,
+        a,
+        a,
+        b,
+        torch.empty_like(a),
+        torch.empty_like(a) if gated else None,
+        scalars=sc,
     )
     assert seen == [(family.ACTIVATIONS[activation], 32), (family.ACTIVATIONS[activation], 64)]
 

@@ -386,14 +386,16 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     assert check_op(geglu, geglu_ref, inputs, kwargs=exact, tolerances=TOL).ok
 
     real_fwd, real_bwd = family.gated_fwd_launch, family.gated_bwd_launch
-    tanh_fwd = lambda activation, a, b, c, config=None: real_fwd("gelu_tanh", a, b, c, config)
+    tanh_fwd = lambda activation, a, b, c, config=None, **kw: real_fwd(
+        "gelu_tanh", a, b, c, config, **kw
+    )
     monkeypatch.setattr(family, "gated_fwd_launch", tanh_fwd)
     report = check_op(geglu, geglu_ref, inputs, kwargs=exact, tolerances=TOL)
     assert [r.ok for r in report.rows] == [False, True, True], report.table()
     monkeypatch.undo()
 
-    swapped = lambda activation, dc, a, b, da, db, config=None: real_bwd(
-        activation, dc, a, b, db, da, config
+    swapped = lambda activation, dc, a, b, da, db, config=None, **kw: real_bwd(
+        activation, dc, a, b, db, da, config, **kw
     )
     monkeypatch.setattr(family, "gated_bwd_launch", swapped)
     report = check_op(geglu, geglu_ref, inputs, tolerances=TOL)

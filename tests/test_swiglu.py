@@ -360,7 +360,9 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     assert check_op(swiglu, swiglu_ref, inputs, tolerances=TOL).ok
 
     real_bwd = family.gated_bwd_launch
-    swapped = lambda act, dc, a, b, da, db, config=None: real_bwd(act, dc, a, b, db, da, config)
+    swapped = lambda act, dc, a, b, da, db, config=None, **kw: real_bwd(
+        act, dc, a, b, db, da, config, **kw
+    )
     monkeypatch.setattr(family, "gated_bwd_launch", swapped)
     report = check_op(swiglu, swiglu_ref, inputs, tolerances=TOL)
     assert [r.ok for r in report.rows] == [True, False, False], report.table()

@@ -56,6 +56,12 @@ from kernelwright.ops.swiglu import (  # noqa: E402
     swiglu_fused_ref,
     swiglu_ref,
 )
+from kernelwright.ops.swiglu_clamped import (  # noqa: E402
+    SwiGLUClamped,
+    swiglu_clamped,
+    swiglu_clamped_fused,
+    swiglu_clamped_ref,
+)
 
 __version__ = "0.1.0"
 
@@ -93,6 +99,7 @@ __all__ = [
     "RoPE",
     "Softmax",
     "SwiGLU",
+    "SwiGLUClamped",
     "SwiGLUFused",
     "__version__",
     "compile_backend",
@@ -122,6 +129,9 @@ __all__ = [
     "softmax",
     "softmax_ref",
     "swiglu",
+    "swiglu_clamped",
+    "swiglu_clamped_fused",
+    "swiglu_clamped_ref",
     "swiglu_fused",
     "swiglu_fused_ref",
     "swiglu_ref",

@@ -1,8 +1,14 @@
 """The gated family's activation formulas in fp32, as Triton helpers (ops/_gated.py's kernels
-call them with their `ACTIVATION` constexpr): silu, gelu_tanh, gelu_erf and relu_squared.
+call them with their `ACTIVATION` constexpr): silu, gelu_tanh, gelu_erf, relu_squared and
+silu_clamped.
 
 `_activation`: act(a). `_activation_grad`: act(a) and the term `_chain` takes to form
-da = dh * act'(a).
+da = dh * act'(a). `alpha` is silu_clamped's runtime scale (None for the others).
+
+silu_clamped is GPT-OSS's expert gate, act(g) = g * sigmoid(alpha * g) on the clamped gate
+g = min(gate, limit); `_clamp_gate_up` clamps gate and up and adds up's offset,
+`_clamp_grads` applies clamp's gradient (torch's: it passes where limit >= the input, both
+bounds included, and is 0 beyond them and for NaN).
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 pi)
 
 
 @triton.jit
-def _activation(a, ACTIVATION: tl.constexpr):
+def _activation(a, alpha, ACTIVATION: tl.constexpr):
     # act(a) in fp32, PyTorch's formula term for term.
     if ACTIVATION == "silu":
         g = a * tl.sigmoid(a)
+    elif ACTIVATION == "silu_clamped":
+        g = a * tl.sigmoid(alpha * a)  # a: the clamped gate
     elif ACTIVATION == "gelu_tanh":
         u = _K * (a + _KAPPA * (a * a * a))
         t = 2.0 * tl.sigmoid(2.0 * u) - 1.0  # tanh(u)
@@ -42,11 +50,14 @@ def _activation(a, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _activation_grad(a, ACTIVATION: tl.constexpr):
+def _activation_grad(a, alpha, ACTIVATION: tl.constexpr):
     # (act(a), d) in fp32, d what the chain rule `_chain` takes: act'(a), or for silu sigmoid(a)
     # (silu's backward forms its derivative with the incoming gradient, in PyTorch's order).
     if ACTIVATION == "silu":
         d = tl.sigmoid(a)
+        g = a * d
+    elif ACTIVATION == "silu_clamped":
+        d = tl.sigmoid(alpha * a)
         g = a * d
     elif ACTIVATION == "gelu_tanh":
         a2 = a * a
@@ -71,15 +82,38 @@ def _activation_grad(a, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
-def _chain(a, d, dh, ACTIVATION: tl.constexpr):
+def _chain(a, d, dh, alpha, ACTIVATION: tl.constexpr):
     # da = dh * act'(a) in fp32, with d from `_activation_grad`.
     if ACTIVATION == "silu":
         # silu'(a) = s * (1 + a * (1 - s)); PyTorch's compiled kernels (CPU and CUDA) fuse
         # 1 + a * (1 - s) into one fma.
         da = dh * d * tl.fma(a, 1.0 - d, 1.0)
+    elif ACTIVATION == "silu_clamped":
+        # d/da [a * s(alpha a)] = s * (1 + alpha * a * (1 - s)); at alpha = 1 silu's form
+        da = dh * d * tl.fma(alpha * a, 1.0 - d, 1.0)
     elif ACTIVATION == "relu_squared":
         # d/da relu(a)^2 = 2 relu(a); +0 where a <= 0, as eager's relu backward (a select).
         da = tl.where(a > 0, 2.0 * a * dh, 0.0)
     else:
         da = dh * d
     return da
+
+
+@triton.jit
+def _clamp_gate_up(a, b, limit, offset, dtype: tl.constexpr):
+    # silu_clamped's inputs in fp32: min(gate, limit), and clamp(up, -limit, limit) + offset
+    # rounded to the input dtype (the `up + 1` tensor eager keeps); NaN stays NaN, as clamp's.
+    g = tl.minimum(a, limit, propagate_nan=tl.PropagateNan.ALL)
+    u = tl.maximum(b, -limit, propagate_nan=tl.PropagateNan.ALL)
+    u = tl.minimum(u, limit, propagate_nan=tl.PropagateNan.ALL)
+    u = (u + offset).to(dtype).to(tl.float32)
+    return g, u
+
+
+@triton.jit
+def _clamp_grads(a, b, da, db, limit):
+    # clamp's backward on the raw gate a and up b: the gradient where the input lies within
+    # the bounds (inclusive), else 0 (NaN included: its comparisons are false)
+    da = tl.where(a <= limit, da, 0.0)
+    db = tl.where((b >= -limit) & (b <= limit), db, 0.0)
+    return da, db

@@ -1,11 +1,14 @@
 """Shared plumbing of the elementwise kernels (the gated family in ops/_gated.py): the tile a
-program owns on a 1-D grid, the grid, and the re-viewing of dense inputs into full tiles."""
+program owns on a 1-D grid, the grid, the re-viewing of dense inputs into full tiles, and the
+views of interleaved columns (a column stride of 2: GPT-OSS's [gate0, up0, gate1, up1, ...])."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
+from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.launch import LaunchConfig, cdiv
 
 
@@ -40,3 +43,45 @@ def retiled_shape(m: int, n: int, cfg: LaunchConfig) -> tuple[int, int]:
     if (m * n) % block or n == block:
         return m, n
     return (m * n) // block, block
+
+
+def _cols(*ts) -> int:
+    """The column stride shared by `ts` (None entries skipped): 1, or 2 for interleaved
+    views; a one-column tensor fits either."""
+    strides = {t.stride(1) for t in ts if t is not None and t.shape[1] > 1}
+    if not strides:
+        return 1
+    if len(strides) != 1 or not strides <= {1, 2}:
+        raise ValueError(
+            f"gated kernels: column strides {sorted(strides)}; gate, up and their gradients "
+            "need one column stride, 1 or 2"
+        )
+    return strides.pop()
+
+
+def _halves(x: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) views of x [M, 2N]: its halves [gate | up], or its even and odd columns
+    (interleaved, GPT-OSS's layout); each keeps x's row stride."""
+    if interleaved:
+        return x[:, 0::2], x[:, 1::2]
+    n = x.shape[1] // 2
+    return x[:, :n], x[:, n:]
+
+
+def _every_other(t: torch.Tensor) -> torch.Tensor | None:
+    """t as [M, N] keeping its column stride of 2 (an interleaved half), or None."""
+    n = t.shape[-1]
+    if n < 2 or t.stride(-1) != 2:
+        return None
+    try:
+        return t if t.dim() == 2 else t.view(-1, n)
+    except RuntimeError:  # leading dims that do not fold into one row stride
+        return None
+
+
+def _empty_as(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised [M, N] tensor with t's column stride (1, or 2: half of a [M, 2N])."""
+    m, n = t.shape
+    if n > 1 and t.stride(1) == 2:
+        return empty((m, 2 * n), dtype=t.dtype, device=t.device)[:, 0::2]
+    return empty(t.shape, dtype=t.dtype, device=t.device)

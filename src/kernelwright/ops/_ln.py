@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.ops._row_block import load_rows, row_block
 from kernelwright.ops._split import arrive_and_wait, ticket
 from kernelwright.runtime.fastlaunch import fast
 
@@ -60,11 +61,8 @@ def _layer_norm_fwd_kernel(
         tl.store(mean_ptr + row, mean)
         tl.store(rstd_ptr + row, rstd)
     else:
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        rows, row_mask, mask = row_block(tl.program_id(0), M, col_mask, ROWS)
+        x = load_rows(x_ptr, rows, stride_x, cols, mask).to(tl.float32)
         mean = tl.sum(x, axis=1) / N  # [ROWS]
         xc = tl.where(mask, x - mean[:, None], 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)  # [ROWS]
@@ -191,31 +189,24 @@ def _layer_norm_bwd_kernel(
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if PREFETCH:
-        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
-        mask0 = (first < M)[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
-        dy_next = tl.load(
-            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
-        )
-        mean_next = tl.load(mean_ptr + first, mask=first < M, other=0.0)
-        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
+        first, first_mask, mask0 = row_block(pid, M, col_mask, ROWS)
+        x_next = load_rows(x_ptr, first, stride_x, cols, mask0)
+        dy_next = load_rows(dy_ptr, first, stride_dy, cols, mask0)
+        mean_next = tl.load(mean_ptr + first, mask=first_mask, other=0.0)
+        rstd_next = tl.load(rstd_ptr + first, mask=first_mask, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
+        rows, row_mask, mask = row_block(block, M, col_mask, ROWS)
         if PREFETCH:
             x, dy, mean, rstd = x_next, dy_next, mean_next, rstd_next
             nxt = rows + step
             nmask = (nxt < M)[:, None] & col_mask[None, :]
-            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
-            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
-            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            x_next = load_rows(x_ptr, nxt, stride_x, cols, nmask)
+            dy_next = load_rows(dy_ptr, nxt, stride_dy, cols, nmask)
             mean_next = tl.load(mean_ptr + nxt, mask=nxt < M, other=0.0)
             rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
         else:
-            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            x = load_rows(x_ptr, rows, stride_x, cols, mask)
+            dy = load_rows(dy_ptr, rows, stride_dy, cols, mask)
             mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x = x.to(tl.float32)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
+from kernelwright.ops._row_block import load_rows, row_block
 from kernelwright.runtime.fastlaunch import fast
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
@@ -117,12 +118,10 @@ def _rms_norm_fwd_kernel(
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=col_mask)
         tl.store(rstd_ptr + row, rstd)
     else:
-        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # int64 offsets
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        rows, row_mask, mask = row_block(tl.program_id(0), M, col_mask, ROWS)
+        x = load_rows(x_ptr, rows, stride_x, cols, mask)
         if HAS_RESIDUAL:
-            r = tl.load(r_ptr + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
+            r = load_rows(r_ptr, rows, stride_r, cols, mask)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(s_ptr.dtype.element_ty)
             tl.store(s_ptr + rows[:, None] * stride_s + cols[None, :], x, mask=mask)
         x = x.to(tl.float32)
@@ -225,39 +224,29 @@ def bwd_rows(
     col_mask = cols < N
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if PREFETCH:
-        first = tl.cast(pid, tl.int64) * ROWS + tl.arange(0, ROWS)
-        mask0 = (first < M)[:, None] & col_mask[None, :]
-        x_next = tl.load(x_ptr + first[:, None] * stride_x + cols[None, :], mask=mask0, other=0.0)
-        dy_next = tl.load(
-            dy_ptr + first[:, None] * stride_dy + cols[None, :], mask=mask0, other=0.0
-        )
+        first, first_mask, mask0 = row_block(pid, M, col_mask, ROWS)
+        x_next = load_rows(x_ptr, first, stride_x, cols, mask0)
+        dy_next = load_rows(dy_ptr, first, stride_dy, cols, mask0)
         if HAS_DRES:
-            dres_ptrs = dres_ptr + first[:, None] * stride_dres + cols[None, :]
-            dres_next = tl.load(dres_ptrs, mask=mask0, other=0.0)
-        rstd_next = tl.load(rstd_ptr + first, mask=first < M, other=0.0)
+            dres_next = load_rows(dres_ptr, first, stride_dres, cols, mask0)
+        rstd_next = tl.load(rstd_ptr + first, mask=first_mask, other=0.0)
     for block in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
+        rows, row_mask, mask = row_block(block, M, col_mask, ROWS)
         if PREFETCH:
             x, dy, rstd = x_next, dy_next, rstd_next
             nxt = rows + step
             nmask = (nxt < M)[:, None] & col_mask[None, :]
-            x_next = tl.load(x_ptr + nxt[:, None] * stride_x + cols[None, :], mask=nmask, other=0.0)
-            dy_ptrs = dy_ptr + nxt[:, None] * stride_dy + cols[None, :]
-            dy_next = tl.load(dy_ptrs, mask=nmask, other=0.0)
+            x_next = load_rows(x_ptr, nxt, stride_x, cols, nmask)
+            dy_next = load_rows(dy_ptr, nxt, stride_dy, cols, nmask)
             if HAS_DRES:
                 dres = dres_next.to(tl.float32)
-                dres_ptrs = dres_ptr + nxt[:, None] * stride_dres + cols[None, :]
-                dres_next = tl.load(dres_ptrs, mask=nmask, other=0.0)
+                dres_next = load_rows(dres_ptr, nxt, stride_dres, cols, nmask)
             rstd_next = tl.load(rstd_ptr + nxt, mask=nxt < M, other=0.0)
         else:
-            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            dy_ptrs = dy_ptr + rows[:, None] * stride_dy + cols[None, :]
-            dy = tl.load(dy_ptrs, mask=mask, other=0.0)
+            x = load_rows(x_ptr, rows, stride_x, cols, mask)
+            dy = load_rows(dy_ptr, rows, stride_dy, cols, mask)
             if HAS_DRES:
-                dres_ptrs = dres_ptr + rows[:, None] * stride_dres + cols[None, :]
-                dres = tl.load(dres_ptrs, mask=mask, other=0.0).to(tl.float32)
+                dres = load_rows(dres_ptr, rows, stride_dres, cols, mask).to(tl.float32)
             rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)

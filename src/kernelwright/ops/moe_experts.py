@@ -38,6 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernelwright.ops._activations import _activation_grad, _chain
 from kernelwright.ops.swiglu import swiglu_fused_fwd_launch
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
@@ -73,15 +74,15 @@ def _experts_act_bwd_kernel(
         g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
         a = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(gu_ptr + row * stride_gu + N + cols, mask=mask, other=0.0).to(tl.float32)
-        s = tl.sigmoid(a)
-        act = (a * s).to(dtype).to(tl.float32)  # silu(gate), as the forward rounded it
+        act, s = _activation_grad(a, None, "silu")  # silu(a) and sigmoid(a)
+        act = act.to(dtype).to(tl.float32)  # silu(gate), as the forward rounded it
         h = (act * b).to(dtype).to(tl.float32)  # the activation fed to the down projection
         acc += g * h  # dw = <g, h>
         dh = (g * w).to(dtype).to(tl.float32)
-        # h = act * b: db = dh * act; dact = dh * b; silu'(a) = s * (1 + a * (1 - s))
+        # h = act * b: db = dh * act; dact = dh * b; da = dact * silu'(a)
         db = dh * act
         dact = (dh * b).to(dtype).to(tl.float32)
-        da = dact * s * tl.fma(a, 1.0 - s, 1.0)
+        da = _chain(a, s, dact, None, "silu")
         tl.store(dgu_ptr + row * stride_dgu + cols, da.to(dtype), mask=mask)
         tl.store(dgu_ptr + row * stride_dgu + N + cols, db.to(dtype), mask=mask)
         tl.store(hw_ptr + row * stride_hw + cols, (h * w).to(dtype), mask=mask)

@@ -175,6 +175,26 @@ ACTIVATIONS = (
         demo=(DemoCase("relu_squared", "x"),),
         replaces=(HFPattern("mlp", r"MLP$", "relu_squared", ("relu2",)),),
     ),
+    OpEntry(
+        "swiglu_clamped",
+        "activations",
+        f"{OPS}.swiglu_clamped",
+        summary="clamped SwiGLU, min(g, L) * sigmoid(alpha g) * (clamp(u, +-L) + 1): GPT-OSS's "
+        "expert gate; interleaved gate/up read in place",
+        module_class="SwiGLUClamped",
+        eager="swiglu_clamped_eager",
+        demo=(
+            # limit 1: the N(0, 1) inputs then cross the clamp on both sides
+            DemoCase("swiglu_clamped", "gate_up", {"limit": 1.0}),
+            DemoCase(
+                "swiglu_clamped_fused (interleaved)",
+                "gate_up_fused",
+                {"limit": 1.0},
+                function="swiglu_clamped_fused",
+                reference="swiglu_clamped_fused_ref",
+            ),
+        ),  # fmt: skip
+    ),
 )
 
 SOFTMAX = (

@@ -110,3 +110,59 @@ def _own_gate(cls: type, gate) -> str:
         if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))  # docstring
     ]
     return f"{head}: {'; '.join(body)}" if body else head
+
+
+# (alpha attribute or None for 1, limit attribute) as the experts classes name them
+_GATE_ATTRS = (("alpha", "limit"), ("swiglu_alpha", "swiglu_limit"), (None, "swiglu_limit"))
+_GATE_ATTRS += ((None, "limit"),)
+
+
+def clamped_gate(module: torch.nn.Module) -> tuple[dict | None, str]:
+    """(spec, evidence) when the class's own `_apply_gate` computes `swiglu_clamped_fused` with
+    spec = (alpha, limit, up_offset, interleaved), else (None, why not).
+
+    alpha and limit are read from the instance's attributes; up_offset (1 or 0) and the layout
+    (interleaved or halves) are found by running the class's `_apply_gate` on a probe whose
+    values lie on both sides of +-limit, forward and backward (clamp's zero gradients
+    included), against the fp32 reference. Only a candidate that reproduces both is accepted.
+    """
+    from kernelwright.ops.swiglu_clamped import swiglu_clamped_fused_ref
+
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is None:
+        return None, f"{type(module).__name__} has no _apply_gate"
+    specs = []
+    for alpha_name, limit_name in _GATE_ATTRS:
+        limit = getattr(module, limit_name, None)
+        alpha = getattr(module, alpha_name, None) if alpha_name else 1.0
+        if not _number(limit) or not _number(alpha) or not 0 < limit < float("inf"):
+            continue
+        for up_offset in (1.0, 0.0):
+            for interleaved in (True, False):
+                spec = dict(alpha=float(alpha), limit=float(limit), up_offset=up_offset)
+                specs.append({**spec, "interleaved": interleaved})
+    if not specs:
+        return None, "no numeric alpha/limit (or swiglu_alpha/swiglu_limit) attribute"
+    gen = torch.Generator().manual_seed(0)
+    limit = specs[0]["limit"]
+    x = ((torch.rand(4, 2 * 24, generator=gen) * 4 - 2) * limit).requires_grad_()
+    dc = torch.randn(4, 24, generator=gen)
+    try:
+        want = gate(module, x)
+        (want_dx,) = torch.autograd.grad(want, x, dc)
+    except Exception as e:  # a gate that cannot run on a plain [rows, 2I] tensor
+        return None, f"its _apply_gate raised {type(e).__name__} on a probe"
+    for spec in specs:
+        got = swiglu_clamped_fused_ref(x, **spec)
+        if got.shape != want.shape:
+            continue
+        (got_dx,) = torch.autograd.grad(got, x, dc)
+        scale = max(1.0, want.abs().max().item(), want_dx.abs().max().item())
+        err = max((got - want).abs().max().item(), (got_dx - want_dx).abs().max().item())
+        if err <= 1e-5 * scale:
+            return spec, f"_apply_gate matches swiglu_clamped {spec} (max |diff| {err:.1e})"
+    return None, _own_gate(type(module), gate) + " (not a clamped SwiGLU swiglu_clamped computes)"
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

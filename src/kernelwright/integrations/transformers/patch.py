@@ -16,7 +16,10 @@ attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one an
   module computes the profile's `hidden_act` (a profile made from another config is refused);
 - MoE experts (stacked, SwiGLU, no bias): `replacements.experts_forward` (`ops.moe_experts`),
   which keeps one [tokens*top_k, 2I] tensor for the backward instead of five, after checking
-  (`guards.py`) the instance's layout flags and that its act_fn computes silu;
+  (`guards.py`) the instance's layout flags and that its act_fn computes silu; an experts
+  class with its own clamped gate (GPT-OSS's `_apply_gate`) gets, instead, its `_apply_gate`
+  replaced by `ops.swiglu_clamped` (an instance attribute too), once `guards.clamped_gate` has
+  reproduced that gate on a probe; the class's forward (or HF's grouped-mm path) calls it;
 - RoPE: the attention class's own forward, re-created (`rebind.py`) with a globals dict in which
   the name it calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
   likewise each of `profile.rope.other_sites` (another class, its own function);
@@ -67,6 +70,7 @@ class PatchedModule:
     module: torch.nn.Module
     forward: Callable  # the bound method installed
     detail: str = ""  # "in_place_backward=True", "swiglu/separate", ...
+    attr: str = "forward"  # the instance attribute set ("_apply_gate" for a clamped gate)
 
 
 @dataclasses.dataclass
@@ -157,9 +161,9 @@ class _Patcher:
         if found:
             self.found.append(f"{what}: {why}")
 
-    def wrapped(self, kind: str, module) -> bool:
-        """True (and recorded) when the module's forward is already replaced on the instance."""
-        if "forward" not in module.__dict__:
+    def wrapped(self, kind: str, module, attr: str = "forward") -> bool:
+        """True (and recorded) when the module's `attr` is already replaced on the instance."""
+        if attr not in module.__dict__:
             return False
         self.skip(
             f"{kind} {self.names.get(id(module), '?')}",
@@ -169,16 +173,17 @@ class _Patcher:
         )
         return True
 
-    def install(self, kind: str, module, fn: Callable, detail: str = "") -> None:
-        if self.wrapped(kind, module):
+    def install(
+        self, kind: str, module, fn: Callable, detail: str = "", attr: str = "forward"
+    ) -> None:
+        if self.wrapped(kind, module, attr):
             return
         fn.__kernelwright__ = kind  # is_patched recognises our forwards by this mark
         bound = types.MethodType(fn, module)
-        module.forward = bound
+        setattr(module, attr, bound)
+        name = self.names.get(id(module), "?")
         self.record.modules.append(
-            PatchedModule(
-                kind, self.names.get(id(module), "?"), _class_name(module), module, bound, detail
-            )
+            PatchedModule(kind, name, _class_name(module), module, bound, detail, attr)
         )
 
     def norms(self, rms_norm: bool, layer_norm: bool) -> None:
@@ -252,14 +257,24 @@ class _Patcher:
                 "are patched",
             )
             return
+        gates: dict[tuple, Callable] = {}
         for m in self.root.modules():
             if _class_name(m) != d.experts_class:
                 continue
             why = guards.experts_unsupported(m)
-            if why is not None:
+            if why is None:
+                self.install("moe_experts", m, replacements.experts_forward, "swiglu/stacked")
+                continue
+            spec, evidence = guards.clamped_gate(m)
+            if spec is None:
                 self.skip(f"moe_experts {self.names.get(id(m), '?')}", why, found=True)
                 continue
-            self.install("moe_experts", m, replacements.experts_forward, "swiglu/stacked")
+            key = (type(m), *spec.values())  # alpha/limit are read per instance
+            gate = gates.get(key)
+            if gate is None:
+                gate = gates[key] = replacements.clamped_gate(spec)
+            layout = "interleaved" if spec["interleaved"] else "halves"
+            self.install("moe_experts", m, gate, f"swiglu_clamped/{layout}", attr="_apply_gate")
 
     def rope(self) -> None:
         d = self.profile.rope
@@ -316,12 +331,15 @@ class _Patcher:
 
     def undo(self) -> None:
         for entry in reversed(self.record.modules):
-            del entry.module.forward
+            delattr(entry.module, entry.attr)
 
 
 def _ours(module: torch.nn.Module) -> bool:
-    fn = getattr(module.__dict__.get("forward"), "__func__", None)
-    return getattr(fn, "__kernelwright__", None) is not None
+    for attr in ("forward", "_apply_gate"):
+        fn = getattr(module.__dict__.get(attr), "__func__", None)
+        if getattr(fn, "__kernelwright__", None) is not None:
+            return True
+    return False
 
 
 def is_patched(model: torch.nn.Module) -> bool:
@@ -440,10 +458,7 @@ def unpatch(model: torch.nn.Module) -> ModelProfile:
         raise ValueError(f"{type(model).__name__} is not patched by kernelwright (nothing to undo)")
     records: list[PatchRecord] = [m.__dict__[_RECORD] for m in owners]
     replaced = [
-        e.name
-        for r in records
-        for e in r.modules
-        if e.module.__dict__.get("forward") is not e.forward
+        e.name for r in records for e in r.modules if e.module.__dict__.get(e.attr) is not e.forward
     ]
     if replaced:
         raise RuntimeError(
@@ -452,7 +467,7 @@ def unpatch(model: torch.nn.Module) -> ModelProfile:
         )
     for r in records:
         for e in reversed(r.modules):
-            del e.module.forward
+            delattr(e.module, e.attr)
     for m in owners:
         del m.__dict__[_RECORD]
     return records[0].profile

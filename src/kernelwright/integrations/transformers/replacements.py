@@ -7,6 +7,7 @@ checked is exactly what gets patched. Each builder returns a plain function:
     mlp_forward(d)(module, x)                  -> the MLP module's output
     rope_function(d)(q, k, cos, sin, unsqueeze_dim=1) -> (q_embed, k_embed), HF's signature
     experts_forward(module, hidden_states, top_k_index, top_k_weights)  stacked SwiGLU experts
+    clamped_gate(spec)(module, gate_up)        -> an experts class's own clamped `_apply_gate`
 
 They read the module's own parameters and attributes (named in the decision), so the patched
 model keeps its parameters, state dict and optimizer references unchanged.
@@ -24,6 +25,7 @@ from kernelwright.ops.moe_experts import moe_experts
 from kernelwright.ops.relu_squared import relu_squared
 from kernelwright.ops.rms_norm import rms_norm
 from kernelwright.ops.rope import rope
+from kernelwright.ops.swiglu_clamped import swiglu_clamped_fused
 from kernelwright.profiles.model import MLPDecision, NormDecision, RopeDecision
 
 # gated activation -> (separate gate/up kernel, fused [gate | up] kernel), options bound, as the
@@ -191,3 +193,14 @@ def rope_function(d: RopeDecision) -> Callable:
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     return moe_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
+
+
+def clamped_gate(spec: dict) -> Callable:
+    """A drop-in for GPT-OSS-style `_apply_gate(gate_up)`: `swiglu_clamped_fused` with the
+    (alpha, limit, up_offset, interleaved) that `guards.clamped_gate` proved on the instance."""
+    spec = dict(spec)
+
+    def _apply_gate(self, gate_up):
+        return swiglu_clamped_fused(gate_up, **spec)
+
+    return _apply_gate
