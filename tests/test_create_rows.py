@@ -228,3 +228,64 @@ def test_online_sum_of_exp_in_the_looped_kernels(name, tmp_path, monkeypatch):
         x[1, 9] = float("inf")
         x = x.to(DEVICE)
         torch.testing.assert_close(fn(x), ref(x))
+
+
+class _Passes:
+    """Counts the full-size tensors the looped backward's kernels touch (x, dy, dx views; not a
+    broadcast weight)."""
+
+    def __init__(self, mod, name: str, numel: int, monkeypatch):
+        self.count, self.numel = 0, numel
+        kernels = [k for k in vars(mod) if k.startswith(f"_{name}_bwd_part") or
+                   k == f"_{name}_bwd_last"]  # fmt: skip
+        for k in kernels:
+            monkeypatch.setattr(mod, k, self._spy(getattr(mod, k)))
+
+    def _spy(self, kernel):
+        outer = self
+
+        class Spy:
+            def __getitem__(self, grid):
+                def launch(*args, **kw):
+                    outer.count += sum(isinstance(a, torch.Tensor) and a.numel() == outer.numel
+                                       and 0 not in a.stride() for a in args)  # fmt: skip
+                    return kernel[grid](*args, **kw)
+
+                return launch
+
+        return Spy()
+
+
+@pytest.mark.parametrize(
+    "name,passes", [("softmax_dim1", 5), ("log_softmax_dim0", 4), ("layer_norm_chw", 7)]
+)
+def test_looped_backward_copies_the_forward_row_values(name, passes, tmp_path, monkeypatch):
+    # the forward's looped launch keeps its row values (max and sum of exp, mean and rstd) and
+    # the backward copies them: softmax reads (x, dy) twice and writes dx (5 full-size tensors,
+    # 6 when it recomputed the statistics), log-softmax dy then (x, dy) (4, was 5), LayerNorm
+    # over [C, H, W] (x, dy) twice, dx and the fp32 rows of dweight and dbias (7, was 10: the
+    # mean and the variance were passes of x)
+    mod, fn = _op(tmp_path, name)
+    g = torch.Generator().manual_seed(6)
+    if name == "layer_norm_chw":  # rows of the last three dims: the row-major looped kernels
+        monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+        monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+        monkeypatch.setattr(mod, "_sm_count", lambda device: 3)
+        x = torch.randn(3, 2, 3, 10, generator=g)[..., ::2]  # odd sizes, not contiguous
+        w, b = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+        xs = [x * 3 + 1, w, b]
+
+        def ref(x, w, b):
+            return F.layer_norm(x, w.shape, w, b, 1e-5)
+    else:
+        _small_tiles(mod, monkeypatch)
+        dim = 1 if name == "softmax_dim1" else 0
+        xs = [torch.randn(5, 9, 14, generator=g)[..., 1::2] * 4]  # odd sizes, inner stride 2
+        fn_ref = torch.softmax if name == "softmax_dim1" else torch.log_softmax
+
+        def ref(x):
+            return fn_ref(x, dim=dim)
+
+    spy = _Passes(mod, name, xs[0].numel(), monkeypatch)
+    _check(fn, ref, xs, tol=1e-5)
+    assert spy.count == passes

@@ -13,7 +13,9 @@ class LayerNormCHW(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return nn.functional.layer_norm(x, self.shape, self.weight, self.bias, self.eps)
+        # the normalized shape is the weight's, so the reference runs at any [C, H, W] it is
+        # given parameters for (the benchmark sizes them to its rows)
+        return nn.functional.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 def get_inputs():

@@ -175,11 +175,15 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         if has_bwd:
             plans.append(("bwd", em.bwd_groups, g_outs, sorted(needed), len(fwd_outs)))
         for kind, groups, kouts, used, n_dys in plans:
+            # the backward copies the row values the forward's looped launch keeps
+            keep = looped[0].get("keep") if kind == "bwd" and not profile.stored else None
             try:
                 looped.append(staged.kernels(em, kind, groups, [o["value"] for o in kouts],
-                                             used, em.f_ph, n_dys, kouts))  # fmt: skip
+                                             used, em.f_ph, n_dys, kouts, keep))  # fmt: skip
             except UnsupportedNode as e:  # rows up to BLOCK_N still run; longer ones raise
                 looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
+        if not (len(looped) == 2 and looped[1].get("given")):
+            looped[0]["keep"] = {}  # nothing the backward reads: the forward keeps nothing
     # an output's torch dtype when it is not the first input's (max/argmax indices)
     out_dtypes = [
         _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
@@ -197,6 +201,8 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         # products stay in range, zeros included
         "products": any(n.target in _PRODUCTS for n in em.fwd + em.bwd),
         "looped": looped,
+        # the forward's looped launch keeps its row values for the backward's (`stats`)
+        "keeps": bool(looped and looped[0].get("keep")),
         # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
         "dropped": [
             int(s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block))

@@ -36,6 +36,11 @@ _COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.ami
             "aten.prod": "prod"}  # fmt: skip
 
 
+# the row values a forward's looped launch can hand to the backward: plain combines (a scan's
+# carries and an argmax's index partials are not kept)
+_GIVEN = ("sum", "max", "min", "prod")
+
+
 def _reduce(op: str, tile: str) -> str:
     """A [ROWS, 1] reduction of a tile along the row (`_mul`: the module's product combine)."""
     if op == "prod":
@@ -73,6 +78,8 @@ class Plan:
     slots: list[Slot]
     stages: list[Stage]
     final: list[str]  # the output kernel's body: every row value is loaded
+    # (slot, the forward's slot) of the row values copied from the forward's kept ones
+    given: list[tuple[int, int]] = field(default_factory=list)
 
 
 class _Item:
@@ -80,9 +87,18 @@ class _Item:
         self.node, self.group, self.var, self.deps = node, group, var, deps
 
 
-def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: list[str]) -> Plan:
+def plan(
+    em,
+    groups: list[tuple[list[GraphNode], str, dict[str, str]]],
+    roots: list[str],
+    given: dict[str, int] | None = None,
+) -> Plan:
     """The staged kernels for the node groups (nodes, prefix, alias) the one-tile kernel emits
-    in that order; `roots`: the code names the last kernel needs (outputs or gradients)."""
+    in that order; `roots`: the code names the last kernel needs (outputs or gradients).
+
+    `given`: row values the forward's looped launch keeps ({var: its slot there}); a backward
+    reduction all of whose slots are given is copied from there instead of recomputed (no
+    pass over the inputs for it)."""
     items: list[_Item] = []
     for g, (nodes, prefix, alias) in enumerate(groups):
         names = {n.name for n in nodes} | set(alias)
@@ -100,62 +116,75 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
     level: dict[str, int] = {}
     slots: list[Slot] = []
     owned: dict[str, list[int]] = {}  # reduction var -> its slots
+
+    def add_reduction(it: _Item, base: int) -> None:
+        """The slots of a reduction along the row (its level: one above its inputs')."""
+        n = it.node
+        arg = it.deps[0] if it.deps else None
+        if arg is None:
+            raise UnsupportedNode(n.name, "a reduction of a constant")
+        # a flipped row is reduced unflipped (the emitter refuses order-dependent ones)
+        reverse, arg = arg in flips, flips.get(arg, arg)
+        aten = n.target.rsplit(".", 1)[0]
+        if n.target in _SCANS:
+            # per tile of the row: its total, then (launcher) the exclusive prefix of the
+            # totals before it — or after it, for a flipped row — added to the tile's scan
+            u = arg
+            owned[it.var] = [len(slots)]
+            n_scans = sum(1 for s in slots if s.op == "scan")
+            slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans, n.target))
+            level[it.var] = base + 1
+            return
+        if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
+            # the index of the first extreme value: each chunk keeps its extreme and the
+            # column where it first occurs; the launcher takes the first chunk's at the
+            # row's extreme (max/min also keep the value, as a plain slot)
+            op = "max" if aten in ("aten.max", "aten.argmax") else "min"
+            paired = aten in ("aten.max", "aten.min")
+            index_var = f"{it.var}_1" if paired else it.var
+            owned[it.var] = [len(slots)] + ([len(slots) + 1] if paired else [])
+            slots.append(Slot(index_var, "arg" + op, arg, "", base + 1))
+            if paired:
+                slots.append(Slot(f"{it.var}_0", op, arg, "", base + 1))
+            level[it.var] = base + 1
+            return
+        if aten == "aten.gather":
+            owned[it.var] = [len(slots)]
+            pick = f"tl.where(cols == {it.deps[1]}, {arg}, 0.0)"
+            slots.append(Slot(it.var, "sum", pick, "", base + 1))
+            level[it.var] = base + 1
+            return
+        if aten in ("aten.var_mean", "aten.var"):
+            corr = n.kwargs.get("correction", 1)
+            corr = 1 if corr is None else corr
+            mean = Slot(f"{it.var}_1", "sum", arg, " / n", base + 1)
+            name = it.var if aten == "aten.var" else f"{it.var}_0"
+            var = Slot(
+                name, "sum", f"({arg} - {it.var}_1) * ({arg} - {it.var}_1)",
+                f" / (n - {float(corr)!r})", base + 2,
+            )  # fmt: skip
+            owned[it.var] = [len(slots), len(slots) + 1]
+            slots.extend([mean, var])
+            level[mean.var], level[var.var] = mean.level, var.level
+            level[it.var] = var.level
+            return
+        post = " / n" if aten == "aten.mean" else ""
+        owned[it.var] = [len(slots)]
+        slots.append(Slot(it.var, _COMBINE[aten], arg, post, base + 1))
+        level[it.var] = base + 1
+        return
+
     for it in items:
         n = it.node
         base = max((level.get(d, 0) for d in it.deps), default=0)
         if em.reduce_kind(n) == "row":
-            arg = it.deps[0] if it.deps else None
-            if arg is None:
-                raise UnsupportedNode(n.name, "a reduction of a constant")
-            # a flipped row is reduced unflipped (the emitter refuses order-dependent ones)
-            reverse, arg = arg in flips, flips.get(arg, arg)
-            aten = n.target.rsplit(".", 1)[0]
-            if n.target in _SCANS:
-                # per tile of the row: its total, then (launcher) the exclusive prefix of the
-                # totals before it — or after it, for a flipped row — added to the tile's scan
-                u = arg
-                owned[it.var] = [len(slots)]
-                n_scans = sum(1 for s in slots if s.op == "scan")
-                slots.append(Slot(it.var, "scan", u, "", base + 1, reverse, n_scans, n.target))
-                level[it.var] = base + 1
-                continue
-            if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
-                # the index of the first extreme value: each chunk keeps its extreme and the
-                # column where it first occurs; the launcher takes the first chunk's at the
-                # row's extreme (max/min also keep the value, as a plain slot)
-                op = "max" if aten in ("aten.max", "aten.argmax") else "min"
-                paired = aten in ("aten.max", "aten.min")
-                index_var = f"{it.var}_1" if paired else it.var
-                owned[it.var] = [len(slots)] + ([len(slots) + 1] if paired else [])
-                slots.append(Slot(index_var, "arg" + op, arg, "", base + 1))
-                if paired:
-                    slots.append(Slot(f"{it.var}_0", op, arg, "", base + 1))
-                level[it.var] = base + 1
-                continue
-            if aten == "aten.gather":
-                owned[it.var] = [len(slots)]
-                pick = f"tl.where(cols == {it.deps[1]}, {arg}, 0.0)"
-                slots.append(Slot(it.var, "sum", pick, "", base + 1))
-                level[it.var] = base + 1
-                continue
-            if aten in ("aten.var_mean", "aten.var"):
-                corr = n.kwargs.get("correction", 1)
-                corr = 1 if corr is None else corr
-                mean = Slot(f"{it.var}_1", "sum", arg, " / n", base + 1)
-                name = it.var if aten == "aten.var" else f"{it.var}_0"
-                var = Slot(
-                    name, "sum", f"({arg} - {it.var}_1) * ({arg} - {it.var}_1)",
-                    f" / (n - {float(corr)!r})", base + 2,
-                )  # fmt: skip
-                owned[it.var] = [len(slots), len(slots) + 1]
-                slots += [mean, var]
-                level[mean.var], level[var.var] = mean.level, var.level
-                level[it.var] = var.level
-                continue
-            post = " / n" if aten == "aten.mean" else ""
-            owned[it.var] = [len(slots)]
-            slots.append(Slot(it.var, _COMBINE[aten], arg, post, base + 1))
-            level[it.var] = base + 1
+            add_reduction(it, base)
+            if given and all(slots[j].var in given and slots[j].op in _GIVEN
+                             for j in owned[it.var]):  # fmt: skip
+                # computed by the forward: a row value before any stage
+                for j in owned[it.var]:
+                    slots[j].level = level[slots[j].var] = 0
+                level[it.var] = 0
             continue
         if n.target == "getitem" and it.deps:
             level[it.var] = level.get(f"{it.deps[0]}_{int(n.args[1])}", base)
@@ -245,7 +274,8 @@ def plan(em, groups: list[tuple[list[GraphNode], str, dict[str, str]]], roots: l
             lines += _accumulate(slots[j], t)
         stages.append(Stage(k, mine, lines))
     final = body(needed(roots, None), None)
-    return Plan(slots, stages, final)
+    kept = [(j, given[s.var]) for j, s in enumerate(slots) if s.level == 0 and given]
+    return Plan(slots, stages, final, kept)
 
 
 def _online(
@@ -377,12 +407,14 @@ def kernels(
     ph: list[str],
     n_dys: int,
     outs: list[dict],
+    given: dict[str, int] | None = None,
 ) -> dict:
     """The template's view of one direction's looped kernels ("fwd" or "bwd"): `used` are the
-    input indices the launcher's `ins` list holds, in order; `outs` the stored values."""
+    input indices the launcher's `ins` list holds, in order; `outs` the stored values; `given`
+    as in `plan` (the forward's `keep`)."""
     import re
 
-    p = plan(em, groups, roots)
+    p = plan(em, groups, roots, given)
 
     def reads(lines: list[str]) -> dict:
         text = "\n".join(lines)
@@ -430,4 +462,8 @@ def kernels(
         ),
         "n_scans": sum(1 for s in p.slots if s.op == "scan"),
         "has_arg": any(s.op.startswith("arg") for s in p.slots),
+        # the row values this launch keeps for a later one ({var: slot}; see `plan`), and the
+        # ones it copies from a kept set ([(slot, kept slot)])
+        "keep": {s.var: j for j, s in enumerate(p.slots) if s.op in _GIVEN},
+        "given": p.given,
     }
