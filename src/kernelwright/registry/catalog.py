@@ -183,6 +183,7 @@ ACTIVATIONS = (
         "expert gate; interleaved gate/up read in place",
         module_class="SwiGLUClamped",
         eager="swiglu_clamped_eager",
+        bench="swiglu_clamped",
         demo=(
             # limit 1: the N(0, 1) inputs then cross the clamp on both sides
             DemoCase("swiglu_clamped", "gate_up", {"limit": 1.0}),

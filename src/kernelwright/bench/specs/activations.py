@@ -1,4 +1,4 @@
-"""Benchmark specs of the MLP activations: swiglu, geglu (gated), relu_squared."""
+"""Benchmark specs of the MLP activations: swiglu, geglu, swiglu_clamped (gated), relu_squared."""
 
 from __future__ import annotations
 
@@ -139,5 +139,17 @@ RELU_SQUARED = register(
             Sweep("tokens", (DEFAULT_TOKENS, 16384), {"intermediate": REFERENCE.intermediate}),
         ),
         interpreter_sweeps=(Sweep("intermediate", (256, 512), {"tokens": 64}),),
+    )
+)
+
+# GPT-OSS's expert gate at its constants (alpha 1.702, limit 7); Liger has no clamped form.
+SWIGLU_CLAMPED = register(
+    _gated_spec(
+        "swiglu_clamped",
+        (
+            Provider("kernelwright", call(*ours("swiglu_clamped"), ("gate", "up"))),
+            *op_torch_providers("swiglu_clamped", ("gate", "up")),
+        ),
+        "no clamped SwiGLU in Liger",
     )
 )
