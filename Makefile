@@ -14,7 +14,7 @@ TRITON := triton==3.9.0
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= benchmarks/results/latest
 
-.PHONY: demo test lint format gpu-check gpu-test gpu-bench gpu-multi bench clean
+.PHONY: demo test lint format gpu-check gpu-test gpu-bench gpu-multi gpu-sweep bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,16 @@ gpu-multi:
 		--out $(OUT)/multi/vocab_parallel
 	for w in 1 auto; do $(GPU_ENV) $(PYTHON) -m kernelwright.cli optimize rms_norm --yes --quick \
 		--max-variants 1 --workers $$w --out $(OUT)/multi/optimize_$$w || exit 1; done
+
+# On a GPU machine: the autopatch sweep (every causal-LM and image-text-to-text model type,
+# tiny, patched against unpatched) in each of SWEEP_DTYPES, SWEEP_JOBS workers sharing the
+# GPUs; tables gpu_<dtype>[_vlm].csv/.md under $(OUT)/autopatch_sweep (docs/autopatch.md).
+SWEEP_DTYPES ?= bf16 fp32
+SWEEP_JOBS ?= 8
+gpu-sweep:
+	for d in $(SWEEP_DTYPES); do $(GPU_ENV) $(PYTHON) -m kernelwright.cli autopatch --sweep \
+		--device cuda --dtype $$d --jobs $(SWEEP_JOBS) --out $(OUT)/autopatch_sweep \
+		|| exit 1; done
 
 bench: $(STAMP)
 	$(BIN)/kernelwright bench all --out $(OUT)

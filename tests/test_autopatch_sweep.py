@@ -291,3 +291,44 @@ def test_cli_sweep_refuses_unknown_types_and_model_with_sweep(tmp_path):
     assert bad.exit_code != 0 and "llama" in bad.output
     both = runner.invoke(app, ["autopatch", "llama", "--sweep", "--out", str(tmp_path)])
     assert both.exit_code != 0
+
+
+# --------------------------------------------------------------------------- device and dtype
+
+
+def test_sweep_bf16_uses_the_bf16_tolerances(tmp_path, monkeypatch):
+    """Both models in bf16, compared within bf16's row of the table: llama's rounding differs
+    from the unpatched model's beyond fp32's bounds (so fp32's row would demote everything)
+    and stays within bf16's; the profile's evidence says bf16. One layer, 8 tokens, and the
+    analyser's own fp32 model check off (the first test runs it): the sweep's check alone."""
+    analyzer = importlib.import_module(analyze.__module__)
+    monkeypatch.setattr(analyzer, "_confirm_model", lambda ctx, profile: None)
+    config = S.sweep_config("llama")
+    config.num_hidden_layers = 1
+    row = S.sweep_one("llama", config=config, seq=8, dtype="bf16", profile_dir=tmp_path)
+    assert row.status == "patched", row
+    assert "norm" in row.patched and "fused_linear_cross_entropy" in row.patched
+    bf16, fp32 = parity.PARITY_TOLERANCES[torch.bfloat16], parity.PARITY_TOLERANCES[torch.float32]
+    assert fp32.grads < row.grad_error <= bf16.grads
+    assert row.loss_diff <= bf16.loss and row.logprob_diff <= bf16.logprobs
+    assert "tokens, bf16, train() and eval()" in (tmp_path / "llama.yaml").read_text()
+    with pytest.raises(ValueError, match="no parity tolerance"):
+        parity.tolerance_for(torch.float16)
+
+
+def test_sweep_results_names_and_device_errors(tmp_path):
+    assert S.results_name() == "cpu_fp32"
+    assert S.results_name("image-text-to-text") == "cpu_fp32_vlm"
+    assert S.results_name("causal-lm", "cuda", "bf16") == "gpu_bf16"
+    assert S.results_name("image-text-to-text", "cuda", "fp32") == "gpu_fp32_vlm"
+    with pytest.raises(ValueError):
+        S.require_device("cpu", "fp16")
+    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+        S.require_device("cuda", "bf16")
+    result = CliRunner().invoke(
+        app,
+        ["autopatch", "--sweep", "--only", "llama", "--device", "cuda", "--dtype", "bf16"]
+        + ["--out", str(tmp_path)],
+    )
+    assert result.exit_code != 0 and "no CUDA GPU" in result.output
+    assert not list(tmp_path.iterdir())

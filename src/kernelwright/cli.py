@@ -202,6 +202,20 @@ def autopatch(
     profiles: Annotated[
         bool, typer.Option(help="--sweep: also write each type's profile to OUT/profiles/.")
     ] = True,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="--sweep: 'cpu' (the Triton interpreter; tables cpu_<dtype>.*) or 'cuda' "
+            "(a GPU; gpu_<dtype>.*, worker i on GPU i % n)."
+        ),
+    ] = "cpu",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="--sweep: 'fp32' or 'bf16': patched and unpatched model both in it, compared "
+            "within that dtype's parity tolerances."
+        ),
+    ] = "fp32",
 ) -> None:
     """Analyse MODEL into a reviewed ModelProfile: every decision, its status and evidence.
 
@@ -215,7 +229,9 @@ def autopatch(
     if sweep:
         if model is not None:
             raise typer.BadParameter("give MODEL or --sweep, not both", param_hint="MODEL")
-        _sweep(only, out, timeout, jobs, profiles, mapping)
+        from kernelwright.cli_sweep import sweep as run_sweep
+
+        run_sweep(only, out, timeout, jobs, profiles, mapping, device, dtype)
         return
     if model is None:
         raise typer.BadParameter("missing MODEL (or --sweep)", param_hint="MODEL")
@@ -262,94 +278,6 @@ def autopatch(
             console.print(f"No convergence test written: {e}", style="yellow", markup=False)
             return
         console.print(f"Convergence test: {written or emit}")
-
-
-def _sweep(
-    only: str | None, out: Path | None, timeout: float, jobs: int, profiles: bool, mapping: str
-) -> None:
-    import difflib
-
-    from kernelwright.workflows.autopatch import sweep as S
-
-    mappings = list(S.MAPPINGS) if mapping == "all" else [mapping]
-    if any(m not in S.MAPPINGS for m in mappings):
-        raise typer.BadParameter(
-            f"{mapping!r}: one of {', '.join([*S.MAPPINGS, 'all'])}", param_hint="--mapping"
-        )
-    known = {m: S.sweep_types(m) for m in mappings}
-    wanted = [t.strip() for t in only.split(",") if t.strip()] if only else None
-    for t in wanted or []:
-        if not any(t in types for types in known.values()):
-            every = [t for types in known.values() for t in types]
-            close = difflib.get_close_matches(t, every, n=3)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            kinds = " or ".join(mappings)
-            raise typer.BadParameter(
-                f"{t!r} is not a {kinds} model type{hint}", param_hint="--only"
-            )
-    out = out or Path("kernelwright-runs/autopatch/sweep")
-    for m in mappings:
-        types = [t for t in known[m] if wanted is None or t in wanted]
-        if types:
-            _sweep_mapping(m, types, only, out, timeout, jobs, profiles)
-
-
-def _sweep_mapping(
-    mapping: str,
-    types: list[str],
-    only: str | None,
-    out: Path,
-    timeout: float,
-    jobs: int,
-    profiles: bool,
-) -> None:
-    import time
-
-    from rich.markup import escape
-
-    from kernelwright.workflows.autopatch import sweep as S
-
-    console = make_console()
-    colour = {"patched": "green", "left_alone": "yellow", "cannot_build": "red"}
-    done = 0
-    console.print(
-        f"autopatch sweep ({mapping}): {len(types)} model types, {max(jobs, 1)} worker(s) -> {out}"
-    )
-
-    def show(r: S.SweepRow) -> None:
-        nonlocal done
-        done += 1
-        what = r.patched if r.status == "patched" else (r.error or r.left_alone)
-        console.print(
-            f"[{done:3d}/{len(types)}] {r.model_type:<26} [{colour[r.status]}]{r.status:<12}[/] "
-            f"{r.seconds:6.1f}s  {escape(what[:110])}",
-            highlight=False,
-        )
-
-    start = time.perf_counter()
-    profile_dir = out / ("profiles" if mapping == "causal-lm" else "profiles_vlm")
-    rows = S.run_sweep(
-        types,
-        jobs=jobs,
-        timeout=timeout,
-        profile_dir=profile_dir if profiles else None,
-        on_row=show,
-        mapping=mapping,
-    )
-    wall = time.perf_counter() - start
-    meta = {
-        "command": f"kernelwright autopatch --sweep --mapping {mapping}"
-        + (f" --only {only}" if only else ""),
-        **S.environment(),
-        "wall time": f"{wall / 60:.1f} min ({max(jobs, 1)} worker(s))",
-    }
-    name, what = S.MAPPINGS[mapping][2], "causal-LM" if mapping == "causal-lm" else mapping
-    csv_path, md_path = S.write_results(rows, out, name=name, meta=meta, what=what)
-    c = S.counts(rows)
-    console.print(
-        ", ".join(f"{k} {v}" for k, v in c.items()) + f" of {len(rows)} in {wall:.0f} s; "
-        f"table: {md_path} and {csv_path}"
-    )
 
 
 @app.command()

@@ -2,6 +2,7 @@
 registers, patched with parity or left alone with a reason.
 
     kernelwright autopatch --sweep [--mapping all] [--only llama,qwen2_vl] [--out DIR]
+                           [--device cpu|cuda] [--dtype fp32|bf16]
 
 For each model type in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` (mapping "causal-lm", its
 `AutoModelForCausalLM` class) and in `MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES` (mapping
@@ -9,15 +10,21 @@ For each model type in `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` (mapping "causal-lm",
 vision tower are patched) (`sweep_one`):
 
 1. build a tiny random model (`sweep_config`: the convergence suite's config for the
-   architectures it trains, else the analyser's shrunken default config; fp32, dropout off,
-   seed 0, 1-D parameters spread off their init) and run it unpatched on one batch, in
+   architectures it trains, else the analyser's shrunken default config; dropout off, seed 0,
+   1-D parameters spread off their init) in the sweep's dtype on its device (`build`) and run
+   it unpatched on one batch, in
    `train()` and `eval()` (`parity.measure`). The batch holds images where the model takes
    them (`pixels.check_batch`; the row's `inputs` says what, or why text only). A failure here
    is **cannot_build**: the unpatched model itself does not run, so there is nothing to compare;
 2. analyse it as `kernelwright.patch(model)` does (`analyze(model)`, every check included);
 3. confirm the profile on this model (`parity.confirm`): patched against unpatched, loss,
-   every gradient and top-k log-probs in both modes, within `parity.PARITY_TOLERANCES`.
-   A decision that differs is demoted and the model re-checked without it.
+   every gradient and top-k log-probs in both modes, within `parity.PARITY_TOLERANCES` of
+   the model's dtype. A decision that differs is demoted and the model re-checked without it.
+
+Device and dtype: "cpu" runs the kernels through Triton's interpreter (and requires it),
+"cuda" on the GPU (worker i on GPU i % n where n are visible); fp32 or bf16, the patched
+and the unpatched model in the same dtype. The tables are named `results_name`: cpu_fp32,
+gpu_bf16, ..., with `_vlm` for the image-text-to-text mapping.
 
 The type is **patched** when at least one module is patched and the final comparison holds,
 else **left_alone** with the reasons from its profile. No row is ever "patched" with a
@@ -43,15 +50,18 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 STATUSES = ("patched", "left_alone", "cannot_build")
-# mapping -> (transformers' mapping of model types, the Auto class, the results' file name)
+# mapping -> (transformers' mapping of model types, the Auto class, the results' name suffix)
 MAPPINGS = {
-    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", "cpu_fp32"),
+    "causal-lm": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM", ""),
     "image-text-to-text": (
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
         "AutoModelForImageTextToText",
-        "cpu_fp32_vlm",
+        "_vlm",
     ),
 }
+DEVICES = ("cpu", "cuda")
+DTYPES = ("fp32", "bf16")
+_DEVICE_WORD = {"cpu": "cpu", "cuda": "gpu"}  # in the results' names
 # logit conventions the fused loss must reproduce, set where a config has the key: a scale or
 # a soft-cap that the default config leaves at 1.0 or None is then exercised
 _EXERCISE = {
@@ -76,6 +86,17 @@ class SweepRow:
     error: str = ""  # cannot_build: what the unpatched model raised
     seconds: float = 0.0
     inputs: str = ""  # beside text: the images of the batch, or why it held text only
+
+
+def results_name(mapping: str = "causal-lm", device: str = "cpu", dtype: str = "fp32") -> str:
+    """The tables' file name (without suffix): cpu_fp32, gpu_bf16_vlm, ..."""
+    return f"{_DEVICE_WORD[device]}_{dtype}{MAPPINGS[mapping][2]}"
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
 
 
 def sweep_types(mapping: str = "causal-lm") -> list[str]:
@@ -143,15 +164,16 @@ def sweep_one(
     profile_dir: Path | None = None,
     stage: Callable[[str], None] = lambda s: None,
     mapping: str = "causal-lm",
+    device: str = "cpu",
+    dtype: str = "fp32",
 ) -> SweepRow:
     """One type through build, analysis and confirmation; see the module docstring.
 
     config: the model's config (default `sweep_config(model_type)`); profile_dir: write the
     profile there as <model_type>.yaml; stage(name) is called as each stage starts; mapping:
-    which Auto class builds the model (MAPPINGS).
+    which Auto class builds the model (MAPPINGS); device, dtype: see the module docstring.
     """
-    _require_interpreter()
-    import torch
+    require_device(device, dtype)
 
     from kernelwright.integrations.transformers import parity
     from kernelwright.integrations.transformers.analysis import analyze
@@ -169,13 +191,13 @@ def sweep_one(
         config = config if config is not None else sweep_config(model_type)
         auto = _auto_class(mapping)
         _check_size(config, auto)
-        torch.manual_seed(seed)
-        model = auto.from_config(config, dtype=torch.float32)
-        model = model.float()
+        model = build(auto, config, seed=seed, device=device, dtype=dtype)
         row.architecture = type(model).__name__
-        parity.spread_vectors(model, seed)
         data = check_batch(model, batch=batch, seq=seq, seed=seed)
         row.inputs = data.note
+        # images as a processor's fp32 pixels cast to the model's dtype, as a user feeds them
+        dt = parity.model_dtype(model)
+        data.inputs = {k: v.to(dt) if v.is_floating_point() else v for k, v in data.inputs.items()}
         stage("reference")
         ref = parity.measure(model, data, seed=seed)
         for mode in (ref.train, ref.eval):
@@ -214,6 +236,22 @@ def sweep_one(
     return done("patched")
 
 
+def build(auto, config, *, seed: int = 0, device: str = "cpu", dtype: str = "fp32"):
+    """The tiny model, on `device`: in fp32 every parameter is fp32; in bf16 it is built as a
+    user loads a model in bf16 (`from_config(dtype=torch.bfloat16)`, not cast after building).
+    Built on the CPU (the same draws on every device), then moved."""
+    import torch
+
+    from kernelwright.integrations.transformers import parity
+
+    torch.manual_seed(seed)
+    model = auto.from_config(config, dtype=torch_dtype(dtype))
+    if dtype == "fp32":
+        model = model.float()
+    parity.spread_vectors(model, seed)
+    return model.to(device) if device != "cpu" else model
+
+
 def _check_size(config, auto) -> None:
     """Raise when the config still builds a large model (a size key the shrinker does not
     know), counted on the meta device before any memory is allocated."""
@@ -232,13 +270,22 @@ def _check_size(config, auto) -> None:
 # --------------------------------------------------------------------------- worker processes
 
 
-def _worker(conn: Connection, profile_dir: str | None, memory_gib: float, mapping: str) -> None:
+def _worker(
+    conn: Connection,
+    profile_dir: str | None,
+    memory_gib: float,
+    mapping: str,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    gpu: int = 0,
+) -> None:
     """Sweep the types the parent sends, one at a time, until it sends None."""
     import resource
     import warnings
 
-    if memory_gib > 0:
+    if memory_gib > 0 and device == "cpu":
         # a config the shrinker missed fails its allocation instead of exhausting the machine
+        # (not on a GPU: CUDA maps far more address space than it uses)
         limit = int(memory_gib * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch
@@ -246,6 +293,8 @@ def _worker(conn: Connection, profile_dir: str | None, memory_gib: float, mappin
 
     import kernelwright  # noqa: F401  (the Triton interpreter without a GPU)
 
+    if device == "cuda":
+        torch.cuda.set_device(gpu)  # "cuda" tensors and kernel launches go to this GPU
     torch.set_num_threads(1)  # one worker per core
     transformers.logging.set_verbosity_error()
     warnings.simplefilter("ignore")
@@ -260,6 +309,8 @@ def _worker(conn: Connection, profile_dir: str | None, memory_gib: float, mappin
                 profile_dir=Path(profile_dir) if profile_dir else None,
                 stage=lambda s: conn.send(("stage", s)),
                 mapping=mapping,
+                device=device,
+                dtype=dtype,
             )
             conn.send(("row", dataclasses.asdict(row)))
     except (EOFError, BrokenPipeError):
@@ -274,6 +325,7 @@ class _Slot:
     stage: str = ""
     since: float = 0.0
     ready: bool = False
+    gpu: int = 0  # with device "cuda": the GPU its worker runs on
 
 
 def _stopped_row(model_type: str, stage: str, why: str, seconds: float) -> SweepRow:
@@ -286,14 +338,30 @@ def _stopped_row(model_type: str, stage: str, why: str, seconds: float) -> Sweep
     return row
 
 
-def _require_interpreter() -> None:
+def require_device(device: str = "cpu", dtype: str = "fp32") -> None:
+    """Raise (RuntimeError) where the sweep cannot run on `device` here, ValueError for a
+    device or dtype it does not know."""
+    import torch
+
     from kernelwright.runtime import interpreter_mode
 
-    if not interpreter_mode():
+    if device not in DEVICES or dtype not in DTYPES:
+        raise ValueError(
+            f"device {device!r}, dtype {dtype!r}: the sweep runs on one of {DEVICES} "
+            f"in one of {DTYPES}"
+        )
+    if device == "cpu" and not interpreter_mode():
         raise RuntimeError(
-            "the autopatch sweep builds its tiny models on the CPU and runs kernelwright's kernels "
-            "there through Triton's interpreter: run it with TRITON_INTERPRET=1 or on a machine "
-            "without a GPU (a sweep on the GPU is not built yet)"
+            "the autopatch sweep on the CPU runs kernelwright's kernels through Triton's "
+            "interpreter: run it with TRITON_INTERPRET=1, on a machine without a GPU, or on the "
+            "GPU with --device cuda"
+        )
+    if device == "cuda" and (interpreter_mode() or not torch.cuda.is_available()):
+        why = "no CUDA GPU is visible" if not torch.cuda.is_available() else ""
+        why = why or "TRITON_INTERPRET=1 is set (kernels through the CPU interpreter)"
+        raise RuntimeError(
+            f"the autopatch sweep with --device cuda runs its kernels on a CUDA GPU, but {why}; "
+            "without a GPU, sweep with --device cpu (the Triton interpreter)"
         )
 
 
@@ -306,33 +374,44 @@ def run_sweep(
     memory_gib: float = 8.0,
     on_row: Callable[[SweepRow], None] = lambda r: None,
     mapping: str = "causal-lm",
+    device: str = "cpu",
+    dtype: str = "fp32",
 ) -> list[SweepRow]:
     """Sweep `model_types` (of `mapping`) and return their rows in the given order.
 
-    jobs: worker processes (each runs one type at a time); 0 runs in this process, without
-    timeouts. timeout: seconds a type may take once its worker started it; past that the
-    worker is stopped and replaced. memory_gib: each worker's address-space limit (0: none).
-    on_row is called as each row arrives.
+    jobs: worker processes (each runs one type at a time; on "cuda" they share the visible
+    GPUs, worker i on GPU i % n); 0 runs in this process, without timeouts. timeout: seconds a
+    type may take once its worker started it; past that the worker is stopped and replaced (on
+    the same GPU). memory_gib: each CPU worker's address-space limit (0: none). on_row is
+    called as each row arrives.
     """
-    _require_interpreter()
+    require_device(device, dtype)
     if jobs <= 0:
         rows = []
         for t in model_types:
-            rows.append(sweep_one(t, profile_dir=profile_dir, mapping=mapping))
+            rows.append(
+                sweep_one(t, profile_dir=profile_dir, mapping=mapping, device=device, dtype=dtype)
+            )
             on_row(rows[-1])
         return rows
+    gpus = 1
+    if device == "cuda":
+        import torch
+
+        gpus = max(1, torch.cuda.device_count())
     ctx = multiprocessing.get_context("spawn")
     todo = list(model_types)
     rows: dict[str, SweepRow] = {}
     slots: list[_Slot] = []
 
-    def start() -> _Slot:
+    def start(gpu: int) -> _Slot:
         parent, child = ctx.Pipe()
-        args = (child, str(profile_dir) if profile_dir else None, memory_gib, mapping)
+        where = str(profile_dir) if profile_dir else None
+        args = (child, where, memory_gib, mapping, device, dtype, gpu)
         p = ctx.Process(target=_worker, args=args, daemon=True)
         p.start()
         child.close()
-        return _Slot(p, parent)
+        return _Slot(p, parent, gpu=gpu)
 
     def finish(slot: _Slot, row: SweepRow) -> None:
         rows[row.model_type] = row
@@ -352,7 +431,7 @@ def run_sweep(
             slot.model_type, slot.stage, slot.since = todo.pop(0), "", time.perf_counter()
             slot.conn.send(slot.model_type)
 
-    slots = [start() for _ in range(min(jobs, len(todo)))]
+    slots = [start(i % gpus) for i in range(min(jobs, len(todo)))]
     try:
         while slots:
             for ready in wait([s.conn for s in slots], timeout=1.0):
@@ -367,7 +446,7 @@ def run_sweep(
                     stop(slot, f"the worker died (exit code {code})")
                     slots.remove(slot)
                     if todo:
-                        slots.append(start())
+                        slots.append(start(slot.gpu))
                     continue
                 if kind == "ready":
                     slot.ready = True
@@ -382,7 +461,7 @@ def run_sweep(
                     stop(slot, f"timed out after {timeout:g} s")
                     slots.remove(slot)
                     if todo:
-                        slots.append(start())
+                        slots.append(start(slot.gpu))
                 elif slot.model_type is None and not todo and slot.ready:
                     slot.conn.send(None)
                     slot.process.join()
