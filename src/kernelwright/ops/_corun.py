@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelwright.ops._ln import ln_dx, weight_fp32, x_hat_g
 from kernelwright.ops._norm_reduce import column_tile
 from kernelwright.ops._pdl import wait_for_inputs
 from kernelwright.ops._rms import CASTING_MODES, ds_block, weight_row
@@ -181,8 +182,7 @@ def _layer_norm_bwd_corun_kernel(
     if pid < ROW_PROGRAMS:
         cols = tl.arange(0, BLOCK_N)
         col_mask = cols < N
-        if HAS_WEIGHT:
-            w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = weight_fp32(w_ptr, cols, col_mask, HAS_WEIGHT)
         for row in range(pid, M, ROW_PROGRAMS):
             row64 = tl.cast(row, tl.int64)
             x = tl.load(x_ptr + row64 * stride_x + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -190,13 +190,10 @@ def _layer_norm_bwd_corun_kernel(
             dy = dy.to(tl.float32)  # 0 outside the mask
             mean = tl.load(mean_ptr + row64)
             rstd = tl.load(rstd_ptr + row64)
-            x_hat = (x - mean) * rstd
-            g = dy
-            if HAS_WEIGHT:
-                g = dy * w
+            x_hat, g = x_hat_g(x, dy, w, mean, rstd, HAS_WEIGHT)
             c1 = tl.sum(g, axis=0) / N
             c2 = tl.sum(g * x_hat, axis=0) / N
-            dx = (g - c1 - x_hat * c2) * rstd
+            dx = ln_dx(g, x_hat, c1, c2, rstd)
             tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
     else:
         _column_programs(

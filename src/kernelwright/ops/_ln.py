@@ -9,9 +9,35 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._row_block import load_rows, row_block
+from kernelwright.ops._row_block import load_rows, row_block, row_chunk
 from kernelwright.ops._split import arrive_and_wait, ticket
 from kernelwright.runtime.fastlaunch import fast
+
+
+@triton.jit
+def weight_fp32(w_ptr, cols, col_mask, HAS_WEIGHT: tl.constexpr):
+    # w over cols in fp32; without a weight zeros, never read (the backward's g is dy).
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    else:
+        w = tl.zeros(cols.shape, dtype=tl.float32)
+    return w
+
+
+@triton.jit
+def x_hat_g(x, dy, w, mean, rstd, HAS_WEIGHT: tl.constexpr):
+    # The backward's inputs per element (fp32): x_hat = (x - mean) * rstd and g = dy * w.
+    x_hat = (x - mean) * rstd
+    g = dy
+    if HAS_WEIGHT:
+        g = dy * w
+    return x_hat, g
+
+
+@triton.jit
+def ln_dx(g, x_hat, c1, c2, rstd):
+    # dx = rstd * (g - c1 - x_hat * c2), c1 = mean(g) and c2 = mean(g * x_hat) over the row.
+    return (g - c1 - x_hat * c2) * rstd
 
 
 @fast
@@ -184,8 +210,7 @@ def _layer_norm_bwd_kernel(
     step = tl.num_programs(0) * ROWS
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = weight_fp32(w_ptr, cols, col_mask, HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     if PREFETCH:
@@ -213,13 +238,10 @@ def _layer_norm_bwd_kernel(
         dy = dy.to(tl.float32)  # 0 outside the mask, so every product with dy below is too
         mean = mean[:, None]
         rstd = rstd[:, None]
-        x_hat = (x - mean) * rstd
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
+        x_hat, g = x_hat_g(x, dy, w[None, :], mean, rstd, HAS_WEIGHT)
         c1 = tl.sum(g, axis=1)[:, None] / N
         c2 = tl.sum(g * x_hat, axis=1)[:, None] / N
-        dx = (g - c1 - x_hat * c2) * rstd
+        dx = ln_dx(g, x_hat, c1, c2, rstd)
         tl.store(
             dx_ptr + rows[:, None] * stride_dx + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask
         )
@@ -270,10 +292,7 @@ def _layer_norm_bwd_looped_kernel(
         acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
         acc_gx = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            cols, col_mask, x, g = row_chunk(x_row, dy_row, start, N, BLOCK_N)
             if HAS_WEIGHT:
                 g = g * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
             acc_g += g
@@ -281,15 +300,12 @@ def _layer_norm_bwd_looped_kernel(
         c1 = tl.sum(acc_g, axis=0) / N
         c2 = tl.sum(acc_gx, axis=0) / N
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            x_hat = (x - mean) * rstd
+            cols, col_mask, x, dy = row_chunk(x_row, dy_row, start, N, BLOCK_N)
+            x_hat = (x - mean) * rstd  # before w's load (x_hat_g would load it first)
             g = dy
             if HAS_WEIGHT:
                 g = dy * tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dx = (g - c1 - x_hat * c2) * rstd
+            dx = ln_dx(g, x_hat, c1, c2, rstd)
             tl.store(dx_ptr + row64 * stride_dx + cols, dx.to(dx_ptr.dtype.element_ty), col_mask)
             if HAS_DW:
                 dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
@@ -338,25 +354,19 @@ def _layer_norm_bwd_split_kernel(
     j = t % SPLITS
     cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    w = weight_fp32(w_ptr, cols, col_mask, HAS_WEIGHT)
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     k = tl.arange(0, SPLITS_P2)
     for block in range(group, tl.cdiv(M, ROWS), GROUPS):
-        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
-        row_mask = rows < M
-        mask = row_mask[:, None] & col_mask[None, :]
-        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        rows, row_mask, mask = row_block(block, M, col_mask, ROWS)
+        x = load_rows(x_ptr, rows, stride_x, cols, mask)
+        dy = load_rows(dy_ptr, rows, stride_dy, cols, mask)
         x = x.to(tl.float32)
         dy = dy.to(tl.float32)  # 0 outside the mask, so every product with dy below is too
         mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
         rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        x_hat = (x - mean) * rstd
-        g = dy
-        if HAS_WEIGHT:
-            g = dy * w[None, :]
+        x_hat, g = x_hat_g(x, dy, w[None, :], mean, rstd, HAS_WEIGHT)
         part = part_ptr + rows * (SPLITS * 2)  # [ROWS] row bases
         if PHASE != 2:
             tl.store(part + j * 2, tl.sum(g, axis=1), mask=row_mask)
@@ -368,7 +378,7 @@ def _layer_norm_bwd_split_kernel(
             smask = row_mask[:, None] & (k < SPLITS)[None, :]
             c1 = tl.sum(tl.load(slots, mask=smask, other=0.0, volatile=True), axis=1) / N
             c2 = tl.sum(tl.load(slots + 1, mask=smask, other=0.0, volatile=True), axis=1) / N
-            dx = (g - c1[:, None] - x_hat * c2[:, None]) * rstd
+            dx = ln_dx(g, x_hat, c1[:, None], c2[:, None], rstd)
             dx_ptrs = dx_ptr + rows[:, None] * stride_dx + cols[None, :]
             tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
             if HAS_DW:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernelwright.ops._pdl import wait_for_inputs
-from kernelwright.ops._row_block import load_rows, row_block
+from kernelwright.ops._row_block import load_rows, row_block, row_chunk
 from kernelwright.runtime.fastlaunch import fast
 
 CASTING_MODES = {"none": 0, "llama": 1, "gemma": 2}
@@ -58,6 +58,12 @@ def normalize(x, rstd, x_dtype: tl.constexpr, CASTING: tl.constexpr):
 
 
 @triton.jit
+def rms_dx(g, s_hat, c, rstd):
+    # The norm's dx = rstd * (g - s_hat * c), c = mean(g * s_hat) over the row.
+    return (g - s_hat * c) * rstd
+
+
+@triton.jit
 def ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT: tl.constexpr, HAS_DRES: tl.constexpr):
     # The row gradient of a [ROWS, BLOCK_N] block (fp32 s, dy, dres; rstd [ROWS, 1]):
     # g = dy * (offset + w);  ds = dres + rstd * (g - s_hat * mean(g * s_hat)).
@@ -66,7 +72,7 @@ def ds_block(s, dy, dres, rstd, w, N, HAS_WEIGHT: tl.constexpr, HAS_DRES: tl.con
     if HAS_WEIGHT:
         g = dy * w[None, :]
     c = tl.sum(g * s_hat, axis=1)[:, None] / N
-    ds = (g - s_hat * c) * rstd
+    ds = rms_dx(g, s_hat, c, rstd)
     if HAS_DRES:
         ds += dres
     return ds
@@ -364,19 +370,13 @@ def _rms_norm_bwd_looped_kernel(
         rstd = tl.load(rstd_ptr + row64)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            g = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            cols, col_mask, x, g = row_chunk(x_row, dy_row, start, N, BLOCK_N)
             if HAS_WEIGHT:
                 g = g * weight_eff(w_ptr, cols, col_mask, offset, CASTING)
             acc += g * x * rstd
         c = tl.sum(acc, axis=0) / N
         for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            col_mask = cols < N
-            x = tl.load(x_row + cols, mask=col_mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_row + cols, mask=col_mask, other=0.0).to(tl.float32)
+            cols, col_mask, x, dy = row_chunk(x_row, dy_row, start, N, BLOCK_N)
             g = dy
             if HAS_WEIGHT:
                 g = dy * weight_eff(w_ptr, cols, col_mask, offset, CASTING)
@@ -384,7 +384,7 @@ def _rms_norm_bwd_looped_kernel(
                 x_cast = normalize(x, rstd, x_ptr.dtype.element_ty, CASTING)
                 dw = tl.load(dw_row + cols, mask=col_mask, other=0.0)
                 tl.store(dw_row + cols, dw + dy * x_cast, mask=col_mask)
-            dx = (g - x * rstd * c) * rstd
+            dx = rms_dx(g, x * rstd, c, rstd)
             if HAS_DRES:
                 dres_row = dres_ptr + row64 * stride_dres
                 dx += tl.load(dres_row + cols, mask=col_mask, other=0.0).to(tl.float32)
