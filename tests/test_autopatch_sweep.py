@@ -332,3 +332,14 @@ def test_sweep_results_names_and_device_errors(tmp_path):
     )
     assert result.exit_code != 0 and "no CUDA GPU" in result.output
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("model_type", ["lfm2_moe", "dots1", "dbrx"])
+def test_sweep_config_builds_and_runs(model_type):
+    # lfm2_moe: the default leaves layer_types None; dbrx: no attn_config.rope_theta and
+    # clip_qkv None; dots1: no expert or shared-expert count
+    torch.manual_seed(0)
+    model = S.build(AutoModelForCausalLM, S.sweep_config(model_type))
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (1, 8))
+    loss = model(input_ids=ids, labels=ids).loss
+    assert torch.isfinite(loss) and loss.item() > 0

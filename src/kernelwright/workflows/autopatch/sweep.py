@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from kernelwright.workflows.autopatch import configs
+
 STATUSES = ("patched", "left_alone", "cannot_build")
 # mapping -> (transformers' mapping of model types, the Auto class, the results' name suffix)
 MAPPINGS = {
@@ -124,6 +126,7 @@ def sweep_config(model_type: str):
     if model_type in model_configs.ARCHITECTURES:
         return model_configs.tiny_config(model_type)
     config, _notes = shrink(AutoConfig.for_model(model_type))
+    configs.complete(model_type, config)  # keys the default leaves unset, as checkpoints set them
     for sub in [config, *_sub_configs(config)]:
         values = sub.to_dict()
         for key, value in _EXERCISE.items():
@@ -204,7 +207,7 @@ def sweep_one(
             if not math.isfinite(mode.loss):
                 raise ValueError(f"the unpatched loss is {mode.loss}")
     except Exception as e:  # the unpatched model is the baseline: without it, no comparison
-        row.error = _text(e)
+        row.error = configs.failure_reason(model_type, _text(e))
         return done("cannot_build")
 
     stage("analyze")

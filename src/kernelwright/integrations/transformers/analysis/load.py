@@ -112,6 +112,10 @@ TINY_EXTRA = {
     "hidden_size_global": 64,
     "vocab_size_per_layer_input": 128,
     "hidden_size_per_layer_input": 16,
+    # BLT's hashed byte-group embeddings (one table of this many rows per group size)
+    "encoder_hash_byte_group_vocab": 128,
+    # Step-3.5's sliding-attention layers' own head count
+    "num_sliding_attention_heads": 4,
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 
@@ -436,6 +440,7 @@ def _set(cfg, key: str, value) -> None:
 
 def _shrink(cfg, notes: list[str]) -> None:
     n_orig = getattr(cfg, "num_hidden_layers", None)
+    rope_part = _rope_part_of_head(cfg)
     # multi-head attention stays multi-head (latent attention produces one kv head per head)
     mha = _get(cfg, "num_key_value_heads") == _get(cfg, "num_attention_heads")
     for key, value in TINY.items():
@@ -464,6 +469,8 @@ def _shrink(cfg, notes: list[str]) -> None:
         if isinstance(current, int) and not isinstance(current, bool) and current > value:
             _set(cfg, key, value)
     _consistent(cfg)
+    if rope_part is not None:
+        _keep_rope_part(cfg, rope_part)
     if isinstance(n_orig, int) and n_orig > n_new:
         original = cfg.to_dict()
         for key, value in list(original.items()):
@@ -515,6 +522,32 @@ def _consistent(cfg) -> None:
     hidden = d.get("hidden_size")
     if isinstance(d.get("axial_pos_embds_dim"), list | tuple) and isinstance(hidden, int):
         _set(cfg, "axial_pos_embds_dim", [hidden // 2, hidden - hidden // 2])  # Reformer
+
+
+def _rotary_factor(cfg) -> float:
+    rp = getattr(cfg, "rope_parameters", None)
+    factor = rp.get("partial_rotary_factor") if isinstance(rp, dict) else None
+    return factor or _get(cfg, "partial_rotary_factor") or 1.0
+
+
+def _rope_part_of_head(cfg) -> float | None:
+    """The partial rotary factor where a latent-attention config's rotary width is that part of
+    head_dim (Mistral-4: the rotary tables span head_dim x factor, q/k rotate qk_rope_head_dim):
+    the shrunken config keeps the two equal. None where they are not tied."""
+    rope, head = _get(cfg, "qk_rope_head_dim"), _get(cfg, "head_dim")
+    factor = _rotary_factor(cfg)
+    tied = isinstance(rope, int) and isinstance(head, int) and rope == int(head * factor)
+    if tied and factor < 1:
+        return factor
+    return None
+
+
+def _keep_rope_part(cfg, factor: float) -> None:
+    rope = int(_get(cfg, "head_dim") * factor)
+    _set(cfg, "qk_rope_head_dim", rope)
+    nope = _get(cfg, "qk_nope_head_dim")
+    if isinstance(_get(cfg, "qk_head_dim"), int) and isinstance(nope, int):
+        _set(cfg, "qk_head_dim", nope + rope)  # q/k heads are the nope and rope parts together
 
 
 def _shrink_rope(cfg) -> None:
