@@ -118,10 +118,12 @@ EXPECTED = {
     # rope_interleave: apply_rotary_pos_emb_interleave reads (x0, x1) pairs and writes the
     # rotated evens then the rotated odds: the kernel's deinterleave pairing
     "deepseek-ai__DeepSeek-V3": Want(moe=True, rope="deinterleave", rope_type="yarn"),
-    # GptOssRMSNorm casts after the multiply ("gemma", offset 0); experts with biases and a
-    # clamped gate (not plain SwiGLU); rotary on torch.chunk halves by cos/sin that hold each
-    # angle once ([.., D/2]): the kernel's half_table pairing
-    "openai__gpt-oss-20b": Want(norm="gemma", mlp=None, rope="half_table", rope_type="yarn"),
+    # GptOssRMSNorm casts after the multiply ("gemma", offset 0); experts with biases keep
+    # HF's forward, their clamped `_apply_gate` becomes swiglu_clamped; rotary on torch.chunk
+    # halves by cos/sin that hold each angle once ([.., D/2]): the kernel's half_table pairing
+    "openai__gpt-oss-20b": Want(
+        norm="gemma", mlp=None, moe=True, rope="half_table", rope_type="yarn"
+    ),
     # nn.LayerNorm; Conv1D MLP with gelu_new (no kernel); learned positions, no RoPE
     "openai-community__gpt2": Want(
         norm="layer_norm", mlp=None, rope=None, rope_type=None, tied=True
