@@ -79,8 +79,6 @@ def _gated_bwd_kernel(
     da = _chain(g_in, d, dh, alpha, ACTIVATION)
     if ACTIVATION == "silu_clamped":
         da, db = _clamp_grads(a, b, da, db, limit)
-    da_out = da.to(da_ptr.dtype.element_ty)
-    tl.store(da_ptr + rows * stride_da + cols * COLS, da_out, mask=mask)
+    tl.store(da_ptr + rows * stride_da + cols * COLS, da.to(da_ptr.dtype.element_ty), mask=mask)
     if b_ptr is not None:
-        db_out = db.to(db_ptr.dtype.element_ty)
-        tl.store(db_ptr + rows * stride_db + cols * COLS, db_out, mask=mask)
+        tl.store(db_ptr + rows * stride_db + cols * COLS, db.to(db_ptr.dtype.element_ty), mask=mask)
