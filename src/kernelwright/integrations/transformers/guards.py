@@ -122,8 +122,8 @@ def clamped_gate(module: torch.nn.Module) -> tuple[dict | None, str]:
     spec = (alpha, limit, up_offset, interleaved), else (None, why not).
 
     alpha and limit are read from the instance's attributes; up_offset (1 or 0) and the layout
-    (interleaved or halves) are found by running the class's `_apply_gate` on a probe whose
-    values lie on both sides of +-limit, forward and backward (clamp's zero gradients
+    (interleaved or halves) are found by running the class's `_apply_gate` on a sample input
+    whose values lie on both sides of +-limit, forward and backward (clamp's zero gradients
     included), against the fp32 reference. Only a candidate that reproduces both is accepted.
     """
     from kernelwright.ops.swiglu_clamped import swiglu_clamped_fused_ref
@@ -151,7 +151,7 @@ def clamped_gate(module: torch.nn.Module) -> tuple[dict | None, str]:
         want = gate(module, x)
         (want_dx,) = torch.autograd.grad(want, x, dc)
     except Exception as e:  # a gate that cannot run on a plain [rows, 2I] tensor
-        return None, f"its _apply_gate raised {type(e).__name__} on a probe"
+        return None, f"its _apply_gate raised {type(e).__name__} on a sample input"
     for spec in specs:
         got = swiglu_clamped_fused_ref(x, **spec)
         if got.shape != want.shape:

@@ -19,7 +19,7 @@ attribute path) makes one profile fit the bare model, a PEFT/LoRA-wrapped one an
   (`guards.py`) the instance's layout flags and that its act_fn computes silu; an experts
   class with its own clamped gate (GPT-OSS's `_apply_gate`) gets, instead, its `_apply_gate`
   replaced by `ops.swiglu_clamped` (an instance attribute too), once `guards.clamped_gate` has
-  reproduced that gate on a probe; the class's forward (or HF's grouped-mm path) calls it;
+  reproduced that gate on a sample input; the class's forward (or HF's grouped-mm path) calls it;
 - RoPE: the attention class's own forward, re-created (`rebind.py`) with a globals dict in which
   the name it calls (`profile.rope.call_name`) is our kernel, bound to each attention instance;
   likewise each of `profile.rope.other_sites` (another class, its own function);
