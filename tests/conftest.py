@@ -5,6 +5,8 @@ kernel is decorated. Shapes are chosen per backend: small under the interpreter 
 program instance costs milliseconds), realistic on the GPU.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -54,3 +56,42 @@ def pytest_collection_modifyitems(config, items):
 
 
 __all__ = ["DEVICE", "H100", "ON_GPU", "interpreter_mode"]
+
+
+@contextlib.contextmanager
+def written_op(name: str):
+    """The files `create --into-library` writes into the checkout for op `name` (yielded): the
+    block may write them; afterwards they are removed and ops/generated/__init__.py is as it
+    was, so the checkout ends as it began."""
+    from kernelwright.workflows.create.library import checkout_paths
+
+    package_dir, repo = checkout_paths()
+    paths = [package_dir / "ops" / "generated" / f"{name}.py",
+             repo / "tests" / "generated" / f"test_generated_{name}.py",
+             repo / "benchmarks" / "generated" / f"bench_{name}.py"]  # fmt: skip
+    init = package_dir / "ops" / "generated" / "__init__.py"
+    before = init.read_text()
+    try:
+        yield paths
+    finally:
+        for path in paths:
+            path.unlink(missing_ok=True)
+        init.write_text(before)
+
+
+def rope_agrees(hf_fn, ours, q, k, cos, sin, gen):
+    """A model's RoPE function `hf_fn(q, k, cos, sin)` against `ours(q, k, cos, sin)`, each on
+    its own copies of q and k, forward and backward for the same random upstream gradients:
+    equal bit for bit under the interpreter, within 1e-6 (relative norm) on a GPU. Returns our
+    outputs and that comparison, for further checks."""
+    from kernelwright.testing import rand, rel_norm_error
+
+    qs, ks = ([t.detach().clone().requires_grad_() for t in (q, k)] for _ in range(2))
+    ref, out = hf_fn(*qs, cos, sin), ours(*ks, cos, sin)
+    grads = [rand(t.shape, torch.float32, t.device, gen=gen) for t in ref]
+    torch.autograd.backward(ref, grads)
+    torch.autograd.backward(out, grads)
+    close = (lambda a, b: rel_norm_error(a, b) < 1e-6) if ON_GPU else torch.equal
+    for a, b in (*zip(ref, out, strict=True), (qs[0].grad, ks[0].grad), (qs[1].grad, ks[1].grad)):
+        assert close(a, b)
+    return out, close

@@ -231,17 +231,18 @@ def _rope_check(site, fn, cos, sin, **shapes) -> bool:
     return C.check_rope(site, fn, cos, sin, **shapes).passed
 
 
+GPT_OSS = dict(hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+               num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
+               num_experts_per_tok=2)  # fmt: skip
+
+
 def test_gpt_oss_rope_is_patched_with_parity():
     # GPT-OSS's rotary embedding returns each angle once (cos/sin [.., D/2]) and
     # _apply_rotary_emb rotates torch.chunk halves by them: the kernel's half_table pairing,
     # which the check tells from half_split, then patched (loss and every gradient, fp32, YaRN
     # tables). Its experts (biased, transposed, interleaved gate/up) keep HF's forward; their own
     # clamped gate (alpha, up + 1) is replaced by swiglu_clamped, checked below.
-    ref, model = _pair(
-        "GptOssConfig", hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2,
-    )  # fmt: skip
+    ref, model = _pair("GptOssConfig", **GPT_OSS)
     profile = analyze(model, check=False)
     rope = profile.rope
     assert (rope.status, rope.variant, rope.call_name) == (
@@ -263,11 +264,7 @@ def test_gpt_oss_rope_is_patched_with_parity():
 def test_gpt_oss_clamped_gate_is_patched_with_parity():
     # Only the experts' _apply_gate replaced: loss and every gradient against the unpatched
     # model, with a limit small enough that the clamp cuts both gate and up; unpatch restores it.
-    ref, model = _pair(
-        "GptOssConfig", hidden_size=32, intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2,
-    )  # fmt: skip
+    ref, model = _pair("GptOssConfig", **GPT_OSS)
     for m in (*ref.modules(), *model.modules()):
         if type(m).__name__ == "GptOssExperts":
             m.limit = 0.05  # per instance, as HF's gate reads it

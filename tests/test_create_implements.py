@@ -8,7 +8,6 @@ again; its generated tests (the library gate) are not run here."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import subprocess
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEVICE
+from conftest import DEVICE, written_op
 from typer.testing import CliRunner
 
 import kernelwright
@@ -37,23 +36,6 @@ NAME = "kwtest_relu_sq_impl"  # a name no real op has: the test writes into this
 GPU_ONLY = "cuda_events_gpu_only_demote_flush"
 
 
-@contextlib.contextmanager
-def _written(name: str):
-    """Whatever the test wrote into the checkout as op `name` is removed again."""
-    package_dir, repo = L.checkout_paths()
-    paths = [package_dir / "ops" / "generated" / f"{name}.py",
-             repo / "tests" / "generated" / f"test_generated_{name}.py",
-             repo / "benchmarks" / "generated" / f"bench_{name}.py"]  # fmt: skip
-    init = package_dir / "ops" / "generated" / "__init__.py"
-    before = init.read_text()
-    try:
-        yield paths
-    finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
-        init.write_text(before)
-
-
 @pytest.fixture(scope="module")
 def profile():
     return understand_source(str(ROOT / "examples" / "create" / "relu_squared.py"), NAME)
@@ -69,7 +51,7 @@ def test_unknown_op_or_another_signature_is_a_clear_error(profile, tmp_path):
         library_op("rms_nrom")
     with pytest.raises(ImplementsError, match="no benchmark spec"):
         library_op("moe_experts")
-    with _written(NAME) as paths:
+    with written_op(NAME) as paths:
         with pytest.raises(ImplementsError, match=(
             r"swiglu takes 2 tensor input\(s\) \(gate, up\); the created kernel "
             rf"{NAME} takes 1 \(x\)"
@@ -124,7 +106,7 @@ def test_created_implementation_is_benched_chosen_and_inserted(
     import kernelwright.bench as bench
 
     provider = f"created_{NAME}"
-    with _written(NAME):
+    with written_op(NAME):
         with monkeypatch.context() as m:  # subprocess.run is global: Triton's compiles use it
             m.setattr(L.subprocess, "run", _passing_gate)
             result = L.into_library(profile, tmp_path / "log", implements="relu_squared")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import written_op
 
 from kernelwright.workflows.create import library as L
 from kernelwright.workflows.create.run import understand_source
@@ -23,18 +24,8 @@ def _library_op(example: str, name: str):
     """The profile of examples/create/<example>.py as op `name`; whatever the test did to the
     checkout with it, the checkout ends as it began."""
     p = understand_source(str(ROOT / "examples" / "create" / f"{example}.py"), name)
-    package_dir, repo = L.checkout_paths()
-    paths = [package_dir / "ops" / "generated" / f"{name}.py",
-             repo / "tests" / "generated" / f"test_generated_{name}.py",
-             repo / "benchmarks" / "generated" / f"bench_{name}.py"]  # fmt: skip
-    init = package_dir / "ops" / "generated" / "__init__.py"
-    before = init.read_text()
-    try:
+    with written_op(name):
         yield p
-    finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
-        init.write_text(before)
 
 
 @pytest.fixture

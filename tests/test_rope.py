@@ -3,11 +3,12 @@ rotary, GQA/MQA head counts, cos/sin shapes and dtypes, both layouts and strided
 layout, int64 offsets, launch configs, errors, the harness itself, torch.compile and the
 benchmark spec."""
 
+import functools
 import math
 
 import pytest
 import torch
-from conftest import ON_GPU
+from conftest import ON_GPU, rope_agrees
 
 from kernelwright.bench.harness import make_context, run_spec
 from kernelwright.bench.models import MODELS
@@ -204,15 +205,8 @@ def test_deinterleave_is_deepseek_v3s_function(device):
     q = rand((b, s, h, nope + r), torch.float32, device, gen=gen).transpose(1, 2)[..., nope:]
     k = rand((b, s, r), torch.float32, device, gen=gen).view(b, 1, s, r)
     cos, sin = rope_tables(s, r, device=device)
-    qs, ks = ([t.detach().clone().requires_grad_() for t in (q, k)] for _ in range(2))
-    ref = modeling.apply_rotary_pos_emb_interleave(*qs, cos, sin)
-    out = rope(*ks, cos, sin, deinterleave=True)
-    grads = [rand(t.shape, torch.float32, device, gen=gen) for t in ref]
-    torch.autograd.backward(ref, grads)
-    torch.autograd.backward(out, grads)
-    close = (lambda a, b: rel_norm_error(a, b) < 1e-6) if ON_GPU else torch.equal
-    for a, b in (*zip(ref, out, strict=True), (qs[0].grad, ks[0].grad), (qs[1].grad, ks[1].grad)):
-        assert close(a, b)
+    ours = functools.partial(rope, deinterleave=True)
+    out, close = rope_agrees(modeling.apply_rotary_pos_emb_interleave, ours, q, k, cos, sin, gen)
     perm = torch.cat([torch.arange(0, r, 2), torch.arange(1, r, 2)]).to(device)
     for a, b in zip(out, rope(q[..., perm], k[..., perm], cos, sin), strict=True):
         assert close(a, b)

@@ -2,12 +2,14 @@
 angle a pair, against the fp32 reference (partial rotary, both layouts, fp32 and bf16) and
 against GPT-OSS's own apply_rotary_pos_emb, forward and backward."""
 
+import functools
+
 import pytest
 import torch
-from conftest import ON_GPU
+from conftest import rope_agrees
 
 from kernelwright.ops.rope import rope, rope_ref
-from kernelwright.testing import Tolerance, check_op, generator, rand, rel_norm_error
+from kernelwright.testing import Tolerance, check_op, generator, rand
 
 # as test_rope.py: one fp32 rounding at the end; the interpreter truncates fp32 -> bf16
 TOL = {torch.float32: Tolerance(fwd=1e-6, bwd=1e-6), torch.bfloat16: Tolerance(fwd=6e-3, bwd=6e-3)}
@@ -45,14 +47,8 @@ def test_half_table_is_gpt_oss_function(device):
     q = rand((2, 7, 3, 16), torch.float32, device, gen=gen).transpose(1, 2)
     k = rand((2, 7, 1, 16), torch.float32, device, gen=gen).transpose(1, 2)
     cos, sin = (rand((2, 7, 8), torch.float32, device, gen=gen) for _ in range(2))
-    qs, ks = ([t.detach().clone().requires_grad_() for t in (q, k)] for _ in range(2))
-    ref, out = modeling.apply_rotary_pos_emb(*qs, cos, sin), rope(*ks, cos, sin, half_table=True)
-    grads = [rand(t.shape, torch.float32, device, gen=gen) for t in ref]
-    torch.autograd.backward(ref, grads)
-    torch.autograd.backward(out, grads)
-    close = (lambda a, b: rel_norm_error(a, b) < 1e-6) if ON_GPU else torch.equal
-    for a, b in (*zip(ref, out, strict=True), (qs[0].grad, ks[0].grad), (qs[1].grad, ks[1].grad)):
-        assert close(a, b)
+    ours = functools.partial(rope, half_table=True)
+    rope_agrees(modeling.apply_rotary_pos_emb, ours, q, k, cos, sin, gen)
     with pytest.raises(ValueError, match="at most one"):
         rope(q, k, cos, sin, deinterleave=True, half_table=True)
     with pytest.raises(ValueError, match="R/2"):  # a [f, f] table is twice too wide here
