@@ -5,6 +5,7 @@ agreement with eager, and errors."""
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from kernelwright.ops import swiglu_clamped as SC
 from kernelwright.ops.swiglu_clamped import (
@@ -40,11 +41,11 @@ def _gate_up(shape, dtype, seed, interleaved):
     *lead, n = shape
     gen = generator(seed)
     if interleaved:  # the two column-stride-2 halves of one [..., 2N] tensor
-        x = rand((*lead, 2 * n), dtype, "cpu", gen=gen, std=STD)
+        x = rand((*lead, 2 * n), dtype, DEVICE, gen=gen, std=STD)
         return {"gate": x[..., 0::2], "up": x[..., 1::2]}
     return {
-        "gate": rand(shape, dtype, "cpu", gen=gen, std=STD, layout="row_strided"),
-        "up": rand(shape, dtype, "cpu", gen=gen, std=STD),
+        "gate": rand(shape, dtype, DEVICE, gen=gen, std=STD, layout="row_strided"),
+        "up": rand(shape, dtype, DEVICE, gen=gen, std=STD),
     }
 
 
@@ -64,7 +65,7 @@ def test_separate_matches_reference(shape, dtype, interleaved):
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "halves"])
 def test_fused_matches_reference(form, dtype, interleaved):
     def inputs(seed):
-        return {"x": rand((2, 3, 2 * 37), dtype, "cpu", gen=generator(seed), std=STD)}
+        return {"x": rand((2, 3, 2 * 37), dtype, DEVICE, gen=generator(seed), std=STD)}
 
     check_op_seeds(
         swiglu_clamped_fused, swiglu_clamped_fused_ref, inputs, seeds=(0, 1), tolerances=TOL,
@@ -73,8 +74,8 @@ def test_fused_matches_reference(form, dtype, interleaved):
 
 
 def test_interleaved_views_are_read_in_place_and_agree_with_fused():
-    x = rand((4, 2 * 33), torch.float32, "cpu", gen=generator(3), std=STD).requires_grad_()
-    dc = torch.randn(4, 33)
+    x = rand((4, 2 * 33), torch.float32, DEVICE, gen=generator(3), std=STD).requires_grad_()
+    dc = torch.randn(4, 33, device=DEVICE)
     out = swiglu_clamped(x[:, 0::2], x[:, 1::2])
     (g_sep,) = torch.autograd.grad(out, x, dc)
     fused = swiglu_clamped_fused(x)
@@ -91,9 +92,13 @@ def test_clamp_gradient_at_the_bounds_and_nan_is_torchs(dtype):
     # gate at +limit passes its gradient (clamp's bounds are inclusive), above it gets 0; up at
     # +-limit passes, beyond gets 0; NaN propagates forward and gets a 0 gradient
     lim = 7.0
-    gate = torch.tensor([[lim, lim + 0.5, -9.0, 1.0, float("nan"), 2.0, -lim, 0.5]], dtype=dtype)
-    up = torch.tensor([[1.0, 2.0, 3.0, lim, 1.0, -lim, -lim - 1, float("nan")]], dtype=dtype)
-    dc = torch.ones(1, 8, dtype=dtype)
+    gate = torch.tensor(
+        [[lim, lim + 0.5, -9.0, 1.0, float("nan"), 2.0, -lim, 0.5]], dtype=dtype, device=DEVICE
+    )
+    up = torch.tensor(
+        [[1.0, 2.0, 3.0, lim, 1.0, -lim, -lim - 1, float("nan")]], dtype=dtype, device=DEVICE
+    )
+    dc = torch.ones(1, 8, dtype=dtype, device=DEVICE)
     outs, grads = [], []
     for fn in (swiglu_clamped, swiglu_clamped_eager):
         g, u = gate.clone().requires_grad_(), up.clone().requires_grad_()
@@ -112,7 +117,7 @@ def test_clamp_gradient_at_the_bounds_and_nan_is_torchs(dtype):
 
 def test_fp32_matches_eager_gpt_oss_gate():
     gen = generator(5)
-    x = rand((6, 2 * 40), torch.float32, "cpu", gen=gen, std=STD)
+    x = rand((6, 2 * 40), torch.float32, DEVICE, gen=gen, std=STD)
     gate, up = x[:, ::2], x[:, 1::2]
     torch.testing.assert_close(
         swiglu_clamped(gate, up), swiglu_clamped_eager(gate, up), rtol=2e-6, atol=2e-6
@@ -120,8 +125,8 @@ def test_fp32_matches_eager_gpt_oss_gate():
 
 
 def test_module_and_errors():
-    gate = rand((3, 9), torch.float32, "cpu", gen=generator(1), std=STD)
-    up = rand((3, 9), torch.float32, "cpu", gen=generator(2), std=STD)
+    gate = rand((3, 9), torch.float32, DEVICE, gen=generator(1), std=STD)
+    up = rand((3, 9), torch.float32, DEVICE, gen=generator(2), std=STD)
     m = SwiGLUClamped(alpha=1.0, limit=2.0, up_offset=0.0)
     assert "limit=2.0" in repr(m)
     torch.testing.assert_close(
@@ -132,7 +137,7 @@ def test_module_and_errors():
     with pytest.raises(ValueError, match="even last dimension"):
         swiglu_clamped_fused(gate)
     with pytest.raises(ValueError, match="column strides"):
-        SC.swiglu_clamped_fwd_launch(gate[:, ::3], up[:, ::3], torch.empty(3, 3))
+        SC.swiglu_clamped_fwd_launch(gate[:, ::3], up[:, ::3], torch.empty(3, 3, device=DEVICE))
 
 
 def test_a_wrong_clamp_gradient_is_caught(monkeypatch):

@@ -315,9 +315,22 @@ def _worker(
                 device=device,
                 dtype=dtype,
             )
+            if device == "cuda" and _context_lost(torch):
+                # a device-side assert leaves this process's CUDA context unusable: every
+                # later type would fail here too, so the row is this worker's last
+                conn.send(("last_row", dataclasses.asdict(row)))
+                return
             conn.send(("row", dataclasses.asdict(row)))
     except (EOFError, BrokenPipeError):
         return  # the parent is gone
+
+
+def _context_lost(torch) -> bool:
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001  (torch.AcceleratorError, RuntimeError: CUDA error ...)
+        return True
 
 
 @dataclasses.dataclass
@@ -447,6 +460,13 @@ def run_sweep(
                     if not slot.ready:  # it could not even start: another would not either
                         raise RuntimeError(f"a sweep worker died starting (exit {code})") from None
                     stop(slot, f"the worker died (exit code {code})")
+                    slots.remove(slot)
+                    if todo:
+                        slots.append(start(slot.gpu))
+                    continue
+                if kind == "last_row":  # its CUDA context is lost: a fresh worker goes on
+                    finish(slot, SweepRow(**value))
+                    stop(slot, "")
                     slots.remove(slot)
                     if todo:
                         slots.append(start(slot.gpu))
