@@ -6,7 +6,8 @@ they replace, and what the forward needs beside them, built from the model's own
 Nothing here names a model. What the forward takes is read from its signature; the number of
 placeholder tokens an image becomes is measured by running the model's own
 `get_image_features`; the batch is then run once through the model, and any error leaves the
-text-only batch with the reason in `batch.note`:
+text-only batch with the reason in `batch.note`. A model on a GPU is searched on a CPU copy
+(a rejected layout can end in a device-side assert there, which no `except` recovers from):
 
 - images: `pixel_values` [images, C, S, S] with S the vision config's `image_size` (LLaVA,
   Gemma-3, InternVL, ...), then one or two crops a row ([rows, crops, C, S, S]: Idefics2,
@@ -28,6 +29,7 @@ A model whose forward takes no `pixel_values` gets `parity.make_batch`'s batch u
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -236,6 +238,23 @@ def check_batch(
         return text
     avoid = special_token_ids(model.config)
     text = make_batch(vocab_size(model), batch=batch, seq=seq, seed=seed, avoid=avoid)
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        # a layout the model rejects can fail inside a GPU kernel (a device-side assert), which
+        # leaves the process's CUDA context unusable: the layouts are tried on a CPU copy of
+        # the (tiny) model, and the batch that ran there moves to the model's device
+        try:
+            probe = copy.deepcopy(model).to("cpu", torch.float32)
+        except Exception as e:  # noqa: BLE001  a model that cannot be copied: no image batch
+            text.note = f"text only: the model could not be copied to the CPU to try images ({e})"
+            return text
+        found = _search(probe, text, batch, seed, run)
+        found.inputs = {k: v.to(device) for k, v in found.inputs.items()}
+        return found
+    return _search(model, text, batch, seed, run)
+
+
+def _search(model: nn.Module, text: Batch, batch: int, seed: int, run: bool) -> Batch:
     was_training = model.training
     try:
         return _with_images(model.eval(), text, batch, seed, run)
