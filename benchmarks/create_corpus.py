@@ -105,10 +105,17 @@ def main() -> None:
     refs = sorted(p for p in CORPUS.glob("*.py") if not only or p.stem in only)
 
     status: dict[str, tuple[int, str, float]] = {}
-    if args.bench_only:  # what phase 1 verified: the workspaces holding a package
+    if args.bench_only:  # what phase 1 verified: a package whose report says its tests passed
         for ref in refs:
-            pkg = runs / "kernelwright-runs" / "create" / ref.stem / "pkg" / ref.stem
-            status[ref.stem] = (0, "verified earlier", 0.0) if pkg.is_dir() else (2, "", 0.0)
+            work = runs / "kernelwright-runs" / "create" / ref.stem
+            report = work / "report.md"
+            passed = report.is_file() and "**verify passed" in report.read_text()
+            if passed and (work / "pkg" / ref.stem).is_dir():
+                status[ref.stem] = (0, "verified earlier", 0.0)
+            elif (work / "pkg").is_dir():  # generated, but its tests failed: not timed
+                status[ref.stem] = (1, "verify failed earlier", 0.0)
+            else:
+                status[ref.stem] = (2, "", 0.0)
     else:
         print(f"phase 1: create --yes --bench none for {len(refs)} references", flush=True)
     gpus = visible_gpus() or [None]
@@ -136,26 +143,32 @@ def main() -> None:
     verified = [ref for ref in refs if status[ref.stem][0] == 0]
     jobs = [(ref.stem, str(runs / "kernelwright-runs" / "create" / ref.stem / "pkg"), args.full,
              str(ref)) for ref in verified]  # fmt: skip
-    done = run_tasks(phase2, jobs, workers=workers, labels=[r.stem for r in verified],
-                     progress=lambda line: print(line, flush=True),
-                     env={"KERNELWRIGHT_COMMIT": git_commit()})  # fmt: skip
     rows, summary = [], []
-    for ref, res in zip(verified, done, strict=True):
-        name = ref.stem
+
+    def arrived(res) -> None:
+        # each reference's rows are recorded and written as they come: a run cut short (a
+        # time limit, a lost machine) keeps every reference it timed
+        name = verified[res.index].stem
         if not res.ok:
             print(f"  {name:22s} phase 2 FAILED: {res.error}\n{res.traceback}", flush=True)
             status[name] = (3, f"phase 2: {res.error.splitlines()[0][:200]}", status[name][2])
-            continue
+            return
         got = res.value
         record(got, source="create", run_id=new_run_id())  # the results database
-        rows += got
+        rows.extend(got)
         for c in compare(got):
             summary.append({"op": name, **c.__dict__})
             mem = f"{c.kernel_mb:.0f}/{c.eager_mb:.0f}/{c.compile_mb:.0f} MB"
             print(f"  {name:22s} {c.shape:12s} {c.mode:8s} kernel {c.kernel_ms:.4f} ms  "
                   f"{c.vs_eager:5.2f}x eager  {c.vs_compile:5.2f}x compile  mem {mem}",
                   flush=True)  # fmt: skip
+        write_csv(rows, args.out / "create_corpus.csv")
 
+    run_tasks(phase2, jobs, workers=workers, labels=[r.stem for r in verified],
+              progress=lambda line: print(line, flush=True), on_result=arrived,
+              env={"KERNELWRIGHT_COMMIT": git_commit()})  # fmt: skip
+    rows.sort(key=lambda r: r.op)  # the corpus's order, whatever order the GPUs finished in
+    summary.sort(key=lambda s: s["op"])
     write_csv(rows, args.out / "create_corpus.csv")
     with open(args.out / "corpus_summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(summary[0]) if summary else ["op"])

@@ -64,6 +64,26 @@ def test_sequential_default_runs_here_in_order():
     assert all(r.skipped and not r.ok for r in got)
 
 
+def test_each_result_is_handed_over_as_it_arrives():
+    # what a caller keeps if the run is cut short: every finished task, failed ones too, as
+    # it finishes; skipped tasks are not handed over
+    seen = []
+
+    def arrived(r):
+        seen.append((r.index, r.ok))
+
+    items = [("square", 2), ("fail",), ("square", 5)]
+    started = []
+    got = run_tasks(
+        task, items, on_result=arrived, stop=lambda: len(started.append(0) or started) > 2
+    )
+    assert seen == [(0, True), (1, False)]
+    assert got[2].skipped
+    seen.clear()
+    run_tasks(task, items, on_result=arrived)
+    assert seen == [(0, True), (1, False), (2, True)]
+
+
 @cpu_workers
 def test_local_processes_two_workers(tmp_path):
     lines = []

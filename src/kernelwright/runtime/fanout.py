@@ -206,14 +206,17 @@ class Fanout:
         *,
         labels: Sequence[str] | None = None,
         stop: Callable[[], bool] | None = None,
+        on_result: Callable[[TaskResult], None] | None = None,
     ) -> list[TaskResult]:
         """`fn(item)` for every item; `stop()`, checked before each task starts, skips the
-        rest once it holds. Prints one progress line per finished task."""
+        rest once it holds. Prints one progress line per finished task, and hands each
+        finished (not skipped) task's result to `on_result` as it arrives, so a caller can
+        keep what was done if the run is cut short."""
         items = list(items)
         labels = list(labels) if labels is not None else [str(x)[:60] for x in items]
         if len(labels) != len(items):
             raise ValueError("labels: one per item")
-        job = _Job(items, labels, self.progress, stop or (lambda: False))
+        job = _Job(items, labels, self.progress, stop or (lambda: False), on_result)
         if not items:
             return []
         kind = self._choose()
@@ -253,17 +256,21 @@ def run_tasks(
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
     env: dict[str, str] | None = None,
+    on_result: Callable[[TaskResult], None] | None = None,
 ) -> list[TaskResult]:
     """One `Fanout` for one list of tasks (workers started and stopped around it)."""
     with Fanout(workers, backend=backend, address=address, progress=progress, env=env) as f:
-        return f.run(fn, items, labels=labels, stop=stop)
+        return f.run(fn, items, labels=labels, stop=stop, on_result=on_result)
 
 
 class _Job:
     """One `run`: the items, their results as they come, the progress lines."""
 
-    def __init__(self, items: list, labels: list[str], progress: Progress, stop: Callable):
+    def __init__(
+        self, items: list, labels: list[str], progress: Progress, stop: Callable, on_result=None
+    ):
         self.items, self.labels, self.progress, self.stop = items, labels, progress, stop
+        self.on_result = on_result
         self.results: list[TaskResult | None] = [None] * len(items)
         self.pending = deque(range(len(items)))
         self.finished = 0
@@ -299,6 +306,8 @@ class _Job:
             f"[fan-out {self.finished}/{len(self.items)}] {r.label}: {status} "
             f"({r.seconds:.2f} s, {where})"
         )
+        if self.on_result is not None:
+            self.on_result(r)
 
     def from_worker(self, index: int, res: dict, ident: dict, loads=pickle.loads) -> None:
         value, error, tb = None, res["error"], res["tb"]
