@@ -571,12 +571,13 @@ def environment() -> dict[str, str]:
     import transformers
 
     import kernelwright
+    from kernelwright.bench.context import git_commit
     from kernelwright.runtime import device_info, interpreter_mode
 
     d = device_info()
     backend = "Triton interpreter on CPU" if interpreter_mode() else d.name
     return {
         "device": f"{backend} ({platform.machine()}, {os.cpu_count()} CPU cores)",
-        "versions": f"kernelwright {kernelwright.__version__}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}",
+        "versions": f"kernelwright {kernelwright.__version__} (commit {git_commit()}), "
+        f"torch {torch.__version__}, transformers {transformers.__version__}",
     }
