@@ -1,8 +1,8 @@
 """create: products along the row (cumprod, prod, a reversed cumprod) and their backward at zeros;
 the gradient of a per-row input; a reduction over the row's dims and then over the rows (KL's
-batchmean); a row of another dim than the last read in place. Each reference is generated here
-and its op run under the interpreter on tiny shapes against PyTorch's own forward and
-autograd."""
+batchmean); a row of another dim than the last read in place; a gather of one value per row
+read at its target column alone. Each reference is generated here and its op run under the
+interpreter on tiny shapes against PyTorch's own forward and autograd."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelwright.workflows.create import understand
-from kernelwright.workflows.create.codegen import write
+from kernelwright.workflows.create.codegen import render, write
 
 CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where torch does
@@ -289,3 +289,60 @@ def test_looped_backward_copies_the_forward_row_values(name, passes, tmp_path, m
     spy = _Passes(mod, name, xs[0].numel(), monkeypatch)
     _check(fn, ref, xs, tol=1e-5)
     assert spy.count == passes
+
+
+def _gather(a, i):
+    return torch.gather(a, -1, i.unsqueeze(-1)).squeeze(-1)
+
+
+def test_a_gather_reads_only_the_picked_element(tmp_path):
+    # gather_rows: the forward loads each row's index, then x at that column alone (no masked
+    # sum over the row, no looped kernels for long rows)
+    mod, fn = _op(tmp_path, "gather_rows")
+    src = Path(mod.__file__).read_text()
+    assert "def _fwd_looped" not in src and "def _gather_rows_fwd_kernel" not in src
+    start = src.index("def _gather_rows_fwd_pick(")
+    fwd = src[start : src.index("@triton.jit", start)]
+    assert "tl.sum" not in fwd and "cols ==" not in fwd and "for " not in fwd
+    g = torch.Generator().manual_seed(7)
+    # column stride 2, rows out of order (a transpose): the [M, N] view's strides
+    x = torch.randn(3, 5, 26, generator=g)[..., ::2].transpose(0, 1)
+    idx = torch.randint(0, 13, (5, 3), generator=g)
+    _check(fn, _gather, [x, idx])
+    # an index outside [0, N) reads nothing and gives 0, as the masked row sum does
+    bad = idx.clone()
+    bad[0, 0], bad[1, 2], bad[4, 1] = -1, 13, 2**40
+    ok = (bad >= 0) & (bad < 13)
+    y = fn(x.to(DEVICE), bad.to(DEVICE)).cpu()
+    assert (y[~ok] == 0).all()
+    torch.testing.assert_close(y[ok], _gather(x, bad.clamp(0, 12))[ok])
+    # log_softmax, then the gather: the row is needed whole, the masked row sum stays
+    op = render(understand(str(CORPUS / "cross_entropy_gather.py")))
+    op = op["cross_entropy_gather/cross_entropy_gather.py"]
+    assert "_fwd_pick(" not in op and "tl.where(cols == f_unsqueeze" in op
+
+
+def test_a_gather_of_an_elementwise_expression_is_picked(tmp_path):
+    # the gather's source is element-wise work on a full input, a per-feature weight and a
+    # per-row shift, evaluated at the picked element only; more work on the picked value after
+    mod, fn = _op(tmp_path, "rows_pick_expr", """
+        import torch
+
+        def rows_pick_expr(x, w, s, idx):
+            y = torch.gather(torch.tanh(x) * w + s, -1, idx.unsqueeze(-1)).squeeze(-1)
+            return 2.0 * y - 1.0
+
+        def get_inputs():
+            return [torch.randn(4, 96), torch.randn(96), torch.randn(4, 1),
+                    torch.randint(0, 96, (4,))]
+        """)  # fmt: skip
+    assert "def _rows_pick_expr_fwd_pick(" in Path(mod.__file__).read_text()
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 22, generator=g)[:, ::2]
+    w, s = torch.randn(11, generator=g), torch.randn(6, 1, generator=g)
+    idx = torch.randint(0, 11, (6,), generator=g)
+
+    def ref(x, w, s, i):
+        return 2.0 * _gather(torch.tanh(x) * w + s, i) - 1.0
+
+    _check(fn, ref, [x, w, s, idx])

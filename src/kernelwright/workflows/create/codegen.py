@@ -25,7 +25,9 @@ into one, or dims before other ones: then every tensor is an [A, N, B] view read
 program's ROWS rows being B-neighbours so that each load along the row is contiguous
 (templates/slab.py.j2): rows up to STRIDED_MAX elements held whole, longer ones walked in
 [rows, block_n] tiles by the looped kernels over the same views; B = 1 is an [M, N] view of the
-rows. Rows longer than a table row's block_n take the looped kernels (staged.py). A
+rows. Rows longer than a table row's block_n take the looped kernels (staged.py). A gather of
+one value per row that is the forward's only work along the row is read at its target column
+alone instead, at any row length (pick.py). A
 per-feature parameter's gradient (a sum over rows) is accumulated per program in fp32 and the
 launcher sums the partial rows, like a broadcast input of tier 1.
 Launch configs come from the module's `TABLE` (the library's table form, which `kernelwright
@@ -45,7 +47,7 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
-from kernelwright.workflows.create import staged, tail
+from kernelwright.workflows.create import pick, staged, tail
 from kernelwright.workflows.create.emit import _Emitter
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
     _CONSTS,
@@ -184,6 +186,13 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
                 looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
         if not (len(looped) == 2 and looped[1].get("given")):
             looped[0]["keep"] = {}  # nothing the backward reads: the forward keeps nothing
+    # the forward's looped launch keeps its row values for the backward's (`stats`)
+    keeps = bool(looped and looped[0].get("keep"))
+    # a gather of one value per row that is the forward's only work along the row: the forward
+    # reads that element alone at any row length (pick.py), so it has no looped kernels
+    picked = pick.plan(em, out_kinds, keeps)
+    if picked:
+        looped = [fb for fb in looped if fb["kind"] != "fwd"]
     # an output's torch dtype when it is not the first input's (max/argmax indices)
     out_dtypes = [
         _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
@@ -201,8 +210,9 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         # products stay in range, zeros included
         "products": any(n.target in _PRODUCTS for n in em.fwd + em.bwd),
         "looped": looped,
-        # the forward's looped launch keeps its row values for the backward's (`stats`)
-        "keeps": bool(looped and looped[0].get("keep")),
+        "keeps": keeps,
+        # the pick form's forward: (the index input's position, its lines), or None
+        "pick": picked,
         # per-row inputs traced with the row's dims dropped ([N] against [N, V]): 1, else 0
         "dropped": [
             int(s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block))

@@ -68,6 +68,9 @@ class _Emitter:
         # the values that are a flipped row, by var: the code of the same row unflipped (one
         # kernel body; reset by its caller before the first group)
         self.flipped: dict[str, str] = {}
+        # set by pick.py while it emits a forward that reads one element per row: a gather is
+        # then the value at the row's target column (`mask`: the row and its index are valid)
+        self.picked = False
 
     @property
     def shaped_ph(self) -> list[str]:
@@ -212,6 +215,8 @@ class _Emitter:
         if base == "aten.gather":  # one value per row at its target column
             if list(n.shape or []) != self.row_shape(True):
                 raise UnsupportedNode(n.name, "a gather of more than one value per row")
+            if self.picked:
+                return [f"{out} = tl.where(mask, {a}, 0.0)"]
             return [f"{out} = {red('sum', f'tl.where(cols == {code[2]}, {a}, 0.0)')}"]
         # var_mean: (var, mean), two-pass over the row in registers (no cancellation); var
         # alone the same, named <out>
