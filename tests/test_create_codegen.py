@@ -140,8 +140,8 @@ def test_generation_is_deterministic(case):
 
 
 def test_unsupported_node_stops_with_its_name():
-    profile = capture("atan_gen", torch.atan, (4, 8))
-    with pytest.raises(UnsupportedNode, match=r"atan.*no Triton lowering"):
+    profile = capture("fmod_gen", lambda x: torch.fmod(x, 0.7), (4, 8))
+    with pytest.raises(UnsupportedNode, match=r"fmod.*no Triton lowering"):
         render(profile)
 
 
@@ -173,11 +173,11 @@ def test_row_kernel_reference_runs_at_any_row_length():
 def test_unsupported_node_stops_the_workflow(tmp_path):
     from kernelwright.workflows.create.run import create
 
-    path = capture("atan_gen", torch.atan, (4, 8)).save(tmp_path / "atan.yaml")
+    path = capture("fmod_gen", lambda x: torch.fmod(x, 0.7), (4, 8)).save(tmp_path / "fmod.yaml")
     result = create(None, from_profile=path, runs=tmp_path / "runs")
-    assert result.stage == "stopped" and "atan" in (result.profile.unsupported_node or "")
+    assert result.stage == "stopped" and "fmod" in (result.profile.unsupported_node or "")
     assert "no Triton lowering" in result.report.read_text()
-    assert not (tmp_path / "runs" / "atan_gen" / "pkg").exists()
+    assert not (tmp_path / "runs" / "fmod_gen" / "pkg").exists()
 
 
 def test_a_generator_failure_stops_instead_of_crashing(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,10 +189,116 @@ def test_refusals_name_the_reason():
                      args=["a", "b"], dtype="torch.int64")  # fmt: skip
     with pytest.raises(UnsupportedNode, match="only bool masks"):
         _lower(node, ["a", "b"], ["a", "b"], {})
-    node = GraphNode(name="n", op="call_function", target="aten.atan.default", args=["a"])
-    with pytest.raises(UnsupportedNode, match="libdevice"):
-        _lower(node, ["a"], ["a"], {})
+    node = GraphNode(name="n", op="call_function", target="aten.fmod.Tensor", args=["a", "b"])
+    with pytest.raises(UnsupportedNode, match="libdevice's fmod"):
+        _lower(node, ["a", "b"], ["a", "b"], {})
     node = GraphNode(name="n", op="call_function", target="aten.round.decimals", args=["a", 2])
     with pytest.raises(UnsupportedNode, match="decimals"):
         _lower(node, ["a", "2.0"], ["a", 2], {})
     assert math.isfinite(len(NOT_LOWERED))
+
+
+# ------------------------------------------------- inverse trigonometric functions, by fp32 ulps
+
+_TRIG_KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def apply(x_ptr, y_ptr, out_ptr, n, BLOCK_N: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    mask = offs < n
+    a = tl.load(x_ptr + offs, mask=mask, other=1.0)
+    b = tl.load(y_ptr + offs, mask=mask, other=1.0)
+    tl.store(out_ptr + offs, {expr}, mask=mask)
+"""
+INF, NAN = float("inf"), float("nan")
+# points whose result is exact (as rounded to fp32), and points where a reduction switches range
+_TRIG_EXACT = [0.0, -0.0, 1.0, -1.0, INF, -INF, NAN, 1e-30, -1e-30, 1.2e-38, 3e38, -3e38]
+_TRIG_EDGES = [0.5, -0.5, 1 - 2**-24, -(1 - 2**-24), 1 + 2**-23, 0.41421356, 2.4142137, -2.4142137]
+
+
+def _run_trig(expr: str, x: torch.Tensor, y: torch.Tensor, tmp_path) -> torch.Tensor:
+    path = tmp_path / f"trig{abs(hash(expr))}.py"
+    path.write_text(_TRIG_KERNEL.format(expr=expr))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x, y = x.to(DEVICE), y.to(DEVICE)
+    out = torch.full_like(x, NAN)
+    block = 4096
+    module.apply[(-(-x.numel() // block),)](x, y, out, x.numel(), BLOCK_N=block)
+    return out.cpu()
+
+
+def _normal_floats(n: int, lo_exp: int, hi_exp: int, gen) -> torch.Tensor:
+    """Random normal fp32 numbers of both signs, exponents uniform in [lo_exp, hi_exp]."""
+    mant = torch.rand(n, generator=gen) + 1.0
+    exp = torch.randint(lo_exp, hi_exp + 1, (n,), generator=gen).float()
+    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    return (sign * mant * torch.exp2(exp)).float()
+
+
+def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """|got - want| in units of fp32 spacing at want; 0 where both are NaN or equal."""
+    spacing = torch.nextafter(want.abs(), torch.tensor(INF)) - want.abs()
+    err = (got.double() - want.double()).abs() / spacing.double()
+    err[(got == want) | (got.isnan() & want.isnan())] = 0.0
+    return err
+
+
+@pytest.mark.parametrize("op", ["atan", "asin", "acos", "atan2"])
+def test_inverse_trig_within_a_few_ulps_of_torch(op, tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    special, edges = torch.tensor(_TRIG_EXACT), torch.tensor(_TRIG_EDGES)
+    if op == "atan2":  # (y, x): every pair of special points, magnitudes far apart, near 1
+        sy, sx = torch.meshgrid(special, special, indexing="ij")
+        near = torch.randn(8192, generator=gen)
+        ey, ex = torch.meshgrid(edges, edges, indexing="ij")
+        y = torch.cat([sy.flatten(), ey.flatten(), _normal_floats(32768, -60, 60, gen),
+                       torch.randn(16384, generator=gen), near])  # fmt: skip
+        x = torch.cat([sx.flatten(), ex.flatten(), _normal_floats(32768, -60, 60, gen),
+                       torch.randn(16384, generator=gen),
+                       near * (1 + 0.3 * torch.randn(8192, generator=gen))])  # fmt: skip
+        want64 = torch.atan2(y.double(), x.double()).float()
+        want = torch.atan2(y.to(DEVICE), x.to(DEVICE)).cpu()
+        args = ["b", "a"]
+        n_special = special.numel() ** 2
+    else:  # every magnitude of a normal float, and dense around [-1, 1] and the reductions
+        dense = [torch.linspace(-1.25, 1.25, 50001), torch.linspace(-4, 4, 20001)]
+        x = torch.cat([special, edges, _normal_floats(65536, -126, 127, gen), *dense])
+        y = x
+        fn = getattr(torch, op)
+        want64 = fn(x.double()).float()
+        want = fn(x.to(DEVICE)).cpu()
+        args = ["a"]
+        n_special = special.numel()
+    target = f"aten.{op}.default"
+    node = GraphNode(name="n", op="call_function", target=target, args=args, dtype="torch.float32")
+    got = _run_trig(_lower(node, args, args, {}), x, y, tmp_path)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert _ulps(got, want).max() <= 4, "fp32 ulps from torch"
+    assert _ulps(got, want64).max() <= 3, "fp32 ulps from the exact value"
+    # special points: the exact value, rounded, and the sign of a zero
+    got, want64 = got[:n_special], want64[:n_special]
+    bad = got.nan_to_num(7.0) != want64.nan_to_num(7.0)
+    assert not bad.any(), (y[:n_special][bad], x[:n_special][bad])
+    keep = ~want64.isnan()
+    assert torch.equal(got[keep].signbit(), want64[keep].signbit())
+
+
+def test_cli_create_verifies_arctan_activation(tmp_path, monkeypatch):
+    """atan forward and its backward (1 / (1 + x^2)) through the whole workflow: generated,
+    then verified by the generated tests against torch."""
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    ref = Path(__file__).resolve().parents[1] / "examples/create/arctan_activation.py"
+    result = CliRunner().invoke(app, ["create", str(ref), "--yes", "--bench", "none"])
+    assert result.exit_code == 0, result.output
+    assert "verified: the generated tests pass" in result.output
+    op = tmp_path / "kernelwright-runs/create/arctan_activation/pkg/arctan_activation"
+    assert "tl.div_rn" in (op / "arctan_activation.py").read_text()

@@ -1,7 +1,7 @@
-"""Arctan activation scaled to (-1, 1): y = (2 / pi) * atan(x). Tier 3.
+"""Arctan activation scaled to (-1, 1): y = (2 / pi) * atan(x). Tier 1.
 
-Stops at aten.atan: no Triton builtin computes it in the CPU interpreter as well as on the GPU
-(libdevice is GPU-only), so it is not lowered.
+atan has no portable Triton builtin (libdevice is GPU-only): it is lowered to a range reduction
+and a polynomial, which run on the GPU and in the CPU interpreter alike.
 """
 
 import math

@@ -3,6 +3,8 @@ graph helpers codegen's emitter walks with (see codegen's docstring for the tier
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 from kernelwright.profiles.kernel import GraphNode
@@ -167,19 +169,11 @@ def _lower(n: GraphNode, a: list[str], raw: list, kw: dict, row: bool = False) -
 
 # Element-wise ops of PyTorch's core ATen set that have no lowering, and why. Every core
 # pointwise op is either lowered or listed here (tests/test_create_lowering.py enumerates them).
-_NO_LIBDEVICE = (
-    "no Triton lowering: no builtin computes it that also runs in the CPU interpreter "
-    "(libdevice is GPU-only)"
-)
 _NO_REMAINDER = (
     "no Triton lowering: an exact remainder needs libdevice's fmod (a - b * {}(a / b) is off "
     "by b where the quotient rounds across an integer)"
 )
 NOT_LOWERED = {
-    "aten.asin": _NO_LIBDEVICE,
-    "aten.acos": _NO_LIBDEVICE,
-    "aten.atan": _NO_LIBDEVICE,
-    "aten.atan2": _NO_LIBDEVICE,
     "aten.fmod": _NO_REMAINDER.format("trunc"),
     "aten.remainder": _NO_REMAINDER.format("floor"),
 }
@@ -189,7 +183,8 @@ NOT_LOWERED = {
 ELEMENTWISE = frozenset([
     "add", "sub", "mul", "div", "neg", "rsub", "exp", "exp2", "log", "log2", "log10", "log1p",
     "expm1", "tanh", "sigmoid", "relu", "abs", "sign", "sgn", "sqrt", "rsqrt", "reciprocal",
-    "pow", "erf", "erfc", "sin", "cos", "tan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "pow", "erf", "erfc", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh",
+    "asinh", "acosh", "atanh",
     "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where", "gt", "ge", "lt", "le",
     "eq", "ne", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
     "bitwise_or", "bitwise_xor", "bitwise_not", "isnan", "isinf", "floor", "ceil", "round",
@@ -257,6 +252,8 @@ def _lower_more(n: GraphNode, base: str, a: list[str], raw: list, kw: dict) -> s
         return a[1]  # copy(dst, src): src's values in dst's place
     if base == "aten.threshold_backward":
         return f"tl.where({a[1]} <= {_lit(raw[2])}, 0.0, {a[0]})"
+    if base in _INVERSE_TRIG:
+        return _INVERSE_TRIG[base](*a[: 2 if base == "aten.atan2" else 1])
     if base == "aten.round":
         if raw[1:] and raw[1] != 0 or kw.get("decimals", 0) != 0:
             raise UnsupportedNode(n.name, f"{n.target} with decimals: only decimals=0")
@@ -277,6 +274,118 @@ def _lower_more(n: GraphNode, base: str, a: list[str], raw: list, kw: dict) -> s
         neg = f"{_lit(alpha)} * (tl.exp({x} * {_lit(in_scale)}) - 1.0)"
         return f"({_lit(scale)} * tl.where({x} > 0, {x}, {neg}))"
     return None
+
+
+# Inverse trigonometric functions from portable tl operations (libdevice, which has them, is
+# GPU-only): a range reduction, then Cephes' single-precision minimax polynomials (atanf on
+# |u| <= tan(pi/8), asinf on |u| <= 0.5). Divisions and square roots are the IEEE-rounded
+# tl.div_rn / tl.sqrt_rn (a GPU's `/` and tl.sqrt are approximate); an offset of pi/4 .. pi is
+# added as an fp32 value plus its remainder, so the offset itself rounds only once. Results are
+# within a few fp32 ulps of the exact value (tests/test_create_lowering.py bounds it), with C's
+# special values (NaN propagates, signed zeros kept, atan(+-inf) = +-pi/2, asin/acos outside
+# [-1, 1] = NaN, atan2 of zeros and infinities by quadrant). One expression each, as the
+# generated kernels have no helper functions for it: the reduced argument is written out
+# wherever it is used (a GPU compile folds the repeats).
+_TAN_3PI_8 = repr(math.tan(3 * math.pi / 8))
+_TAN_PI_8 = repr(math.tan(math.pi / 8))
+_ATAN_P = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
+_ASIN_P = (4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2, 1.6666752422e-1)
+_PI = math.pi
+
+
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def _where(cond: str, a: str, b: str) -> str:
+    return f"tl.where({cond}, {a}, {b})"
+
+
+def _cases(tree, literal) -> str:
+    """A nested (condition, then, else) tuple of constants → a tl.where tree of literal(v)."""
+    if isinstance(tree, tuple):
+        return _where(tree[0], _cases(tree[1], literal), _cases(tree[2], literal))
+    return literal(tree)
+
+
+def _plus_offset(tree, term: str) -> str:
+    """offset + term, the offset (a tree of constants) split into its fp32 value and the rest."""
+    hi = _cases(tree, lambda v: repr(_f32(v)))
+    lo = _cases(tree, lambda v: repr(v - _f32(v)))
+    return f"({hi} + ({lo} + {term}))"
+
+
+def _odd_poly(u: str, z: str, coeffs: tuple) -> str:
+    """u + u z P(z), P by Horner (z = u^2, written once per use)."""
+    p = repr(coeffs[0])
+    for c in coeffs[1:]:
+        p = f"({p} * {z} + {c!r})"
+    return f"({u} + {u} * {z} * {p})"
+
+
+def _sign(x: str) -> str:
+    """-1.0 where x's sign bit is set (negative, -0.0, -inf), else 1.0."""
+    return _where(f"({x}.to(tl.int32, bitcast=True) < 0)", "-1.0", "1.0")
+
+
+def _atan_terms(q: str, over: str, mid: str, under: str) -> tuple[str, str, str]:
+    """(q > tan(3pi/8), q > tan(pi/8), atan(u)) for q >= 0: u is the reduced argument of the
+    range q falls in (`over`: -1/q, `mid`: (q - 1)/(q + 1), `under`: q), and atan(q) is
+    pi/2, pi/4 or 0 plus atan(u)."""
+    big, medium = f"({q} > {_TAN_3PI_8})", f"({q} > {_TAN_PI_8})"
+    u = _where(big, over, _where(medium, mid, under))
+    return big, medium, _odd_poly(u, f"({u} * {u})", _ATAN_P)
+
+
+def _atan(x: str) -> str:
+    ax = f"tl.abs({x})"
+    big, mid, p = _atan_terms(
+        ax, f"tl.div_rn(-1.0, {ax})", f"tl.div_rn({ax} - 1.0, {ax} + 1.0)", ax
+    )
+    return f"({_sign(x)} * {_plus_offset((big, _PI / 2, (mid, _PI / 4, 0.0)), p)})"
+
+
+def _atan2(y: str, x: str) -> str:
+    """atan2(y, x): the angle of (|x|, |y|) from q = |y| / |x|, mirrored for x < 0 (pi - a),
+    signed as y. Equal magnitudes (both zero or both infinite included) take their exact
+    angle: q would be NaN there."""
+    ay, ax = f"tl.abs({y})", f"tl.abs({x})"
+    q = f"tl.div_rn({ay}, {ax})"
+    big, mid, p = _atan_terms(q, f"tl.div_rn(-{ax}, {ay})", f"tl.div_rn({q} - 1.0, {q} + 1.0)", q)
+    xneg = f"({x}.to(tl.int32, bitcast=True) < 0)"
+    angle = (big, _PI / 2, (mid, (xneg, 3 * _PI / 4, _PI / 4), (xneg, _PI, 0.0)))
+    general = _plus_offset(angle, f"{_where(xneg, '-1.0', '1.0')} * {p}")
+    equal = _cases((f"({ax} == 0)", (xneg, _PI, 0.0), (xneg, 3 * _PI / 4, _PI / 4)),
+                   lambda v: repr(_f32(v)))  # fmt: skip
+    return f"({_sign(y)} * {_where(f'({ay} == {ax})', equal, general)})"
+
+
+def _asin_terms(x: str, reduced: str) -> tuple[str, str]:
+    """(|x| > 0.5, asin(w)) with w = sqrt((1 - |x|) / 2) for |x| > 0.5, else `reduced`
+    (asin(|x|) = pi/2 - 2 asin(w) there); z = w^2 is exact from (1 - |x|) / 2."""
+    ax = f"tl.abs({x})"
+    big = f"({ax} > 0.5)"
+    half = f"((1.0 - {ax}) * 0.5)"
+    w = _where(big, f"tl.sqrt_rn({half})", reduced)
+    return big, _odd_poly(w, _where(big, half, f"({x} * {x})"), _ASIN_P)
+
+
+def _asin(x: str) -> str:
+    big, p = _asin_terms(x, f"tl.abs({x})")
+    k = _where(big, "-2.0", "1.0")
+    return f"({_sign(x)} * {_plus_offset((big, _PI / 2, 0.0), f'{k} * {p}')})"
+
+
+def _acos(x: str) -> str:
+    """pi/2 - asin(x) for |x| <= 0.5; 2 asin(w) for x > 0.5, pi - 2 asin(w) for x < -0.5."""
+    big, p = _asin_terms(x, x)
+    neg = f"({x} < 0)"
+    k = _where(big, _where(neg, "-2.0", "2.0"), "-1.0")
+    return _plus_offset((big, (neg, _PI, 0.0), _PI / 2), f"{k} * {p}")
+
+
+_INVERSE_TRIG = {"aten.atan": _atan, "aten.atan2": _atan2, "aten.asin": _asin,
+                 "aten.acos": _acos}  # fmt: skip
 
 
 @dataclass(frozen=True)
