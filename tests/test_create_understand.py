@@ -201,6 +201,20 @@ def test_constants_from_get_inputs(tmp_path):
     assert p.tier == 1 and [s.name for s in p.inputs] == ["x"]
 
 
+def test_inputs_named_like_an_output_gradient_or_traced_op_get_their_own_names(tmp_path):
+    # `y` is the output's name and `exp` a traced node's: the same name for two values made
+    # the readable formula recurse forever (a RecursionError instead of a profile)
+    path = tmp_path / "clash.py"
+    path.write_text(
+        "import torch\n\ndef clash(x, y, exp, dx):\n"
+        "    return torch.tanh(x) * torch.sigmoid(y) + torch.exp(exp) * dx\n\n"
+        "def get_inputs():\n    return [torch.randn(3, 5) for _ in range(4)]\n"
+    )
+    p = understand(str(path))
+    assert [s.name for s in p.inputs] == ["x", "y_in", "exp", "dx_in"]
+    assert p.tier == 1 and any("sigmoid(y_in)" in n and "exp(exp)" in n for n in p.notes)
+
+
 @pytest.mark.parametrize(
     "body, message",
     [

@@ -165,6 +165,28 @@ def _arg_names(fn: Callable, count: int) -> list[str]:
     return names + [f"x{i}" for i in range(len(names), count)]
 
 
+def _own_names(names: list[str]) -> list[str]:
+    """The names the generated code gives the reference's tensors: their own, unless one is
+    the name of another value of the traced graphs — an output (y, y0, ...) or a gradient (dy,
+    or d plus another input's name). Those get "_in" appended (the generated function takes
+    them positionally, in order). A traced node named like an input is renamed instead
+    (trace.py)."""
+    import re
+
+    out: list[str] = []
+    for n in names:
+        own, others = n, set(names) - {n}
+        while (
+            re.fullmatch(r"d?y\d*", own)
+            or (own.startswith("d") and own[1:] in others)
+            or own in out
+            or (own != n and own in names)
+        ):
+            own += "_in"
+        out.append(own)
+    return out
+
+
 def load_reference(source: str, *, name: str | None = None) -> Reference:
     """Load `source` (path.py, path.py:name or package.module:name) with its example inputs."""
     torch.manual_seed(0)  # parameters and example inputs are the same on every run
@@ -217,7 +239,7 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
 
     if form == "function":
         names = _arg_names(obj, len(raw))
-        names = [n for i, n in enumerate(names) if i not in constants]
+        names = _own_names([n for i, n in enumerate(names) if i not in constants])
         return Reference(op_name, source, form, names, inputs, function=obj, constants=constants)
 
     init = getattr(module, "get_init_inputs", None)
@@ -231,7 +253,8 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
         ) from e
     names = _arg_names(mod.forward, len(raw))
     names = [n for i, n in enumerate(names) if i not in constants]
-    param_names = [k.replace(".", "_") for k, _ in mod.named_parameters()]
+    own = _own_names(names + [k.replace(".", "_") for k, _ in mod.named_parameters()])
+    names, param_names = own[: len(names)], own[len(names) :]
     params = [p.detach() for _, p in mod.named_parameters()]
     return Reference(
         op_name,

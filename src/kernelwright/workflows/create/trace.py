@@ -141,6 +141,19 @@ def output_names(count: int) -> list[str]:
     return ["y"] if count == 1 else [f"y{i}" for i in range(count)]
 
 
+def _apart(gm: torch.fx.GraphModule, rename: dict[str, str], names: list[str]) -> None:
+    """Rename the traced nodes that carry an input's name (an input called `exp` beside an exp
+    node), so that every name in the graph stands for one value."""
+    used = set(names) | set(rename.values()) | {n.name for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.name not in rename and node.name in names:
+            new = f"{node.name}_op"
+            while new in used:
+                new += "_"
+            rename[node.name] = new
+            used.add(new)
+
+
 def trace(ref: Reference) -> Traced:
     """Forward and backward graphs of `ref` on its fp32 example inputs."""
     tensors = [t.clone() for t in ref.example_inputs] + [p.clone() for p in ref.params]
@@ -184,6 +197,7 @@ def trace(ref: Reference) -> Traced:
         # the real outputs take the names y / y0, y1 unless they are an input passed through
         if isinstance(node, torch.fx.Node) and node.op == "call_function":
             fw_rename.setdefault(node.name, name)
+    _apart(fw, fw_rename, names)
     saved_nodes = [n for n in fw_out[len(flat) :] if isinstance(n, torch.fx.Node)]
     saved = [fw_rename.get(n.name, n.name) for n in saved_nodes]
     forward = to_graph(fw, fw_rename)
@@ -203,6 +217,7 @@ def trace(ref: Reference) -> Traced:
         for node, name in zip(bw_out, names, strict=False):
             if isinstance(node, torch.fx.Node) and node.op == "call_function":
                 bw_rename.setdefault(node.name, f"d{name}")
+        _apart(bw, bw_rename, names)
         for node, name in zip(bw_out, names, strict=False):
             if isinstance(node, torch.fx.Node):
                 grads[name] = bw_rename.get(node.name, node.name)
