@@ -47,6 +47,7 @@ EXPECTED = {
     "matmul_bias": (3, "kernelbench", None),
     "cumsum": (2, "function", "rms_norm"),
     "gather_rows": (2, "function", "cross_entropy"),
+    "cross_entropy_one_hot": (2, "kernelbench", "cross_entropy"),
     "data_dependent": (3, "function", None),
 }
 # tier-3 references: the aten op the profile must name

@@ -1,7 +1,7 @@
-"""Per-row one-hot cross-entropy: y[r] = -sum(one_hot(t[r]) * log_softmax(x[r])). Tier 3.
+"""Per-row one-hot cross-entropy: y[r] = -sum(one_hot(t[r]) * log_softmax(x[r])). Tier 2.
 
-Stops at aten.any (one_hot's range check reduces a bool tensor; on the CPU) or aten.arange
-(the index grid it compares against; on a GPU).
+one_hot's comparison with an arange (and, on the CPU, its range check) is folded into one node,
+lowered as the row's mask `cols == t[r]`; the generated function checks t once before the launch.
 """
 
 import torch

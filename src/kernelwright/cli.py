@@ -335,6 +335,8 @@ def create(
     A profile.yaml you edited is never overwritten without --force.
     """
     from kernelwright.workflows.create.implements import ImplementsError
+    from kernelwright.workflows.create.load import name_problem
+    from kernelwright.workflows.create.run import RUNS
     from kernelwright.workflows.create.run import create as run_create
 
     console = make_console()
@@ -342,6 +344,8 @@ def create(
         raise typer.BadParameter("one of quick, full, none", param_hint="--bench")
     if save not in (None, "recompute", "min-bytes"):
         raise typer.BadParameter("one of recompute, min-bytes", param_hint="--save")
+    if name is not None and (problem := name_problem(name)):
+        raise typer.BadParameter(f"{problem}: pick another", param_hint="--name")
     try:
         result = run_create(
             source,
@@ -359,6 +363,19 @@ def create(
         raise typer.BadParameter(str(e), param_hint="--implements") from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
+    except Exception as e:  # noqa: BLE001  a kernelwright bug: one line and a log, no traceback
+        import traceback
+
+        from rich.markup import escape
+
+        log = RUNS / "create_error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(traceback.format_exc())
+        console.print(
+            f"[red]create failed[/] ({type(e).__name__}: {escape(str(e).strip()[:200])}): a "
+            f"kernelwright bug, not the reference's; the traceback is in {log}, please report it"
+        )
+        raise typer.Exit(1) from None
     if result.stage == "kept":
         console.print(result.message, style="yellow", markup=False)
         raise typer.Exit(2)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kernelwright.runtime.device import interpreter_mode
+from kernelwright.runtime.launch import traced
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -97,3 +98,24 @@ def rows_view(op: str, name: str, t: torch.Tensor) -> torch.Tensor:
     if t2.dim() == 2 and t2.shape[0] > 1 and t2.stride(1) != 1:
         t2 = t2.contiguous()
     return t2
+
+
+def check_index_range(op: str, name: str, t: torch.Tensor, n: int) -> None:
+    """Every value of the index tensor `t` lies in [0, n): a class index of a row of n columns.
+
+    On a CUDA device (and under torch.compile) a device-side assert (`torch._assert_async`: no
+    host sync, the run stops with the message at its next sync), as the library's
+    cross_entropy checks its targets; elsewhere (CPU, the interpreter) a ValueError naming the
+    first bad index and its position.
+    """
+    ok = (t >= 0) & (t < n)
+    if t.device.type == "cuda" or traced(t):
+        torch._assert_async(ok.all(), f"{op}: an index in '{name}' is outside [0, {n})")
+    elif not bool(ok.all()):
+        i = int((~ok).reshape(-1).nonzero()[0, 0])
+        pos = [str(int(p)) for p in torch.unravel_index(torch.tensor(i), t.shape)]
+        where = f"{name}[{', '.join(pos)}]" if pos else name
+        raise ValueError(
+            f"{op}: {where} = {int(t.reshape(-1)[i])} is outside [0, {n}): an index into a row "
+            f"of {n} columns"
+        )

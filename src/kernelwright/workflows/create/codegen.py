@@ -47,7 +47,7 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
-from kernelwright.workflows.create import pick, staged, tail
+from kernelwright.workflows.create import onehot, pick, staged, tail
 from kernelwright.workflows.create.emit import _Emitter
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
     _CONSTS,
@@ -209,6 +209,8 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         # products along the row (prod, cumprod): a `_mul` combine, and test inputs whose
         # products stay in range, zeros included
         "products": any(n.target in _PRODUCTS for n in em.fwd + em.bwd),
+        # index inputs a one_hot reads, and the row length: checked once before the launch
+        "index_checks": onehot.checks(em),
         "looped": looped,
         "keeps": keeps,
         # the pick form's forward: (the index input's position, its lines), or None
@@ -467,6 +469,11 @@ def _eager_lines(
             continue
         if n.target in _SIZES:  # a tail's size of the rows' values, as torch.compile reads it
             lines.append(f"{n.name} = {n.args[0]}{_SIZES[n.target].format(*n.args[1:])}")
+            continue
+        if n.target == onehot.ONE_HOT:  # as many classes as the row has columns, at any row length
+            full = [ph for ph, s in inputs.items() if s.broadcast == "full"]
+            classes = f"{full[0]}.shape[-1]" if full else repr(n.args[1])
+            lines.append(f"{n.name} = torch.ops.{n.target}({n.args[0]}.long(), {classes})")
             continue
         conv_args = []
         for i, v in enumerate(n.args):

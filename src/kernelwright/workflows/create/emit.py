@@ -24,6 +24,8 @@ from kernelwright.workflows.create.lowering import (
     _refs,
     _users,
 )
+from kernelwright.workflows.create.onehot import ONE_HOT
+from kernelwright.workflows.create.onehot import lower as lower_one_hot
 
 
 class _Emitter:
@@ -341,6 +343,8 @@ class _Emitter:
                 expr = f"({code[0]} + tl.where(cols == {code[2]}, {code[3]}, 0.0))"
             elif n.target in _IDENTITY or n.target in _SUM:
                 expr = code[0]
+            elif n.target == ONE_HOT:  # the mask of the row's index column
+                expr = lower_one_hot(self, n, code)
             else:
                 expr = _lower(n, code, list(n.args), dict(n.kwargs), self.row)
             lines.append(f"{prefix}{n.name} = {expr}")

@@ -14,9 +14,11 @@ Floating inputs and parameters are cast to fp32, the dtype every graph is traced
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import importlib.util
 import inspect
+import keyword
 import re
 import sys
 from collections.abc import Callable
@@ -65,6 +67,51 @@ class Reference:
         return [k for k, _ in self.module.named_parameters()]
 
 
+def run_eagerly(ref: Reference) -> tuple[str, str] | None:
+    """Run `ref` once on copies of its example inputs: (node, reason) where no kernel can do
+    what it does — it writes an input in place, or computes with gradients off (torch.no_grad,
+    of which the traced graphs keep no mark) — else None. A reference that fails there is the
+    user's to fix (a ReferenceError says how it failed), not a tier-3 op."""
+    tensors = [t.clone() for t in ref.example_inputs + ref.params]
+    versions = [t._version for t in tensors]
+    watch = _GradOff()
+    try:
+        with watch:
+            ref.call(*tensors)
+    except (Exception, SystemExit) as e:
+        raise ReferenceError(
+            f"the reference fails on the inputs of get_inputs() ({type(e).__name__}: "
+            f"{_first_line(e)}){_cpu_hint(e)}: fix the reference or get_inputs() — they must "
+            "run together in eager PyTorch"
+        ) from e
+    names = ref.input_names + ref.param_names
+    written = [n for n, t, v in zip(names, tensors, versions, strict=True) if t._version != v]
+    if written:
+        return written[0], (
+            f"the reference writes {', '.join(written)} in place (an in-place op such as mul_ "
+            "or a slice assignment on it): a kernel leaves its inputs as they are; compute a "
+            "new tensor instead (x * 2, not x.mul_(2))"
+        )
+    if watch.off:
+        return "no_grad", (
+            "the reference computes under torch.no_grad() (or with gradients off): the traced "
+            "graphs keep no mark of it, so the kernel's gradients could not be checked; write "
+            ".detach() on the values it makes instead"
+        )
+    return None
+
+
+class _GradOff(torch.overrides.TorchFunctionMode):
+    """Notes a torch call made with gradients off: tracing keeps no trace of torch.no_grad, so
+    the generated reference would differentiate what the reference does not."""
+
+    off = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.off = self.off or not torch.is_grad_enabled()
+        return func(*args, **(kwargs or {}))
+
+
 def _merge_constants(tensors: list[Any], constants: dict[int, Any]) -> list[Any]:
     out: list[Any] = []
     it = iter(tensors)
@@ -76,6 +123,48 @@ def _merge_constants(tensors: list[Any], constants: dict[int, Any]) -> list[Any]
 def snake_case(name: str) -> str:
     s = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name)
     return re.sub(r"[^0-9a-zA-Z]+", "_", s).strip("_").lower()
+
+
+# Names the generated package cannot take: it is a top-level package beside its tests (named
+# like a module they import, it would shadow it) and its op module imports these names.
+# fmt: off
+_TAKEN = frozenset([
+    "torch", "triton", "tl", "functorch", "numpy", "pytest", "_pytest", "pluggy", "kernelwright",
+    "sympy", "networkx", "jinja2", "filelock", "fsspec", "typing_extensions", "mpmath", "yaml",
+    "pydantic", "typer", "rich", "click", "packaging", "functools", "empty", "ensure_backend",
+    "check_index_range", "device_info", "lookup", "traced", "poisoned",
+])
+# fmt: on
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a generated op (its package, module, function and class), or
+    None: it must be a lowercase Python identifier that shadows nothing the package imports."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        return f"op name {name!r} is not a lowercase Python identifier (a-z, 0-9, _)"
+    camel = "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        return f"op name {name!r} is a Python keyword"
+    if name.startswith("test"):
+        return f"op name {name!r} starts with 'test': pytest would run its functions as tests"
+    taken = _TAKEN | set(sys.stdlib_module_names) | set(dir(builtins))
+    if name in taken or camel in taken or camel == "C":
+        return (
+            f"op name {name!r} (class {camel}) would shadow a module or name that the "
+            "generated package uses"
+        )
+    return None
+
+
+def op_identifier(name: str) -> str:
+    """`name` made a usable op name (see name_problem): 'op_' before a leading digit or 'test',
+    '_op' after a keyword or a shadowed name."""
+    name = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_") or "op"
+    if not name[0].isalpha() or name.startswith("test"):
+        name = f"op_{name}"
+    while name_problem(name):
+        name += "_op"
+    return name
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -144,10 +233,40 @@ def _example_inputs(module: ModuleType, where: str) -> list[Any]:
             f"{where} has no get_inputs(): add `def get_inputs(): return [torch.randn(4, 8, "
             "96), ...]` returning one example per argument (small, odd sizes are best)"
         )
-    inputs = list(get_inputs())
+    inputs = _called(get_inputs, "get_inputs", where)
     if not any(isinstance(t, torch.Tensor) for t in inputs):
         raise ReferenceError(f"{where}: get_inputs() returned no tensor")
     return inputs
+
+
+def _called(fn: Callable, what: str, where: str) -> list[Any]:
+    """The list that `what()` (get_inputs or get_init_inputs) returns: a list, a tuple or
+    another iterable of the arguments, in order (a single tensor or a dict is not one)."""
+    try:
+        value = fn()
+        if isinstance(value, (torch.Tensor, dict, str, bytes)) or value is None:
+            raise TypeError(f"it returned a {type(value).__name__}")
+        return list(value)
+    except Exception as e:
+        raise ReferenceError(
+            f"{where}: {what}() failed ({type(e).__name__}: {_first_line(e)}){_cpu_hint(e)}; "
+            f"{what}() must return a list of the arguments in order, e.g. [torch.randn(4, 96)]"
+        ) from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def _cpu_hint(e: BaseException) -> str:
+    """Where a CUDA-only call failed on a machine without one: what to change."""
+    if "CUDA" in str(e) and not torch.cuda.is_available():
+        return (
+            " — there is no GPU here, and Understand traces on the CPU: make the reference and "
+            "get_inputs() device-agnostic (no .cuda() or device='cuda')"
+        )
+    return ""
 
 
 def _fp32(t: torch.Tensor) -> torch.Tensor:
@@ -168,16 +287,18 @@ def _arg_names(fn: Callable, count: int) -> list[str]:
 def _own_names(names: list[str]) -> list[str]:
     """The names the generated code gives the reference's tensors: their own, unless one is
     the name of another value of the traced graphs — an output (y, y0, ...) or a gradient (dy,
-    or d plus another input's name). Those get "_in" appended (the generated function takes
-    them positionally, in order). A traced node named like an input is renamed instead
-    (trace.py)."""
-    import re
-
+    or d plus another input's name) — or a name the generated code uses beside them (self,
+    torch, a builtin, the eager reference's locals). Those get "_in" appended (the generated
+    function takes them positionally, in order). A traced node named like an input is renamed
+    instead (trace.py)."""
+    taken = set(dir(builtins)) | {"torch", "math", "triton", "tl", "self", "ctx", "inputs",
+                                  "dys", "_device", "_shape"}  # fmt: skip
     out: list[str] = []
     for n in names:
         own, others = n, set(names) - {n}
         while (
             re.fullmatch(r"d?y\d*", own)
+            or own in taken
             or (own.startswith("d") and own[1:] in others)
             or own in out
             or (own != n and own in names)
@@ -235,7 +356,9 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
     raw = _example_inputs(module, where)
     constants = {i: v for i, v in enumerate(raw) if not isinstance(v, torch.Tensor)}
     inputs = [_fp32(v) for v in raw if isinstance(v, torch.Tensor)]
-    op_name = name or (stem if form == "kernelbench" or path is not None else snake_case(target))
+    op_name = name or op_identifier(
+        stem if form == "kernelbench" or path is not None else snake_case(target)
+    )
 
     if form == "function":
         names = _arg_names(obj, len(raw))
@@ -243,7 +366,7 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
         return Reference(op_name, source, form, names, inputs, function=obj, constants=constants)
 
     init = getattr(module, "get_init_inputs", None)
-    init_args = list(init()) if callable(init) else []
+    init_args = _called(init, "get_init_inputs", where) if callable(init) else []
     try:
         mod = obj(*init_args).float()
     except Exception as e:

@@ -22,6 +22,7 @@ from functorch.compile import aot_function, make_boxed_func, min_cut_remateriali
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kernelwright.profiles.kernel import Graph, GraphNode
+from kernelwright.workflows.create import onehot
 from kernelwright.workflows.create.load import Reference
 from kernelwright.workflows.create.products import products
 
@@ -48,7 +49,14 @@ def decompositions() -> dict:
 
 
 class TraceError(RuntimeError):
-    """AOT tracing failed (data-dependent control flow, an op without a fake kernel...)."""
+    """AOT tracing failed (data-dependent control flow, an op without a fake kernel...).
+
+    `node`: what stops it, where known; `explained`: the message already says what to change
+    (else Understand adds the likely causes)."""
+
+    def __init__(self, message: str, node: str | None = None, explained: bool = False):
+        super().__init__(message)
+        self.node, self.explained = node, explained
 
 
 @dataclass
@@ -104,7 +112,10 @@ def _meta(node: torch.fx.Node) -> tuple[list[int] | None, str | None]:
     return None, None
 
 
-def to_graph(gm: torch.fx.GraphModule, rename: dict[str, str]) -> Graph:
+def to_graph(
+    gm: torch.fx.GraphModule, rename: dict[str, str], detached: frozenset[str] = frozenset()
+) -> Graph:
+    """`gm` as a profile graph; the nodes named in `detached` keep the target aten.detach."""
     nodes, readable = [], []
     for node in gm.graph.nodes:
         name = rename.get(node.name, node.name)
@@ -123,9 +134,18 @@ def to_graph(gm: torch.fx.GraphModule, rename: dict[str, str]) -> Graph:
             nodes.append(GraphNode(name="output", op="output", target="output", args=outs))
             readable.append(f"return {', '.join(str(o) for o in outs)}")
             continue
+        if node.op == "get_attr":
+            raise TraceError(
+                f"a tensor constant inside the reference ({node.name}: a torch.tensor(...) "
+                "built in it, or an indexed assignment such as y[:, 0] = 0): a kernel's tensors "
+                "are its arguments; build the tensor in get_inputs() and pass it in, or write "
+                "the assignment as torch.where",
+                node=node.name,
+                explained=True,
+            )
         if node.op != "call_function":
             raise TraceError(f"unexpected FX node {node.format_node()} (op {node.op})")
-        target = target_name(node.target)
+        target = "aten.detach.default" if node.name in detached else target_name(node.target)
         nodes.append(
             GraphNode(
                 name=name, op="call_function", target=target, args=args, kwargs=kwargs,
@@ -135,6 +155,61 @@ def to_graph(gm: torch.fx.GraphModule, rename: dict[str, str]) -> Graph:
         shown = [str(a) for a in args] + [f"{k}={v}" for k, v in kwargs.items()]
         readable.append(f"{name} = {short_name(target)}({', '.join(shown)})  # {shape}")
     return Graph(nodes=nodes, readable=readable)
+
+
+def _detaches(fw: torch.fx.GraphModule, outputs: list) -> frozenset[str]:
+    """The reference's own detaches (stop-gradients) in the forward graph: the decompositions
+    trace detach as an alias, which the generated eager reference would differentiate through.
+    Autograd's own detaches (of what the backward saves) feed no real output."""
+    seen: set[torch.fx.Node] = set()
+    todo = [n for n in outputs if isinstance(n, torch.fx.Node)]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += node.all_input_nodes
+    return frozenset(
+        n.name
+        for n in seen
+        if n.target is aten.alias.default
+        and str(n.meta.get("original_aten")) == "aten.detach.default"
+    )
+
+
+def _tangents(bw: torch.fx.GraphModule, flat: list) -> list[tuple[torch.fx.Node, int]]:
+    """The backward's tangents with the output each is the gradient of, in order, and a new
+    (unused) tangent for each output without a gradient before the last one with it: AOT
+    Autograd gives tangents to the outputs that need a gradient only, and the generated code
+    reads the k-th tangent as output k's gradient (an index or a detached output first would
+    shift them all)."""
+    tangents = [
+        n for n in bw.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_")
+    ]
+    wants = [k for k, o in enumerate(flat) if o.requires_grad]
+    if len(wants) != len(tangents):  # AOT Autograd returns an input written in place too
+        raise TraceError(
+            f"{len(tangents)} output gradients for {len(wants)} outputs with one: the reference "
+            "writes an input or a parameter in place (an in-place op, or through .data); a "
+            "kernel leaves its inputs as they are, so compute a new tensor instead",
+            node="output",
+            explained=True,
+        )
+    own = dict(zip(wants, tangents, strict=True))
+    for k in reversed(range(wants[-1] if wants else 0)):
+        if k not in own:
+            with bw.graph.inserting_before(own[min(w for w in own if w > k)]):
+                own[k] = bw.graph.placeholder(f"tangents_none_{k}")
+            own[k].meta["val"] = torch.empty(flat[k].shape, device="meta")
+    return [(own[k], k) for k in sorted(own)]
+
+
+def _own(out: Any, inputs: tuple, before: list) -> Any:
+    """`out`, copied when it aliases an input or an earlier output (see trace's `call`)."""
+    if isinstance(out, torch.Tensor) and any(
+        isinstance(t, torch.Tensor) and torch._C._is_alias_of(out, t) for t in (*inputs, *before)
+    ):
+        return out.clone()
+    return out
 
 
 def output_names(count: int) -> list[str]:
@@ -170,8 +245,20 @@ def trace(ref: Reference) -> Traced:
 
         return compiler
 
+    def call(*args: torch.Tensor) -> Any:
+        # An output that is an input, a view of one or another output again leaves the graph
+        # without its gradient (AOT Autograd rebuilds aliases outside it): a copy is a value of
+        # its own, with a gradient like any other output.
+        out = ref.call(*args)
+        if not isinstance(out, (tuple, list)):
+            return _own(out, args, [])
+        outs: list[Any] = []
+        for o in out:
+            outs.append(_own(o, args, outs))
+        return tuple(outs)
+
     compiled = aot_function(
-        ref.call,
+        call,
         fw_compiler=capture("fw"),
         bw_compiler=capture("bw"),
         partition_fn=min_cut_rematerialization_partition,
@@ -185,11 +272,33 @@ def trace(ref: Reference) -> Traced:
             if diff:
                 torch.autograd.backward(diff, [torch.ones_like(o) for o in diff])
     except Exception as e:
-        raise TraceError(f"{type(e).__name__}: {str(e).strip().splitlines()[0]}") from e
-    if not all(isinstance(o, torch.Tensor) for o in flat):
-        raise TraceError("the reference returns a non-tensor value; return tensors only")
+        text = str(e).strip()
+        held = [k for k, _ in ref.module.named_buffers()] if ref.module is not None else []
+        outside = "FakeTensor" in text and ("non_fake" in text or "convert all Tensors" in text)
+        if outside or (held and "_tensor_constant" in text):  # a buffer read, or written
+            raise TraceError(
+                "the reference uses a tensor that is not one of its arguments"
+                + (f" (the module's buffers: {', '.join(held)})" if held else " (a global)")
+                + ": a kernel's tensors are its arguments; pass it in through get_inputs()"
+                + (" or make it an nn.Parameter(..., requires_grad=False)" if held else ""),
+                node=f"buffer {held[0]}" if held else "global tensor",
+                explained=True,
+            ) from e
+        first = text.splitlines()[0] if text else ""
+        raise TraceError(f"{type(e).__name__}: {first}") from e
+    if not flat or not all(isinstance(o, torch.Tensor) for o in flat):
+        kinds = ", ".join(type(o).__name__ for o in flat)
+        kinds = f"({kinds})" if isinstance(out, (tuple, list)) else kinds
+        raise TraceError(
+            f"the reference returns {kinds or 'nothing'}: return a tensor or a flat tuple of "
+            "tensors",
+            node="output",
+            explained=True,
+        )
 
     outs = output_names(len(flat))
+    # one_hot's comparison with an arange (and its range check) as one node the rows lower
+    folded = {name for gm in captured.values() for name in onehot.fold(gm)}
     fw = captured["fw"]
     fw_rename = {f"primals_{i + 1}": n for i, n in enumerate(names)}
     fw_out = list(fw.graph.output_node().args[0])
@@ -197,22 +306,23 @@ def trace(ref: Reference) -> Traced:
         # the real outputs take the names y / y0, y1 unless they are an input passed through
         if isinstance(node, torch.fx.Node) and node.op == "call_function":
             fw_rename.setdefault(node.name, name)
+    taken = set(names) | set(fw_rename.values())
+    taken |= {n.name for gm in captured.values() for n in gm.graph.nodes}
+    for old, new in onehot.names(folded, taken).items():
+        fw_rename.setdefault(old, new)  # the backward's renames start from these
     _apart(fw, fw_rename, names)
     saved_nodes = [n for n in fw_out[len(flat) :] if isinstance(n, torch.fx.Node)]
     saved = [fw_rename.get(n.name, n.name) for n in saved_nodes]
-    forward = to_graph(fw, fw_rename)
+    detached = _detaches(fw, fw_out[: len(flat)])
+    forward = to_graph(fw, fw_rename, detached)
 
     backward, recomputed, grads = Graph(), [], {}
     if "bw" in captured:
         bw = captured["bw"]
         fw_call = {n.name for n in fw.graph.nodes if n.op == "call_function"}
         bw_rename = dict(fw_rename)
-        tangents = [
-            n for n in bw.graph.nodes if n.op == "placeholder" and n.name.startswith("tangents_")
-        ]
-        for node in tangents:
-            idx = int(node.name.split("_")[1]) - 1
-            bw_rename[node.name] = f"d{outs[idx]}" if idx < len(outs) else node.name
+        for node, k in _tangents(bw, flat):
+            bw_rename[node.name] = f"d{outs[k]}"
         bw_out = list(bw.graph.output_node().args[0])
         for node, name in zip(bw_out, names, strict=False):
             if isinstance(node, torch.fx.Node) and node.op == "call_function":
@@ -226,7 +336,7 @@ def trace(ref: Reference) -> Traced:
             for n in bw.graph.nodes
             if n.op == "call_function" and n.name in fw_call
         ]
-        backward = to_graph(bw, bw_rename)
+        backward = to_graph(bw, bw_rename, detached)
     return Traced(
         forward=forward,
         backward=backward,

@@ -5,12 +5,12 @@ Tiers, decided from the traced aten graphs (forward and backward):
 - 2: element-wise plus work along ONE set of adjacent dims of the main input (the row: the
   last dim, another dim, trailing dims or every dim, `reduction_dims`) — reductions (sum,
   mean, amax/amin, prod, var, max/min with indices, argmax/argmin), a gather/scatter of one
-  value per row by an index input, cumsum and cumprod, reversed through flips (cumprod's
-  backward as products.py writes it) — and per-feature (or scalar) parameters whose gradients
-  reduce over all rows (rms_norm's dW, accumulated per program), or per-row inputs whose
-  gradients are row sums. A reduction over the rows' values after that (cross-entropy's mean,
-  or the rest of a reduction over the row's dims and more: KL's batchmean) becomes the
-  profile's tail, run in PyTorch after the kernel (tail.py);
+  value per row by an index input (or its one-hot mask), cumsum and cumprod, reversed through
+  flips (cumprod's backward as products.py writes it) — and per-feature (or scalar)
+  parameters whose gradients reduce over all rows (rms_norm's dW, accumulated per program), or
+  per-row inputs whose gradients are row sums. A reduction over the rows' values after that
+  (cross-entropy's mean, or the rest of a reduction over the row's dims and more: KL's
+  batchmean) becomes the profile's tail, run in PyTorch after the kernel (tail.py);
 - 3: anything else: matmul/conv, sort/topk, reductions over two sets of dims neither holding
   the other, layout changes (permute), data-dependent control flow (tracing fails), a node the
   generator's lowering refuses (a flipped row combined with an unflipped one). The profile names
@@ -38,7 +38,7 @@ from kernelwright.profiles.kernel import (
     TensorSpec,
 )
 from kernelwright.workflows.create import tail
-from kernelwright.workflows.create.load import Reference, load_reference
+from kernelwright.workflows.create.load import Reference, load_reference, run_eagerly
 from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED, UnsupportedNode
 from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
 
@@ -57,8 +57,9 @@ REDUCTIONS = frozenset([
     "cumsum", "cumprod",  # scans along the row (args[1]: the dim)
 ])
 # fmt: on
-# The inverse of gather (its backward): a row written at a per-row index, a select per element.
-ROW_INDEXED = frozenset(["scatter", "scatter_add", "flip"])  # flip: a reversed scan's halves
+# The inverse of gather (its backward): a row written at a per-row index, a select per element;
+# one_hot (onehot.py): the mask of a per-row index's column; flip: a reversed scan's halves.
+ROW_INDEXED = frozenset(["scatter", "scatter_add", "flip", "one_hot"])
 # Layout changes: a different memory walk per element, not lowered by the row templates.
 LAYOUT = frozenset(["permute", "transpose", "t"])
 # Precision-sensitive: computed in fp32 whatever the input dtype (transcendentals lose digits
@@ -150,6 +151,17 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
             _label(node),
             f"{where} layout change {_op(node)}: the row templates walk one layout only",
         )
+
+
+def _check_float_source(inputs: list[TensorSpec], fwd: Graph, outputs: list[str]) -> None:
+    """A floating output needs a floating input: the kernel's outputs take its dtype."""
+    if any(s.dtype != "int" for s in inputs):
+        return
+    dtypes = {n.name: str(n.dtype) for n in fwd.nodes}
+    for out in outputs:
+        if "float" in dtypes.get(out, ""):
+            reason = "a floating output from integer or bool inputs only: the kernel writes floats"
+            raise _Stop(out, f"{reason} in a floating input's dtype; pass one, or return integers")
 
 
 def _reduction_dims(fwd: Graph, main_rank: int) -> list[int]:
@@ -432,9 +444,11 @@ def understand(
     notes = []
     if ref.constants:
         notes.append(f"non-tensor arguments baked in as constants: {ref.constants}")
-    # A reference that fails in eager is the user's bug, not tier 3: let that error through.
-    ref.call(*ref.example_inputs, *ref.params)
+    # A reference that fails in eager is the user's bug, not tier 3: a ReferenceError.
+    problem = run_eagerly(ref)
     try:
+        if problem:
+            raise TraceError(problem[1], node=problem[0], explained=True)
         traced = trace(ref)
     except TraceError as e:
         inputs, _ = _specs(ref, None)
@@ -443,8 +457,10 @@ def understand(
             **base,
             tier=3,
             tier_reason="tracing to aten graphs failed",
-            unsupported_node=match.group(0) if match else "trace",
-            unsupported_reason=f"{e} — data-dependent control flow or an op without a fake "
+            unsupported_node=e.node or (match.group(0) if match else "trace"),
+            unsupported_reason=str(e)
+            if e.explained
+            else f"{e} — data-dependent control flow or an op without a fake "
             "kernel cannot be traced, so no kernel can be generated from it",
             inputs=inputs,
             notes=notes,
@@ -486,6 +502,7 @@ def understand(
     try:
         if not main:
             raise _Stop("inputs", "the main input is a scalar: nothing to tile")
+        _check_float_source(inputs, fwd, traced.output_names)
         if tail_stop:
             raise _Stop(*tail_stop)
         _check_ops(fwd, bwd)
