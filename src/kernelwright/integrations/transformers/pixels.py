@@ -244,11 +244,11 @@ def check_batch(
         # leaves the process's CUDA context unusable: the layouts are tried on a CPU copy of
         # the (tiny) model, and the batch that ran there moves to the model's device
         try:
-            probe = copy.deepcopy(model).to("cpu", torch.float32)
+            cpu_model = copy.deepcopy(model).to("cpu", torch.float32)
         except Exception as e:  # noqa: BLE001  a model that cannot be copied: no image batch
             text.note = f"text only: the model could not be copied to the CPU to try images ({e})"
             return text
-        found = _search(probe, text, batch, seed, run)
+        found = _search(cpu_model, text, batch, seed, run)
         found.inputs = {k: v.to(device) for k, v in found.inputs.items()}
         return found
     return _search(model, text, batch, seed, run)
