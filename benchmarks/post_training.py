@@ -11,6 +11,9 @@ Losses (hidden 4096, vocabulary 128256, bf16 weights and hidden states by defaul
               hidden states and lm_heads
     trl_head  the fused LM head TRL's DPOTrainer calls (log-probs, entropy, mean logit,
               first-argmax): TRL's function against kernelwright's in its place
+    trl_head_metric  the same where the entropy is only logged (GRPO's metric): the loss is
+              the log-probs alone; kernelwright with entropy_grad=False, whose backward skips
+              the entropy's gradient terms
     logprobs  the primitive alone: per-token log-probs, summed; its row also reports the time
               of its matmuls measured alone (forward logits, backward recomputed logits and
               the two gradient matmuls) and at the device's peak bf16 rate
@@ -178,19 +181,24 @@ def step_fn(loss: str, provider: str, d: dict):
             return None
         f = LOGPS[provider]
         return lambda: f(d["h"], d["w"], d["target"]).sum()
-    if loss == "trl_head":  # what TRL's DPOTrainer asks its fused LM head for
+    if loss in ("trl_head", "trl_head_metric"):  # what TRL's trainers ask their LM head for
         if provider not in ("trl", "kernelwright"):
             return None
         from kernelwright.integrations.trl import KernelwrightLogProbs
 
-        fn = _trl_kernels().ChunkedLogProbFunction if provider == "trl" else KernelwrightLogProbs
+        metric = loss == "trl_head_metric"
+        fn = (
+            _trl_kernels().ChunkedLogProbFunction
+            if provider == "trl"
+            else KernelwrightLogProbs.configured(entropy_grad=not metric)
+        )
         keep = d["target"] != -100
         outs = ("log_probs", "entropy", "mean_logits", "is_top1")
 
         def head():
             lp, ent = fn.apply(d["h"][keep], d["w"], None, d["target"][keep], 1.0, 32768,
                                None, 1.0, outs)[:2]  # fmt: skip
-            return lp.sum() + 0.01 * ent.sum()
+            return lp.sum() if metric else lp.sum() + 0.01 * ent.sum()
 
         return head
     if loss == "dpo":
@@ -357,7 +365,9 @@ def matmul_floor(d: dict, reps: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--losses", default="logprobs,logprobs_frozen,trl_head,dpo,grpo,jsd")
+    ap.add_argument(
+        "--losses", default="logprobs,logprobs_frozen,trl_head,trl_head_metric,dpo,grpo,jsd"
+    )
     ap.add_argument("--providers", default="torch,kernelwright,kernelwright_stored,liger,trl")
     ap.add_argument("--tokens", default="8192,16384")
     ap.add_argument("--hidden", type=int, default=4096)
