@@ -24,10 +24,12 @@ def cpp_one_hot():
     """one_hot traced through PyTorch's C++ kernel (fake tensors: the comparison alone, no
     range check), as a trace on a GPU has it, instead of the Python decomposition."""
     op = torch.ops.aten.one_hot.default
-    kernel = op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd)
+    # a CUDA build of torch may register no Python decomposition: it traces the C++ kernel
+    kernel = op.py_kernels.pop(DispatchKey.CompositeImplicitAutograd, None)
     op._dispatch_cache.clear()
     yield
-    op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
+    if kernel is not None:
+        op.py_kernels[DispatchKey.CompositeImplicitAutograd] = kernel
     op._dispatch_cache.clear()
 
 
@@ -92,3 +94,22 @@ def test_one_hot_cross_entropy_kernel_and_its_range_check(tmp_path, monkeypatch)
     # past the check, the kernel gives the bad row NaN and leaves the others
     y = mod._CrossEntropyOneHotFunction.apply(x, bad)
     assert torch.isnan(y[2]) and torch.isfinite(y[[0, 1, 3, 4]]).all()
+
+
+def test_one_hot_reference_is_benchmarked_at_its_class_count(tmp_path):
+    """The reference's `one_hot(target, 96)` runs on rows of 96 columns only: the benchmark
+    keeps that width (a wider row gives it targets >= 96: on a GPU, a device-side assert that
+    ends the worker) and runs no long rows."""
+    p = understand(str(CORPUS / "cross_entropy_one_hot.py"))
+    assert {pt["cols"] for pt in p.benchmark_sweep} == {96}
+    assert len(p.benchmark_sweep) > 1
+    write(p, tmp_path)
+    name = "cross_entropy_one_hot"
+    spec = importlib.util.spec_from_file_location("gen_one_hot_b", tmp_path / name / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert {pt["cols"] for pt in mod.BENCH["sweep"]} == {96}
+    assert mod.BENCH["layout"][3] is False  # no 393,216-column sweep
+    # a row op without a one_hot keeps the model-sized sweep and its long rows
+    q = understand(str(CORPUS / "cross_entropy_gather.py"))
+    assert len({pt["cols"] for pt in q.benchmark_sweep}) > 1

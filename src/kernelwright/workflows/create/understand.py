@@ -342,10 +342,13 @@ def _closest(tier: int, ops: set[str], specs: list[TensorSpec], fwd: Graph) -> s
     return "relu_squared"
 
 
-def _sweep(tier: int) -> list[dict[str, int]]:
+def _sweep(tier: int, fixed_cols: int | None = None) -> list[dict[str, int]]:
     """[rows, cols] points from real model configs: token counts at the reference model's size,
     then every model's size at the default token count. Element-wise kernels run on the MLP's
-    intermediate activations, row kernels on the hidden states."""
+    intermediate activations, row kernels on the hidden states. A reference that runs at one
+    row length only (`fixed_cols`) keeps it and varies the token count."""
+    if fixed_cols is not None:
+        return [{"rows": t, "cols": fixed_cols} for t in token_counts()]
     field = "intermediate" if tier == 1 else "hidden"
     ref_cols = getattr(REFERENCE, field)
     points = [{"rows": t, "cols": ref_cols} for t in token_counts()]
@@ -355,6 +358,15 @@ def _sweep(tier: int) -> list[dict[str, int]]:
         if p not in out:
             out.append(p)
     return out
+
+
+def _fixed_cols(fwd: Graph) -> int | None:
+    """The class count of a one_hot: the reference (`one_hot(target, C)`, C a constant) runs on
+    rows of C columns only, whatever length the kernel takes."""
+    for n in _calls(fwd):
+        if _op(n) == "one_hot" and len(n.args) > 1 and isinstance(n.args[1], int):
+            return n.args[1]
+    return None
 
 
 def _launch(name: str, tier: int) -> LaunchPlan | None:
@@ -556,7 +568,7 @@ def understand(
         tail=tail_graph,
         closest_kernel=_closest(tier, ops, inputs, fwd),
         launch=_launch(op_name, tier),
-        benchmark_sweep=_sweep(tier),
+        benchmark_sweep=_sweep(tier, _fixed_cols(fwd)),
         notes=notes,
     )
     from kernelwright.workflows.create.stored import plan_stored  # it reads this module's sets
