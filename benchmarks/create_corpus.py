@@ -80,6 +80,11 @@ def main() -> None:
     ap.add_argument(
         "--bench-only", action="store_true", help="phase 2 only, on an earlier phase 1's --out"
     )
+    ap.add_argument(
+        "--timeout", type=float, default=240.0,
+        help="phase 2: seconds one reference's timing may take; past it that reference is not "
+        "timed (the reason is in the summary) and the rest go on; 0: no limit",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "create-corpus")))
     args = ap.parse_args()
 
@@ -164,9 +169,12 @@ def main() -> None:
                   flush=True)  # fmt: skip
         write_csv(rows, args.out / "create_corpus.csv")
 
+    # a peer can stall a reference for minutes (torch.compile of a cumprod on long rows): with
+    # a timeout, each reference runs in a worker process that is stopped past it
     run_tasks(phase2, jobs, workers=workers, labels=[r.stem for r in verified],
               progress=lambda line: print(line, flush=True), on_result=arrived,
-              env={"KERNELWRIGHT_COMMIT": git_commit()})  # fmt: skip
+              env={"KERNELWRIGHT_COMMIT": git_commit()},
+              timeout_s=args.timeout or None)  # fmt: skip
     rows.sort(key=lambda r: r.op)  # the corpus's order, whatever order the GPUs finished in
     summary.sort(key=lambda s: s["op"])
     write_csv(rows, args.out / "create_corpus.csv")
@@ -188,10 +196,12 @@ def main() -> None:
             f"{geomean([s['vs_compile'] for s in sel]):.2f}x | {worst['vs_compile']:.2f}x "
             f"({worst['op']}, {worst['shape']}) |"
         )
-    counts = [sum(rc == 0 for rc, _, _ in status.values()),
+    untimed = sorted(n for n, (rc, _, _) in status.items() if rc == 3)
+    counts = [sum(rc in (0, 3) for rc, _, _ in status.values()),
               sum(rc == 2 for rc, _, _ in status.values()), len(failed)]  # fmt: skip
     lines += ["", f"{len(status)} references: {counts[0]} verified, {counts[1]} stopped with "
-              f"a reason (tier 3), {counts[2]} failed"]  # fmt: skip
+              f"a reason (tier 3), {counts[2]} failed; {len(untimed)} verified but not timed"
+              f"{' (' + ', '.join(untimed) + ': see below)' if untimed else ''}"]  # fmt: skip
     lines += ["", "| reference | phase 1 | seconds |", "|---|---|---|"]
     lines += [f"| {n} | {'rc=' + str(rc)} {last} | {s:.0f} |" for n, (rc, last, s) in
               status.items()]  # fmt: skip

@@ -24,7 +24,7 @@ cpu_workers = pytest.mark.skipif(
 
 def task(item):
     """("meet", dir, n): wait until n workers have checked in, so each takes one task;
-    ("square", x); ("fail",): raises; ("die",): the process exits without a word."""
+    ("square", x); ("fail",): raises; ("die",): the process exits without a word; ("sleep", s)."""
     kind = item[0]
     if kind == "meet":
         folder, n = Path(item[1]), item[2]
@@ -37,6 +37,9 @@ def task(item):
         return (os.getpid(), item[1] * item[1])
     if kind == "die":
         os._exit(7)
+    if kind == "sleep":
+        time.sleep(item[1])
+        return os.getpid()
     return 1 / 0
 
 
@@ -116,6 +119,30 @@ def test_local_processes_two_workers(tmp_path):
     assert any("starting another" in ln for ln in lines)
 
 
+def test_timeout_must_be_positive():
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+            Fanout(1, timeout_s=bad)
+
+
+@cpu_workers
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_task_past_its_timeout_fails_alone(workers):
+    """A task still running after timeout_s fails with that reason, its worker is stopped and
+    replaced, and the other tasks run (with one worker too: in a worker process, not here)."""
+    lines = []
+    items = [("sleep", 60), ("square", 3), ("square", 4)]
+    t0 = time.monotonic()
+    got = run_tasks(task, items, workers=workers, backend="local", timeout_s=3,
+                    progress=lines.append)  # fmt: skip
+    assert time.monotonic() - t0 < 45
+    assert got[0].error.startswith("timed out: still running after 3 s")
+    assert got[0].seconds >= 3
+    assert [r.value[1] for r in got[1:]] == [9, 16]
+    assert all(r.pid != os.getpid() for r in got[1:])  # worker processes, even for one worker
+    assert any("timed out): starting another" in ln for ln in lines)
+
+
 @cpu_workers
 def test_ray_backend_local_mode(tmp_path):
     ray = pytest.importorskip("ray")
@@ -129,6 +156,8 @@ def test_ray_backend_local_mode(tmp_path):
         items = [("meet", str(tmp_path), 2), ("meet", str(tmp_path), 2), ("fail",)]
         items += [("square", x) for x in range(3)]
         got = run_tasks(task, items, workers=2, backend="ray")
+        late = run_tasks(task, [("sleep", 60), ("square", 5)], workers=2, backend="ray",
+                         timeout_s=3)  # fmt: skip
     finally:
         ray.shutdown()
         cloudpickle.unregister_pickle_by_value(test_fanout)
@@ -136,6 +165,7 @@ def test_ray_backend_local_mode(tmp_path):
     assert got[2].error.startswith("ZeroDivisionError") and "1 / 0" in got[2].traceback
     assert [r.value[1] for r in got[3:]] == [0, 1, 4]
     assert {r.worker for r in got} == {0, 1} and {r.device for r in got} == {"cpu"}
+    assert late[0].error.startswith("timed out") and late[1].value[1] == 25
 
 
 @cpu_workers

@@ -16,7 +16,10 @@ for every item and returns one `TaskResult` per item, in the items' order:
 `workers="auto"` is the number of visible GPUs (the Ray cluster's, given an address); more
 workers than GPUs are cut to one per GPU: a measurement never shares its GPU with another.
 A task's exception comes back as that task's `error` with its traceback text; a worker process
-that dies fails its task only and is replaced. Each result names the worker, host, GPU index
+that dies fails its task only and is replaced. With `timeout_s`, a task still running after
+that long fails ("timed out") and its worker is stopped and replaced (a compile that never ends
+cannot hold the rest up); tasks then run in worker processes even with one worker, since a task
+in this process could not be stopped. Each result names the worker, host, GPU index
 and GPU name that ran it. `fn` and the items are pickled to reach a worker: `fn` must be a
 module-level function (a script's own functions work with both backends). `env` is set in
 every worker's environment (the callers pass the run's commit as $KERNELWRIGHT_COMMIT: a
@@ -162,8 +165,12 @@ class Fanout:
         address: str | None = None,
         progress: Progress | None = None,
         env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
     ):
         self.workers = parse_workers(workers)
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = timeout_s
         self.env = dict(env or {})  # set in every worker's environment
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -182,7 +189,7 @@ class Fanout:
     def _choose(self) -> str:
         if self._kind:
             return self._kind
-        if self.workers == 1 and self.backend != "ray":
+        if self.workers == 1 and self.backend != "ray" and self.timeout_s is None:
             self._kind = "sequential"
         elif self.backend == "ray" or (self.backend == "auto" and self.address and ray_available()):
             self._kind = "ray"  # a cluster: its GPUs, not this machine's, set the count
@@ -193,8 +200,11 @@ class Fanout:
                 self.progress(f"[fan-out] {n} workers asked, {len(gpus)} GPU(s): one per GPU")
                 n = len(gpus)
             self._devices = gpus[:n] if gpus else ["cpu"] * n
-            if n <= 1:
+            if n <= 1 and self.timeout_s is None:
                 self._kind = "sequential"
+            elif n <= 1:  # one worker process: a task overrunning its time can be stopped
+                self._devices = self._devices[:1] or ["cpu"]
+                self._kind = "local"
             else:
                 self._kind = "ray" if self.backend == "auto" and ray_available() else "local"
         return self._kind
@@ -227,9 +237,9 @@ class Fanout:
                 if kind == "ray":
                     # this machine's GPUs were counted already, unless a cluster is named
                     n = len(self._devices) or self.workers
-                    self._pool = _RayPool(n, self.address, self.progress, self.env)
+                    self._pool = _RayPool(n, self.address, self.progress, self.env, self.timeout_s)
                 else:
-                    self._pool = _LocalPool(self._devices, self.progress, self.env)
+                    self._pool = _LocalPool(self._devices, self.progress, self.env, self.timeout_s)
             self._pool.run(fn, job)
         return job.results  # type: ignore[return-value]
 
@@ -257,9 +267,12 @@ def run_tasks(
     stop: Callable[[], bool] | None = None,
     env: dict[str, str] | None = None,
     on_result: Callable[[TaskResult], None] | None = None,
+    timeout_s: float | None = None,
 ) -> list[TaskResult]:
     """One `Fanout` for one list of tasks (workers started and stopped around it)."""
-    with Fanout(workers, backend=backend, address=address, progress=progress, env=env) as f:
+    with Fanout(
+        workers, backend=backend, address=address, progress=progress, env=env, timeout_s=timeout_s
+    ) as f:
         return f.run(fn, items, labels=labels, stop=stop, on_result=on_result)
 
 
@@ -388,14 +401,25 @@ class _Slot:
         self.results = None
         self.ident: dict | None = None  # set by its "ready" message
         self.task: int | None = None  # the item it is running
+        self.since = 0.0  # when that item was sent (time.monotonic)
         self.ever_ready = False
         self.dead = False  # failed to start: not restarted
 
 
+def _timed_out(timeout_s: float) -> str:
+    return f"timed out: still running after {timeout_s:g} s (its worker was stopped)"
+
+
 class _LocalPool:
-    def __init__(self, devices: list[str], progress: Progress, env: dict[str, str]):
+    def __init__(
+        self,
+        devices: list[str],
+        progress: Progress,
+        env: dict[str, str],
+        timeout_s: float | None = None,
+    ):
         self.mp = multiprocessing.get_context("spawn")
-        self.progress, self.env = progress, env
+        self.progress, self.env, self.timeout_s = progress, env, timeout_s
         self.slots = [_Slot(i, d) for i, d in enumerate(devices)]
         for s in self.slots:
             self._start(s)
@@ -475,13 +499,31 @@ class _LocalPool:
                     err = f"cannot send the task to a worker process: {type(e).__name__}: {e}"
                     job.finish(TaskResult(i, job.labels[i], error=err))
                     continue
-                s.task = i
+                s.task, s.since = i, time.monotonic()
                 s.tasks.send((i, data))
             if job.done:
                 break
             live = {s.results: s for s in self.slots if not s.dead}
             for conn in wait(list(live), timeout=_POLL_S):
                 self._receive(live[conn], job)
+            if self.timeout_s is not None:
+                self._stop_overdue(job)
+
+    def _stop_overdue(self, job: _Job) -> None:
+        """Fail each task running past the timeout; its worker is stopped and started again."""
+        now = time.monotonic()
+        for s in self.slots:
+            if s.task is None or s.dead or now - s.since <= self.timeout_s:
+                continue
+            i, s.task = s.task, None
+            s.proc.terminate()
+            self._retire(s)
+            ident = s.ident or dict(worker=s.index, device=s.device)
+            job.finish(TaskResult(i, job.labels[i], error=_timed_out(self.timeout_s),
+                                  seconds=now - s.since, **ident))  # fmt: skip
+            self.progress(f"[fan-out] worker {s.index} stopped ({job.labels[i]} timed out): "
+                          "starting another")  # fmt: skip
+            self._start(s)
 
     def close(self) -> None:
         for s in self.slots:
@@ -526,11 +568,17 @@ class _RayWorker:
 
 class _RayPool:
     def __init__(
-        self, workers: int | str, address: str | None, progress: Progress, env: dict[str, str]
+        self,
+        workers: int | str,
+        address: str | None,
+        progress: Progress,
+        env: dict[str, str],
+        timeout_s: float | None = None,
     ):
         import ray
 
         self.ray, self.progress, self.started = ray, progress, False
+        self.timeout_s = timeout_s
         if not ray.is_initialized():
             ray.init(address=address)
             self.started = True
@@ -551,21 +599,36 @@ class _RayPool:
 
     def run(self, fn: Callable, job: _Job) -> None:
         ray = self.ray
-        running: dict = {}  # ObjectRef -> (slot, index)
+        running: dict = {}  # ObjectRef -> (slot, index, when it was sent)
         idle = deque(range(len(self.actors)))
         while not job.done:
             while idle and (i := job.next_index()) is not None:
                 slot = idle.popleft()
                 try:
-                    running[self.actors[slot].run.remote(fn, job.items[i])] = (slot, i)
+                    ref = self.actors[slot].run.remote(fn, job.items[i])
+                    running[ref] = (slot, i, time.monotonic())
                 except Exception as e:
                     idle.appendleft(slot)
                     err = f"cannot send the task to a Ray worker: {type(e).__name__}: {e}"
                     job.finish(TaskResult(i, job.labels[i], error=err))
             if job.done or not running:
                 continue
-            (ref,), _ = ray.wait(list(running), num_returns=1)
-            slot, i = running.pop(ref)
+            wait_s = None if self.timeout_s is None else _POLL_S
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_s)
+            if not ready:  # only with a timeout: stop the tasks past it
+                now = time.monotonic()
+                for ref, (slot, i, since) in list(running.items()):
+                    if now - since > self.timeout_s:
+                        del running[ref]
+                        self.ray.kill(self.actors[slot])
+                        why = _timed_out(self.timeout_s)
+                        job.finish(TaskResult(i, job.labels[i], error=why, seconds=now - since,
+                                              **self.idents[slot]))  # fmt: skip
+                        self._replace(slot)
+                        idle.append(slot)
+                continue
+            (ref,) = ready
+            slot, i, _since = running.pop(ref)
             try:
                 res = ray.get(ref)
             except ray.exceptions.RayActorError as e:  # the actor's process died
