@@ -302,3 +302,59 @@ def test_cli_create_verifies_arctan_activation(tmp_path, monkeypatch):
     assert "verified: the generated tests pass" in result.output
     op = tmp_path / "kernelwright-runs/create/arctan_activation/pkg/arctan_activation"
     assert "tl.div_rn" in (op / "arctan_activation.py").read_text()
+
+
+# ------------------------------------------ integer remainder (take_along_dim's index wrap)
+
+
+@pytest.mark.parametrize("op", ["remainder", "fmod"])
+def test_integer_remainder_is_exact_on_fp32_tiles(op, tmp_path):
+    """An integer remainder on fp32 tiles (integers below 2^24, as tiles hold them): the
+    IEEE-rounded quotient never rounds across an integer, so a - b * floor (trunc) is exact,
+    both signs, dividends just below a multiple included."""
+    gen = torch.Generator().manual_seed(0)
+    top = 2**24 - 1
+    b = torch.randint(1, 2**12, (256,), generator=gen) * torch.where(
+        torch.rand(256, generator=gen) < 0.5, -1, 1
+    )
+    q = torch.randint(-(2**11), 2**11, (256,), generator=gen)
+    a = torch.randint(-top, top, (256,), generator=gen)
+    a[:128] = b[:128] * q[:128] + torch.tensor([-1, 0, 1, 2])[torch.arange(128) % 4]
+    a[:4] = torch.tensor([top, -top, 0, -96])
+    b[:4] = torch.tensor([96, 96, 7, 96])
+    node = GraphNode(name="n", op="call_function", target=f"aten.{op}.Tensor", args=["a", "b"],
+                     dtype="torch.int64")  # fmt: skip
+    got = _run(_lower(node, ["a", "b"], ["a", "b"], {}), a.float().to(DEVICE),
+               b.float().to(DEVICE), tmp_path)  # fmt: skip
+    want = getattr(torch, op)(a, b).float()
+    assert torch.equal(got.cpu(), want), (a[got.cpu() != want], b[got.cpu() != want])
+
+
+def test_take_along_dim_wraps_negative_indices(tmp_path):
+    """take_along_dim's index wrap (an integer remainder by the row length) lowers: a negative
+    index counts from the row's end, at any row length, forward and backward."""
+    from kernelwright.workflows.create import understand
+    from kernelwright.workflows.create.codegen import write
+
+    p = understand(
+        str(Path(__file__).resolve().parents[1] / "examples/create/take_along_dim_rows.py")
+    )
+    assert p.tier == 2, p.unsupported_reason
+    write(p, tmp_path)
+    name = "take_along_dim_rows"
+    spec = importlib.util.spec_from_file_location("gen_tad", tmp_path / name / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(0)
+    for shape in ((5, 37), (2, 3, 130)):
+        x = torch.randn(shape, generator=g).to(DEVICE).requires_grad_(True)
+        n = shape[-1]
+        idx = torch.randint(-n, n, shape[:-1], generator=g).to(DEVICE)
+        idx.view(-1)[:2] = torch.tensor([-n, n - 1])
+        want = torch.take_along_dim(x, idx.unsqueeze(-1), dim=-1).squeeze(-1)
+        y = mod.take_along_dim_rows(x, idx)
+        torch.testing.assert_close(y, want, atol=0, rtol=0)
+        dy = torch.randn(y.shape, generator=g).to(DEVICE)
+        (got,) = torch.autograd.grad(y, x, dy)
+        (ref,) = torch.autograd.grad(want, x, dy)
+        torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)

@@ -1,6 +1,7 @@
-"""One value per row with take_along_dim: y[r] = x[r, idx[r]]. Tier 3.
+"""One value per row with take_along_dim: y[r] = x[r, idx[r]]. Tier 2.
 
-Stops at aten.remainder: take_along_dim wraps negative indices with an exact remainder.
+take_along_dim wraps a negative index with an integer remainder by the row length, which lowers
+exactly on the kernel's tiles; the gather then reads the row at that column.
 """
 
 import torch

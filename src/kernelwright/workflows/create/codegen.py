@@ -334,7 +334,11 @@ def _test_shapes(em: _Emitter, looped: bool) -> dict[str, list[tuple[int, ...]]]
 
 _SHAPE_OPS = {"aten.expand.default", "aten.view.default", "aten.reshape.default",
               "aten._unsafe_view.default"}  # fmt: skip
-_DIM_OPS = {"aten.squeeze.dim", "aten.squeeze.dims", "aten.flip.default"}
+# ops whose argument 1 is a dim (the row's: -1 at any rank in the eager reference)
+_DIM_OPS = {
+    "aten.squeeze.dim", "aten.squeeze.dims", "aten.flip.default", "aten.gather.default",
+    "aten.scatter_add.default", "aten.scatter.src",
+}  # fmt: skip
 _SIZES = {"aten.sym_numel.default": ".numel()", "aten.sym_size.int": ".shape[{}]"}
 
 

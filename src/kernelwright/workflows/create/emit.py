@@ -140,11 +140,12 @@ class _Emitter:
 
     def _is_n(self, n: GraphNode, x) -> bool:
         # AOT Autograd bakes the traced row length into mean's backward and the norms'
-        # gradients (`div(expand, 96)`): in a row kernel an int equal to it is the runtime N
+        # gradients (`div(expand, 96)`), take_along_dim into its index wrap (`remainder(idx,
+        # 96)`): in a row kernel an int equal to it is the runtime N
         base = n.target.rsplit(".", 1)[0]
         return (
             self.row
-            and base in ("aten.mul", "aten.div")
+            and base in ("aten.mul", "aten.div", "aten.remainder")
             and isinstance(x, int)
             and not isinstance(x, bool)
             and self.rank > 0

@@ -174,8 +174,8 @@ _NO_REMAINDER = (
     "by b where the quotient rounds across an integer)"
 )
 NOT_LOWERED = {
-    "aten.fmod": _NO_REMAINDER.format("trunc"),
-    "aten.remainder": _NO_REMAINDER.format("floor"),
+    "aten.fmod": _NO_REMAINDER.format("trunc") + "; integer operands are lowered",
+    "aten.remainder": _NO_REMAINDER.format("floor") + "; integer operands are lowered",
 }
 # Every aten packet with a lowering here (by packet name): what create's understand stage counts
 # as element-wise (tier 1). One list, next to the code it describes.
@@ -194,6 +194,21 @@ ELEMENTWISE = frozenset([
 ])
 # fmt: on
 _INT_BITWISE = "on integer tensors: tiles are fp32, so only bool masks are lowered"
+
+
+def _integer(dtype) -> bool:
+    return any(str(dtype).endswith(t) for t in ("int8", "int16", "int32", "int64", "uint8"))
+
+
+def _int_remainder(a: str, b: str, floor: bool) -> str:
+    """An integer remainder on fp32 tiles (integer values, |a|, |b| < 2^24, as every integer a
+    tile holds exactly): an IEEE-rounded a / b rounds to an integer k only when it is k, since
+    a quotient k - r/b (r >= 1) lies 1/|b| or more from it, more than half an ulp of k; so
+    a - b * floor(a / b) (remainder, the divisor's sign) or trunc (fmod, the dividend's) is
+    exact. A float remainder stays unlowered (NOT_LOWERED)."""
+    q = f"tl.div_rn({a} + 0.0, {b} + 0.0)"  # fp32 both (the row length N is an int)
+    k = f"tl.floor({q})" if floor else f"tl.where({q} < 0.0, -tl.floor(-{q}), tl.floor({q}))"
+    return f"({a} - {b} * {k})"
 
 
 # One-line lowerings over the node's tiles ({0}, {1}: its tensor arguments in order).
@@ -254,6 +269,8 @@ def _lower_more(n: GraphNode, base: str, a: list[str], raw: list, kw: dict) -> s
         return f"tl.where({a[1]} <= {_lit(raw[2])}, 0.0, {a[0]})"
     if base in _INVERSE_TRIG:
         return _INVERSE_TRIG[base](*a[: 2 if base == "aten.atan2" else 1])
+    if base in ("aten.remainder", "aten.fmod") and _integer(n.dtype):
+        return _int_remainder(a[0], a[1], base == "aten.remainder")
     if base == "aten.round":
         if raw[1:] and raw[1] != 0 or kw.get("decimals", 0) != 0:
             raise UnsupportedNode(n.name, f"{n.target} with decimals: only decimals=0")

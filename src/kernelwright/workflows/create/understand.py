@@ -39,7 +39,12 @@ from kernelwright.profiles.kernel import (
 )
 from kernelwright.workflows.create import tail
 from kernelwright.workflows.create.load import Reference, load_reference, run_eagerly
-from kernelwright.workflows.create.lowering import ELEMENTWISE, NOT_LOWERED, UnsupportedNode
+from kernelwright.workflows.create.lowering import (
+    ELEMENTWISE,
+    NOT_LOWERED,
+    UnsupportedNode,
+    _integer,
+)
 from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
 
 # Views that keep the [rows, cols] layout: broadcasts and unit-dim reshapes.
@@ -138,6 +143,8 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
             if op in LAYOUT:
                 layout = layout or (node, where)
                 continue
+            if op in ("remainder", "fmod") and _integer(node.dtype):
+                continue  # integer operands: exact on the fp32 tiles (lowering.py)
             if f"aten.{op}" in NOT_LOWERED:
                 raise _Stop(_label(node), f"{where} op {op}: {NOT_LOWERED[f'aten.{op}']}")
             raise _Stop(
