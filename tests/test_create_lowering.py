@@ -309,11 +309,11 @@ def test_cli_create_verifies_arctan_activation(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("op", ["remainder", "fmod"])
 def test_integer_remainder_is_exact_on_fp32_tiles(op, tmp_path):
-    """An integer remainder on fp32 tiles (integers below 2^24, as tiles hold them): the
-    IEEE-rounded quotient never rounds across an integer, so a - b * floor (trunc) is exact,
-    both signs, dividends just below a multiple included."""
+    """An integer remainder on fp32 tiles (|a| + |b| <= 2^24, where tiles hold a, b and the
+    multiple of b exactly): the IEEE-rounded quotient never rounds across an integer, so
+    a - b * floor (trunc) is exact, both signs, dividends next to a multiple included."""
     gen = torch.Generator().manual_seed(0)
-    top = 2**24 - 1
+    top = 2**24 - 2**12
     b = torch.randint(1, 2**12, (256,), generator=gen) * torch.where(
         torch.rand(256, generator=gen) < 0.5, -1, 1
     )

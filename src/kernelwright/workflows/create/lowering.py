@@ -201,11 +201,12 @@ def _integer(dtype) -> bool:
 
 
 def _int_remainder(a: str, b: str, floor: bool) -> str:
-    """An integer remainder on fp32 tiles (integer values, |a|, |b| < 2^24, as every integer a
-    tile holds exactly): an IEEE-rounded a / b rounds to an integer k only when it is k, since
-    a quotient k - r/b (r >= 1) lies 1/|b| or more from it, more than half an ulp of k; so
-    a - b * floor(a / b) (remainder, the divisor's sign) or trunc (fmod, the dividend's) is
-    exact. A float remainder stays unlowered (NOT_LOWERED)."""
+    """An integer remainder on fp32 tiles (integer values with |a| + |b| <= 2^24, so that a, b
+    and b * k are held exactly): an IEEE-rounded a / b rounds to an integer k only when it is
+    k, since a quotient k - r/b (r >= 1) lies 1/|b| or more from it, more than half an ulp of
+    k; so a - b * floor(a / b) (remainder, the divisor's sign) or trunc (fmod, the dividend's)
+    is exact. An index wrapped by its row length is well inside. A float remainder stays
+    unlowered (NOT_LOWERED)."""
     q = f"tl.div_rn({a} + 0.0, {b} + 0.0)"  # fp32 both (the row length N is an int)
     k = f"tl.floor({q})" if floor else f"tl.where({q} < 0.0, -tl.floor(-{q}), tl.floor({q}))"
     return f"({a} - {b} * {k})"
