@@ -141,12 +141,19 @@ def apply(x_ptr, y_ptr, out_ptr, n, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
 """
 
 
-def _run(expr: str, x: torch.Tensor, y: torch.Tensor, tmp_path) -> torch.Tensor:
-    path = tmp_path / f"k{abs(hash(expr))}.py"
-    path.write_text(_KERNEL.format(expr=expr))
+def _kernel_module(template: str, expr: str, tmp_path):
+    """A module holding `template`'s `apply` kernel with `expr` in it (a file: Triton's jit
+    reads the source)."""
+    path = tmp_path / f"k{abs(hash((template, expr)))}.py"
+    path.write_text(template.format(expr=expr))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _run(expr: str, x: torch.Tensor, y: torch.Tensor, tmp_path) -> torch.Tensor:
+    module = _kernel_module(_KERNEL, expr, tmp_path)
     out = torch.full_like(x, float("nan"))
     module.apply[(1,)](x, y, out, x.numel(), ROWS=1, BLOCK_N=triton_block(x.numel()))
     return out
@@ -220,11 +227,7 @@ _TRIG_EDGES = [0.5, -0.5, 1 - 2**-24, -(1 - 2**-24), 1 + 2**-23, 0.41421356, 2.4
 
 
 def _run_trig(expr: str, x: torch.Tensor, y: torch.Tensor, tmp_path) -> torch.Tensor:
-    path = tmp_path / f"trig{abs(hash(expr))}.py"
-    path.write_text(_TRIG_KERNEL.format(expr=expr))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _kernel_module(_TRIG_KERNEL, expr, tmp_path)
     x, y = x.to(DEVICE), y.to(DEVICE)
     out = torch.full_like(x, NAN)
     block = 4096

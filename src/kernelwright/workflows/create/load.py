@@ -102,7 +102,7 @@ def run_eagerly(ref: Reference) -> tuple[str, str] | None:
 
 
 class _GradOff(torch.overrides.TorchFunctionMode):
-    """Notes a torch call made with gradients off: tracing keeps no trace of torch.no_grad, so
+    """Records a torch call made with gradients off: tracing keeps no trace of torch.no_grad, so
     the generated reference would differentiate what the reference does not."""
 
     off = False

@@ -12,13 +12,8 @@ from __future__ import annotations
 import itertools
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile, StoredTensor
-from kernelwright.workflows.create.understand import (
-    REDUCTIONS,
-    TRANSCENDENTAL,
-    _calls,
-    _main_index,
-    _op,
-)
+from kernelwright.workflows.create.graph import REDUCTIONS, TRANSCENDENTAL, _calls, _op
+from kernelwright.workflows.create.understand import _main_index
 
 SAVE_POLICIES = ("recompute", "min-bytes")
 # bytes per element, at bf16: an input or a "same" stored value 2, fp32 4, bool 1, int64 8

@@ -38,6 +38,16 @@ from kernelwright.profiles.kernel import (
     TensorSpec,
 )
 from kernelwright.workflows.create import tail
+from kernelwright.workflows.create.graph import (
+    LAYOUT,
+    REDUCTIONS,
+    ROW_INDEXED,
+    TRANSCENDENTAL,
+    VIEWS,
+    _calls,
+    _op,
+    formula,
+)
 from kernelwright.workflows.create.load import Reference, load_reference, run_eagerly
 from kernelwright.workflows.create.lowering import (
     ELEMENTWISE,
@@ -45,37 +55,7 @@ from kernelwright.workflows.create.lowering import (
     UnsupportedNode,
     _integer,
 )
-from kernelwright.workflows.create.trace import Traced, TraceError, short_name, trace
-
-# Views that keep the [rows, cols] layout: broadcasts and unit-dim reshapes.
-# fmt: off
-VIEWS = frozenset([
-    "view", "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "alias", "clone",
-    "detach"
-])
-# fmt: on
-# Reductions: the dims are args[1] (absent or [] = every dim).
-# fmt: off
-REDUCTIONS = frozenset([
-    "sum", "mean", "amax", "amin", "prod", "var", "var_mean", "max", "min", "argmax", "argmin",
-    "gather",  # one value per row picked by a target index (args[1]: the dim)
-    "cumsum", "cumprod",  # scans along the row (args[1]: the dim)
-])
-# fmt: on
-# The inverse of gather (its backward): a row written at a per-row index, a select per element;
-# one_hot (onehot.py): the mask of a per-row index's column; flip: a reversed scan's halves.
-ROW_INDEXED = frozenset(["scatter", "scatter_add", "flip", "one_hot"])
-# Layout changes: a different memory walk per element, not lowered by the row templates.
-LAYOUT = frozenset(["permute", "transpose", "t"])
-# Precision-sensitive: computed in fp32 whatever the input dtype (transcendentals lose digits
-# in bf16; reductions accumulate error with the row length).
-# fmt: off
-TRANSCENDENTAL = frozenset([
-    "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "tanh", "sigmoid", "erf", "erfc",
-    "rsqrt", "sqrt", "pow", "reciprocal", "sin", "cos", "tan", "sinh", "cosh", "asinh", "acosh",
-    "atanh", "gelu", "silu", "elu"
-])
-# fmt: on
+from kernelwright.workflows.create.trace import Traced, TraceError, trace
 
 # Candidate launch configs, default first and smallest last (Verify's repairs walk down it).
 # Tier 1 starts from relu_squared's table (an element-wise [ROWS, BLOCK_N] tile); tier 2 from
@@ -102,14 +82,6 @@ class _Stop(Exception):
 
 def camel_case(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
-
-
-def _op(node: GraphNode) -> str:
-    return short_name(node.target)
-
-
-def _calls(graph: Graph) -> list[GraphNode]:
-    return [n for n in graph.nodes if n.op == "call_function"]
 
 
 def _label(node: GraphNode) -> str:
@@ -266,64 +238,6 @@ def _broadcast(shape: list[int], main: list[int], block: list[int]) -> str | Non
     if all(p == (1 if d in cols else main[d]) for d, p in enumerate(padded)):
         return "row"
     return None
-
-
-# --------------------------------------------------------------------------- readable formulas
-
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
-_CMP = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "eq": "==", "ne": "!="}
-_TRANSPARENT = VIEWS | {"_to_copy", "convert_element_type"}
-_MAX_INLINE = 120  # longer sub-expressions stay as node names (see the graph's readable lines)
-
-
-def formula(graph: Graph, name: str) -> str:
-    """`name` as one expression over the graph's inputs, inlining what stays short."""
-    by_name = {n.name: n for n in graph.nodes if n.op == "call_function"}
-    memo: dict[str, str] = {}
-
-    def arg(a) -> str:
-        if isinstance(a, str) and a in by_name:
-            text = expr(a)
-            return text if len(text) <= _MAX_INLINE else a
-        if isinstance(a, list):
-            return "[" + ", ".join(arg(x) for x in a) + "]"
-        return str(a)
-
-    def expr(n: str) -> str:
-        if n in memo:
-            return memo[n]
-        node = by_name[n]
-        op, args = _op(node), node.args
-        if op in _TRANSPARENT:
-            text = arg(args[0])
-        elif op in _INFIX and len(args) == 2:
-            text = f"({arg(args[0])} {_INFIX[op]} {arg(args[1])})"
-        elif op in _CMP and len(args) == 2:
-            text = f"({arg(args[0])} {_CMP[op]} {arg(args[1])})"
-        elif op == "neg":
-            text = f"-{arg(args[0])}"
-        elif op == "scalar_tensor":
-            text = str(args[0])
-        else:
-            shown = [arg(a) for a in args] + [f"{k}={v}" for k, v in node.kwargs.items()]
-            text = f"{op}({', '.join(shown)})"
-        memo[n] = text
-        return text
-
-    if name not in by_name:
-        return name
-    text = expr(name)
-    return text[1:-1] if text.startswith("(") and text.endswith(")") and _balanced(text) else text
-
-
-def _balanced(text: str) -> bool:
-    """True when the outer parentheses of `text` enclose all of it."""
-    depth = 0
-    for i, c in enumerate(text):
-        depth += (c == "(") - (c == ")")
-        if depth == 0 and i < len(text) - 1:
-            return False
-    return True
 
 
 # --------------------------------------------------------------------------- the profile
@@ -578,7 +492,7 @@ def understand(
         benchmark_sweep=_sweep(tier, _fixed_cols(fwd)),
         notes=notes,
     )
-    from kernelwright.workflows.create.stored import plan_stored  # it reads this module's sets
+    from kernelwright.workflows.create.stored import plan_stored  # it imports _main_index here
 
     profile = plan_stored(profile, save_policy)
     stop = _emit_stop(profile)
