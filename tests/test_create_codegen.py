@@ -264,3 +264,20 @@ def test_corpus_reference_renders_or_stops_cleanly(path):
     assert ("cmask = cols < N" in op) == bool(profile.reduction_dims)
     picks = "_fwd_pick(" in op
     assert ("def _fwd_looped" in op) == (bool(profile.reduction_dims) and not picks)
+
+
+def test_seeded_row_tables_hold_at_most_32_values_a_thread():
+    """A row held whole spreads block_n * rows fp32 values over 32 * num_warps threads; past 32 a
+    thread the backward's tiles (x, dy and the recomputed intermediates) spill registers, as
+    a 16384-column backward seeded at 4 warps (128 values a thread) did."""
+    import re
+
+    fn, shapes, params = CASES["rmsnorm_gen"]
+    text = next(t for name, t in render(capture("rmsnorm_gen", fn, *shapes, params=params)).items()
+                if name.endswith("/rmsnorm_gen.py"))  # fmt: skip
+    table = text[text.index("TABLE = {") : text.index("\n}\n", text.index("TABLE = {"))]
+    entries = re.findall(r"\((\d+), C\(block_n=(\d+), rows=(\d+), num_warps=(\d+)\)\)", table)
+    assert len(entries) >= 10, table  # fwd and bwd, every row length held whole
+    for max_n, block_n, rows, warps in entries:
+        per_thread = int(block_n) * int(rows) / (32 * int(warps))
+        assert per_thread <= 32, f"n <= {max_n}: {per_thread:.0f} fp32 values a thread"
