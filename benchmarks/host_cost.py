@@ -36,7 +36,7 @@ from kernelwright.bench.report import write_csv
 
 PROVIDERS = ("kernelwright", "liger", "torch_compile")
 OVERRIDE = {"softmax": {"n": 4096}, "cross_entropy": {"vocab": 32768}}
-ROW_DIMS = ("tokens", "rows", "batch_tokens")
+ROW_DIMS = ("tokens", "rows", "batch_tokens", "segments")
 
 
 def shape_for(spec, rows: int) -> dict[str, int]:
