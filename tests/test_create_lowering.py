@@ -361,3 +361,31 @@ def test_take_along_dim_wraps_negative_indices(tmp_path):
         (got,) = torch.autograd.grad(y, x, dy)
         (ref,) = torch.autograd.grad(want, x, dy)
         torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+
+
+def test_take_along_dim_reads_the_one_element_through_its_wrap(tmp_path):
+    """The wrapped index (a remainder of the index input by N) is element-wise work on the index
+    alone: the forward takes the pick form, computes the column from the index and reads that
+    one element, at any row length (no row kernel, no looped kernels)."""
+    from kernelwright.workflows.create import understand
+    from kernelwright.workflows.create.codegen import write
+
+    p = understand(
+        str(Path(__file__).resolve().parents[1] / "examples/create/take_along_dim_rows.py")
+    )
+    write(p, tmp_path)
+    name = "take_along_dim_rows"
+    source = (tmp_path / name / f"{name}.py").read_text()
+    assert f"_{name}_fwd_pick[" in source and "f_remainder" in source
+    spec = importlib.util.spec_from_file_location("gen_tad_pick", tmp_path / name / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    # the forward has no row kernel to walk the row with, looped or not
+    assert not hasattr(mod, f"_{name}_fwd_kernel") and not hasattr(mod, f"_{name}_fwd_part1")
+    g = torch.Generator().manual_seed(1)
+    n = 70001  # past every row the table holds whole
+    x = torch.randn(3, n, generator=g).to(DEVICE)
+    idx = torch.tensor([-1, -n, n - 2]).to(DEVICE)
+    want = torch.take_along_dim(x, idx.unsqueeze(-1), dim=-1).squeeze(-1)
+    torch.testing.assert_close(mod.take_along_dim_rows(x, idx), want, atol=0, rtol=0)
