@@ -44,28 +44,57 @@ def phase1(src: Path, runs: Path, gpu: str | None) -> tuple[str, int, str, float
     return src.stem, proc.returncode, out[-1] if out else "", time.perf_counter() - t0
 
 
-def phase2(job: tuple[str, str, bool, str]) -> list:
+def phase2(job: tuple[str, str, bool, str, str]) -> list:
     """Time one verified reference (in a fan-out worker: on its GPU alone) and return the rows.
 
     The generated bench records its rows itself; here that goes to a throwaway file and the
-    parent records the rows it gets back (a Ray worker may run on another machine)."""
+    parent records the rows it gets back (a Ray worker may run on another machine). Each row is
+    also appended to `partial` (a CSV) as it lands, so that a reference stopped past the
+    timeout keeps the rows it timed (`kept_rows`)."""
     import importlib
     import tempfile
 
-    name, pkg, full, source = job
+    from kernelwright.bench.report import write_csv
+
+    name, pkg, full, source, partial = job
     sys.path.insert(0, pkg)
     old = os.environ.get("KERNELWRIGHT_RESULTS_DB")
+    Path(partial).unlink(missing_ok=True)
+
+    def landed(row) -> None:
+        write_csv([row], partial, append=True)
+
     try:
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["KERNELWRIGHT_RESULTS_DB"] = str(Path(tmp) / "unused.db")
             bench = importlib.import_module(f"{name}.bench_{name}")
-            return bench.run(quick=not full, source=source)
+            return bench.run(quick=not full, source=source, on_row=landed)
     finally:
         sys.path.remove(pkg)
         if old is None:
             os.environ.pop("KERNELWRIGHT_RESULTS_DB", None)
         else:
             os.environ["KERNELWRIGHT_RESULTS_DB"] = old
+
+
+def kept_rows(partial: Path) -> tuple[list, str]:
+    """The rows a stopped reference timed before it stopped (its `partial` CSV; none where the
+    worker ran on another machine), and what they leave out, e.g. "no torch_compile rows"."""
+    from kernelwright.bench.report import read_csv
+
+    if not partial.is_file():
+        return [], "no rows"
+    try:
+        rows = [r for r in read_csv(partial) if r.ok]
+    except (ValueError, KeyError, TypeError):  # a row cut off as the worker was stopped
+        lines = partial.read_text().splitlines()
+        partial.write_text("\n".join(lines[:-1]) + "\n")
+        rows = [r for r in read_csv(partial) if r.ok] if len(lines) > 2 else []
+    have = {r.provider for r in rows}
+    missing = [p for p in ("kernelwright", "torch", "torch_compile") if p not in have]
+    shapes = sorted({r.shape for r in rows})
+    gap = f"no {', '.join(missing)} rows" if missing else "some shapes or modes untimed"
+    return rows, f"{len(rows)} rows kept at {', '.join(shapes) or 'no shape'}; {gap}"
 
 
 def main() -> None:
@@ -146,8 +175,10 @@ def main() -> None:
     print(f"phase 2: benchmarks (kernelwright vs eager vs torch.compile), workers {workers}",
           flush=True)  # fmt: skip
     verified = [ref for ref in refs if status[ref.stem][0] == 0]
+    partials = runs / "partial"  # each reference's rows as they land (kept_rows)
+    partials.mkdir(exist_ok=True)
     jobs = [(ref.stem, str(runs / "kernelwright-runs" / "create" / ref.stem / "pkg"), args.full,
-             str(ref)) for ref in verified]  # fmt: skip
+             str(ref), str(partials / f"{ref.stem}.csv")) for ref in verified]  # fmt: skip
     rows, summary = [], []
 
     def arrived(res) -> None:
@@ -156,9 +187,14 @@ def main() -> None:
         name = verified[res.index].stem
         if not res.ok:
             print(f"  {name:22s} phase 2 FAILED: {res.error}\n{res.traceback}", flush=True)
-            status[name] = (3, f"phase 2: {res.error.splitlines()[0][:200]}", status[name][2])
-            return
-        got = res.value
+            got, kept = kept_rows(partials / f"{name}.csv")
+            why = f"phase 2: {res.error.splitlines()[0][:200]}; {kept}"
+            status[name] = (3, why, status[name][2])
+            if not got:
+                return
+            print(f"  {name:22s} {kept}", flush=True)
+        else:
+            got = res.value
         record(got, source="create", run_id=new_run_id())  # the results database
         rows.extend(got)
         for c in compare(got):
@@ -199,9 +235,10 @@ def main() -> None:
     untimed = sorted(n for n, (rc, _, _) in status.items() if rc == 3)
     counts = [sum(rc in (0, 3) for rc, _, _ in status.values()),
               sum(rc == 2 for rc, _, _ in status.values()), len(failed)]  # fmt: skip
+    which = f" ({', '.join(untimed)}: see below)" if untimed else ""
     lines += ["", f"{len(status)} references: {counts[0]} verified, {counts[1]} stopped with "
-              f"a reason (tier 3), {counts[2]} failed; {len(untimed)} verified but not timed"
-              f"{' (' + ', '.join(untimed) + ': see below)' if untimed else ''}"]  # fmt: skip
+              f"a reason (tier 3), {counts[2]} failed; {len(untimed)} verified but not timed "
+              f"in full{which}"]  # fmt: skip
     lines += ["", "| reference | phase 1 | seconds |", "|---|---|---|"]
     lines += [f"| {n} | {'rc=' + str(rc)} {last} | {s:.0f} |" for n, (rc, last, s) in
               status.items()]  # fmt: skip
