@@ -17,13 +17,14 @@ for every item and returns one `TaskResult` per item, in the items' order:
 workers than GPUs are cut to one per GPU: a measurement never shares its GPU with another.
 A task's exception comes back as that task's `error` with its traceback text; a worker process
 that dies fails its task only and is replaced. With `timeout_s`, a task still running after
-that long fails ("timed out") and its worker is stopped and replaced (a compile that never ends
-cannot hold the rest up); tasks then run in worker processes even with one worker, since a task
-in this process could not be stopped. Each result names the worker, host, GPU index
-and GPU name that ran it. `fn` and the items are pickled to reach a worker: `fn` must be a
-module-level function (a script's own functions work with both backends). `env` is set in
-every worker's environment (the callers pass the run's commit as $KERNELWRIGHT_COMMIT: a
-worker then need not ask git, and every row names the commit the run started from).
+that long fails with a timeout error and its worker is stopped and replaced (a task that hangs,
+such as a compile that does not finish, cannot hold the rest up); tasks then run in worker
+processes even with one worker, since a task in this process could not be stopped. Each
+result names the worker, host, GPU index and GPU name that ran it. `fn` and the items are
+pickled to reach a worker: `fn` must be a module-level function (a script's own functions work
+with both backends). `env` is set in every worker's environment (the callers pass the run's
+commit as $KERNELWRIGHT_COMMIT: a worker then need not ask git, and every row names the commit
+the run started from).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What understand reads a traced aten graph with: the op sets it classifies nodes by, a node's
-short op name, the graph's calls, and a node as one readable formula (the profile's notes)."""
+short op name, the graph's calls, and a node as one readable formula (the profile's gradient and
+tail lines)."""
 
 from __future__ import annotations
 
