@@ -264,6 +264,13 @@ def test_corpus_reference_renders_or_stops_cleanly(path):
     assert ("cmask = cols < N" in op) == bool(profile.reduction_dims)
     picks = "_fwd_pick(" in op
     assert ("def _fwd_looped" in op) == (bool(profile.reduction_dims) and not picks)
+    # every kernel the launchers call takes the cached re-launch path (runtime/fastlaunch)
+    import re
+
+    launched = set(re.findall(r"\b(_\w+)\[[^\]]*\]\(", op))
+    jitted = re.findall(r"((?:@fast\n)?)@triton\.jit\ndef (\w+)\(", op)
+    assert launched and launched <= {name for _, name in jitted}, launched
+    assert all(deco for deco, name in jitted if name in launched), jitted
 
 
 def test_seeded_row_tables_hold_at_most_32_values_a_thread():

@@ -360,3 +360,23 @@ def test_a_loss_over_every_element_splits_its_single_row_wider(tmp_path):
     g = torch.Generator().manual_seed(3)
     a, b = (torch.randn(3, 5, 700, generator=g) for _ in range(2))
     _check(fn, torch.nn.functional.mse_loss, [a, b])  # still the reference's value
+
+
+def test_scan_references_run_in_fp64_when_given_fp64(tmp_path):
+    # The generated tests hold a scan to an fp64 reference (an fp32 prefix product on a row of
+    # mixed signs is itself off by more than the kernel's tolerance): the references must not
+    # round fp64 inputs to fp32 on the way in.
+    mod, _ = _op(tmp_path, "transmittance")
+    a = torch.rand(5, 24, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    a[:, 20] = 1.0
+    dy = torch.randn(a.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    x = a.clone().requires_grad_(True)
+    want_y = torch.cumprod(1.0 - x, dim=1)
+    (want_g,) = torch.autograd.grad(want_y, [x], dy)
+    y = mod.transmittance_ref(a)
+    (g,) = mod.transmittance_ref_grads([a], [dy])
+    assert y.dtype == g.dtype == torch.float64
+    torch.testing.assert_close(y, want_y.detach(), atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(g, want_g, atol=1e-12, rtol=1e-12)
+    # fp32 and bf16 inputs still get the fp32 reference
+    assert mod.transmittance_ref(a.to(torch.bfloat16)).dtype == torch.float32

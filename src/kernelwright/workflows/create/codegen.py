@@ -388,12 +388,12 @@ def _ref_grad_lines(profile: KernelProfile, em: _Emitter) -> list[str]:
     tangents = [ph for ph in b_ph if ph not in em.f_ph and ph not in em.fwd_by]
     lines = [
         f"{', '.join(em.f_ph)}{',' if len(em.f_ph) == 1 else ''} = "
-        "[t.float() if t.is_floating_point() else t for t in inputs]",
+        "[_up(t) if t.is_floating_point() else t for t in inputs]",
         f"_device = {em.f_ph[0]}.device",
         f"_shape = torch.broadcast_shapes({', '.join(p + '.shape' for p in em.shaped_ph)})",
     ]
     lines += _eager_lines(profile, em, em.fwd_needed(saved), set(em.fwd_by), True)
-    lines += [f"{t} = dys[{k}].float()" for k, t in enumerate(tangents)]
+    lines += [f"{t} = _up(dys[{k}])" for k, t in enumerate(tangents)]
     lines += _eager_lines(profile, em, em.bwd, set(em.bwd_by), True)
     grads = _output_args(em.bwd)[: len(profile.inputs)]
     lines.append("return " + ", ".join(str(g) if g is not None else "None" for g in grads)
