@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kernelwright.ops._loss_kernels import sum_rows_launch, targets_launch
 from kernelwright.runtime.checks import check_tensor
 from kernelwright.runtime.launch import traced
 
@@ -103,13 +104,62 @@ def prepare_targets(
     return t, w, wsum, inv
 
 
+def checked_targets(
+    op: str,
+    target: torch.Tensor,
+    class_weight: torch.Tensor | None,
+    reduction: str,
+    num_items_in_batch,
+    ignore_index: int,
+    V: int,
+    device: torch.device,
+):
+    """`check_loss_values`, then `prepare_targets`: (target [M] contiguous, fp32 weights, their
+    sum, 1 / denominator or None).
+
+    In an eager call without class weights or a tensor `num_items_in_batch` (the usual training
+    step), one launch checks the targets and computes the denominator together
+    (ops/_loss_kernels.py); on a CUDA device its verdict is a device-side assert (no host sync),
+    elsewhere a failed check falls back to `check_loss_values` for the error naming the target.
+    """
+    n = num_items_in_batch
+    if traced(target) or class_weight is not None or isinstance(n, torch.Tensor):
+        check_loss_values(op, target, V, ignore_index, n)
+        return prepare_targets(target, class_weight, reduction, n, ignore_index, V, device)
+    if n is not None and not n > 0:
+        check_loss_values(op, target, V, ignore_index, n)  # raises, naming num_items_in_batch
+    t = target.reshape(-1)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    ok = torch.empty((1,), dtype=torch.int32, device=device)
+    mean = reduction == "mean"
+    inv = torch.empty((1,), dtype=torch.float32, device=device) if mean else None
+    targets_launch(t, ok, inv if mean else ok, V, ignore_index, n if mean else None, mean)
+    if _on_device(ok):
+        torch._assert_async(ok, _bad_target_message(op, V, ignore_index))
+    elif not bool(ok):
+        check_loss_values(op, target, V, ignore_index, None)  # raises, naming the target
+    return t, None, None, inv
+
+
 def reduce_rows(
     rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape
 ) -> torch.Tensor:
     if reduction == "none":
         return rows.view(shape)
+    if not traced(rows):  # one launch instead of a sum and a multiply
+        out = torch.empty((), dtype=torch.float32, device=rows.device)
+        sum_rows_launch(rows, inv if reduction == "mean" else None, out)
+        return out
     total = rows.sum()
     return total * inv.reshape(()) if reduction == "mean" else total
+
+
+def _bad_target_message(op: str, V: int, ignore_index: int) -> str:
+    return (
+        f"{op}: a target is outside [0, {V}) (V = {V} classes) and is not "
+        f"ignore_index ({ignore_index})"
+    )
 
 
 def _on_device(t: torch.Tensor) -> bool:
@@ -133,11 +183,7 @@ def check_loss_values(
     """
     ok = ((target >= 0) & (target < V)) | (target == ignore_index)
     if _on_device(target):
-        torch._assert_async(
-            ok.all(),
-            f"{op}: a target is outside [0, {V}) (V = {V} classes) and is not "
-            f"ignore_index ({ignore_index})",
-        )
+        torch._assert_async(ok.all(), _bad_target_message(op, V, ignore_index))
     elif not bool(ok.all()):
         i = int((~ok).reshape(-1).nonzero()[0, 0])
         pos = [str(int(p)) for p in torch.unravel_index(torch.tensor(i), target.shape)]

@@ -36,8 +36,7 @@ from kernelwright.ops._held import held_row_fits
 from kernelwright.ops._loss import (  # noqa: F401  (REDUCTIONS, check_loss_args: importable here too)
     REDUCTIONS,
     check_loss_args,
-    check_loss_values,
-    prepare_targets,
+    checked_targets,
     reduce_rows,
 )
 from kernelwright.runtime import device_info, lookup
@@ -226,9 +225,10 @@ class _CrossEntropyFunction(torch.autograd.Function):
         x2 = rows_view("cross_entropy", "logits", logits)
         M = x2.shape[0]
         compiling = traced(logits)
-        t, w, wsum, inv = prepare_targets(
-            target, class_weight, reduction, num_items_in_batch, ignore_index, V, logits.device
-        )
+        t, w, wsum, inv = checked_targets(
+            "cross_entropy", target, class_weight, reduction, num_items_in_batch, ignore_index, V,
+            logits.device,
+        )  # fmt: skip
         dev = logits.device
         loss_rows = empty((M,), dtype=torch.float32, device=dev)
         lse = empty((M,), dtype=torch.float32, device=dev)
@@ -369,7 +369,6 @@ def cross_entropy(
             f"cross_entropy: target must have the logits' leading shape "
             f"{tuple(logits.shape[:-1])}, got {tuple(target.shape)}"
         )
-    check_loss_values("cross_entropy", target, V, ignore_index, num_items_in_batch)
     return _CrossEntropyFunction.apply(
         logits,
         target,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.ops._loss import check_loss_args, check_loss_values, prepare_targets, reduce_rows
+from kernelwright.ops._loss import check_loss_args, checked_targets, reduce_rows
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch, scale_grad_
 from kernelwright.runtime.alloc import empty
 from kernelwright.runtime.checks import check_same_device, check_tensor
@@ -223,9 +223,10 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         N = h2.shape[0]
         dev = hidden.device
         compiling = traced(hidden)
-        t, w, wsum, inv = prepare_targets(
-            target, class_weight, reduction, num_items_in_batch, ignore_index, V, dev
-        )
+        t, w, wsum, inv = checked_targets(
+            "fused_linear_cross_entropy", target, class_weight, reduction, num_items_in_batch,
+            ignore_index, V, dev,
+        )  # fmt: skip
         chunk = chunk_size or choose_chunk_rows(N, V, h2.element_size(), dev)
         need_h = want_grad and ctx.needs_input_grad[0]
         need_w = want_grad and ctx.needs_input_grad[1]
@@ -373,7 +374,6 @@ def fused_linear_cross_entropy(
             f"{op}: target must have hidden's leading shape {tuple(hidden.shape[:-1])}, "
             f"got {tuple(target.shape)}"
         )
-    check_loss_values(op, target, V, ignore_index, num_items_in_batch)
     if accum_dtype not in (None, torch.float32) and accum_dtype != weight.dtype:
         raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
     if chunk_size is not None and chunk_size < 1:

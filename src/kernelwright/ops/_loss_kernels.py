@@ -1,0 +1,85 @@
+"""Small kernels on the host side of the losses (ops/_loss.py): the targets' check and the
+"mean" denominator in one launch, and the reduction of the per-row losses to the loss.
+
+Each runs as one program that walks its vector in fixed blocks, so the result does not depend
+on the launch (deterministic) and a call costs one launch where the same work in torch ops
+costs several; in an eager training loop at moderate sizes those launches, not the GPU, set the
+loss's time. One program reads 8 bytes a row, against the 2 * V bytes a row the loss kernel
+itself reads and writes at least.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernelwright.runtime.fastlaunch import fast
+
+BLOCK = 1024  # elements a step of the one program
+
+
+@fast
+@triton.jit
+def _targets_kernel(
+    t_ptr,  # targets [M], int32 or int64
+    ok_ptr,  # [1] int32 out: 1 when every target is in [0, V) or ignore_index, else 0
+    inv_ptr,  # [1] fp32 out (DENOM > 0): 1 / the "mean" denominator
+    M,
+    V,
+    ignore_index,
+    n_items,  # DENOM == 2: the denominator given by the caller
+    DENOM: tl.constexpr,  # 0: none; 1: the count of non-ignored rows; 2: n_items
+    BLOCK: tl.constexpr,
+):
+    bad = tl.zeros([BLOCK], dtype=tl.int32)
+    kept = tl.zeros([BLOCK], dtype=tl.int32)
+    for start in range(0, M, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        t = tl.load(t_ptr + idx, mask=idx < M, other=ignore_index).to(tl.int64)
+        counted = t != ignore_index  # padding lanes read ignore_index: never counted
+        bad += (counted & ((t < 0) | (t >= V))).to(tl.int32)
+        kept += counted.to(tl.int32)
+    tl.store(ok_ptr, (tl.sum(bad, axis=0) == 0).to(tl.int32))
+    if DENOM == 1:
+        # no row counted: 1 / 0 = inf and the loss 0 * inf = NaN, as torch's mean of nothing
+        tl.store(inv_ptr, 1.0 / tl.sum(kept, axis=0).to(tl.float32))
+    elif DENOM == 2:
+        tl.store(inv_ptr, 1.0 / n_items)
+
+
+@fast
+@triton.jit
+def _sum_rows_kernel(
+    rows_ptr,  # [M] fp32 per-row losses
+    inv_ptr,  # [1] fp32 (HAS_INV): multiplies the sum
+    out_ptr,  # [] fp32 out
+    M,
+    HAS_INV: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, M, BLOCK):
+        idx = start + tl.arange(0, BLOCK)
+        acc += tl.load(rows_ptr + idx, mask=idx < M, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if HAS_INV:
+        total = total * tl.load(inv_ptr)
+    tl.store(out_ptr, total)
+
+
+def targets_launch(t, ok, inv, V: int, ignore_index: int, n_items: float | None, count: bool):
+    """ok[0] = every target valid; inv[0] = 1 / the denominator (`n_items`, else the count of
+    non-ignored rows where `count`); inv may be a dummy when neither is asked."""
+    denom = 2 if n_items is not None else (1 if count else 0)
+    _targets_kernel[(1,)](
+        t, ok, inv, t.numel(), V, ignore_index, float(n_items or 1.0),
+        DENOM=denom, BLOCK=BLOCK, num_warps=4,
+    )  # fmt: skip
+
+
+def sum_rows_launch(rows, inv, out) -> None:
+    """out[()] = sum(rows) (times inv[0] when given)."""
+    _sum_rows_kernel[(1,)](
+        rows, inv if inv is not None else rows, out, rows.numel(),
+        HAS_INV=inv is not None, BLOCK=BLOCK, num_warps=4,
+    )  # fmt: skip
