@@ -288,3 +288,26 @@ def test_seeded_row_tables_hold_at_most_32_values_a_thread():
     for max_n, block_n, rows, warps in entries:
         per_thread = int(block_n) * int(rows) / (32 * int(warps))
         assert per_thread <= 32, f"n <= {max_n}: {per_thread:.0f} fp32 values a thread"
+
+
+def test_per_row_inputs_load_once_a_row_where_nothing_reduces_the_row():
+    """A per-row input (take_along_dim's index, a temperature) in a kernel with no reduction or
+    scan over the row is loaded as [ROWS, 1] and its arithmetic (the index's wrap) runs once a
+    row; at every column it cost a broadcast load and a float division. A kernel that reduces
+    the row keeps the full-tile load (a [ROWS, 1] operand would change what the sum covers)."""
+    import re
+
+    from kernelwright.workflows.create import understand
+
+    def kernels(stem):
+        op = render(understand(str(CORPUS / f"{stem}.py")))[f"{stem}/{stem}.py"]
+        return dict(re.findall(r"@triton\.jit\ndef (\w+)\((.*?)\n(?=\n\n|# -)", op, re.S))
+
+    tad = kernels("take_along_dim_rows")
+    for name in ("_take_along_dim_rows_bwd_kernel", "_take_along_dim_rows_bwd_last"):
+        assert "f_idx = tl.load(in1_ptr + rows * in1_sr, mask=" in tad[name], tad[name]
+        assert "in1_sc" not in tad[name].split("):  # fmt: skip")[1]
+    soft = kernels("row_temperature_softmax")
+    body = soft["_row_temperature_softmax_fwd_kernel"]
+    assert "axis=" in body and "# per row" not in body
+    assert "# per row" in soft["_row_temperature_softmax_fwd_last"]  # elementwise after the sums

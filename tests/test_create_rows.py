@@ -380,3 +380,26 @@ def test_scan_references_run_in_fp64_when_given_fp64(tmp_path):
     torch.testing.assert_close(g, want_g, atol=1e-12, rtol=1e-12)
     # fp32 and bf16 inputs still get the fp32 reference
     assert mod.transmittance_ref(a.to(torch.bfloat16)).dtype == torch.float32
+
+
+def test_scan_tests_scale_their_tolerance_by_the_row(tmp_path, monkeypatch):
+    # A scan's fp32 gradient at an element far smaller than its row (a sum that cancels) is off
+    # by about an ulp of the row's largest value: the generated tests allow that much, and
+    # still catch an element off by a fraction of that value.
+    import importlib
+    import sys
+
+    _op(tmp_path, "transmittance")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("transmittance", None)
+    tests = importlib.import_module("transmittance.test_transmittance")
+    b = torch.randn(4, 24, 3, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    b[2, :, 1] *= 400.0
+    b[2, 20, 1] = -0.2263
+    a = b.clone()
+    a[2, 20, 1] += 3.6e-5  # 1.6e-4 relative, 9e-8 of the row's largest value
+    tests._close(a.float(), b, tests.TOL[torch.float32], "ulp of the row")
+    a[2, 20, 1] += 0.5
+    with pytest.raises(AssertionError, match=r"at \(2, 20, 1\)"):
+        tests._close(a.float(), b, tests.TOL[torch.float32], "a wrong element")
+    sys.modules.pop("transmittance", None)
