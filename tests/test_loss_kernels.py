@@ -1,4 +1,4 @@
-"""The losses' host-side kernels (ops/_loss_kernels.py): the targets' check with the "mean"
+"""The losses' host-side kernels (runtime/index_kernels.py): the targets' check with the "mean"
 denominator, the per-row losses' sum, against torch on fresh random rows of odd lengths; and
 the eager cross-entropy issuing no torch op around its kernels but autograd's own."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from kernelwright.ops._loss_kernels import BLOCK, sum_rows_launch, targets_launch
 from kernelwright.ops.cross_entropy import cross_entropy
 from kernelwright.ops.fused_linear_cross_entropy import fused_linear_cross_entropy
+from kernelwright.runtime.index_kernels import BLOCK, sum_rows_launch, targets_launch
 from kernelwright.testing import generator, poisoned
 
 
@@ -96,3 +96,24 @@ def test_eager_cross_entropy_runs_no_torch_op_around_its_kernels(reduction):
     with _TorchOps() as seen:
         fused_linear_cross_entropy(x, torch.randn(50, 50, device=DEVICE), t)
     assert "ne" not in seen.ops and "reciprocal" not in seen.ops, seen.ops
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_index_range_check_is_one_launch(dtype):
+    # A generated op's index check (one_hot's classes): one kernel, no torch op around it; a
+    # bad index anywhere is still caught (off the GPU a ValueError naming it).
+    from kernelwright.runtime.checks import check_index_range
+
+    t = torch.randint(0, 96, (3, BLOCK + 5), generator=generator(9)).to(DEVICE, dtype)
+    with _TorchOps() as seen:
+        check_index_range("op", "target", t, 96)
+    assert sorted(seen.ops) == (["_assert_async"] if t.is_cuda else []), seen.ops
+    if t.is_cuda:
+        return
+    for pos, bad in [((2, BLOCK + 4), 96), ((0, 0), -1), ((1, 7), 0 - 2**20)]:
+        u = t.clone()
+        u[pos] = bad
+        where = f"target\\[{pos[0]}, {pos[1]}\\] = {bad} is outside \\[0, 96\\)"
+        with pytest.raises(ValueError, match=where):
+            check_index_range("op", "target", u, 96)
+    check_index_range("op", "target", t[:, ::2], 96)  # a strided view: copied, then checked

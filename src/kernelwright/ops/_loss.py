@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelwright.ops._loss_kernels import sum_rows_launch, targets_launch
 from kernelwright.runtime.checks import check_tensor
+from kernelwright.runtime.index_kernels import sum_rows_launch, targets_launch
 from kernelwright.runtime.launch import traced
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -119,7 +119,7 @@ def checked_targets(
 
     In an eager call without class weights or a tensor `num_items_in_batch` (the usual training
     step), one launch checks the targets and computes the denominator together
-    (ops/_loss_kernels.py); on a CUDA device its verdict is a device-side assert (no host sync),
+    (runtime/index_kernels.py); on a CUDA device its verdict is a device-side assert (no host sync),
     elsewhere a failed check falls back to `check_loss_values` for the error naming the target.
     """
     n = num_items_in_batch

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kernelwright.runtime.device import interpreter_mode
+from kernelwright.runtime.index_kernels import targets_launch
 from kernelwright.runtime.launch import traced
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -108,10 +109,18 @@ def check_index_range(op: str, name: str, t: torch.Tensor, n: int) -> None:
     cross_entropy checks its targets; elsewhere (CPU, the interpreter) a ValueError naming the
     first bad index and its position.
     """
-    ok = (t >= 0) & (t < n)
+    if traced(t) or t.dtype not in (torch.int64, torch.int32):
+        ok = ((t >= 0) & (t < n)).all()
+    else:  # eager: one launch checks every index (runtime/index_kernels.py)
+        flat = t.reshape(-1)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        ok = torch.empty((1,), dtype=torch.int32, device=t.device)
+        targets_launch(flat, ok, ok, n, None, None, False)
     if t.device.type == "cuda" or traced(t):
-        torch._assert_async(ok.all(), f"{op}: an index in '{name}' is outside [0, {n})")
-    elif not bool(ok.all()):
+        torch._assert_async(ok, f"{op}: an index in '{name}' is outside [0, {n})")
+    elif not bool(ok):
+        ok = (t >= 0) & (t < n)
         i = int((~ok).reshape(-1).nonzero()[0, 0])
         pos = [str(int(p)) for p in torch.unravel_index(torch.tensor(i), t.shape)]
         where = f"{name}[{', '.join(pos)}]" if pos else name

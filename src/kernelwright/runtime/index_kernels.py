@@ -1,11 +1,11 @@
-"""Small kernels on the host side of the losses (ops/_loss.py): the targets' check and the
-"mean" denominator in one launch, and the reduction of the per-row losses to the loss.
+"""One-program kernels for the small work around a kernel: an index tensor's range check (with
+the count of its entries other than an ignore index: a mean's denominator), and a vector's sum.
 
-Each runs as one program that walks its vector in fixed blocks, so the result does not depend
-on the launch (deterministic) and a call costs one launch where the same work in torch ops
-costs several; in an eager training loop at moderate sizes those launches, not the GPU, set the
-loss's time. One program reads 8 bytes a row, against the 2 * V bytes a row the loss kernel
-itself reads and writes at least.
+The losses (ops/_loss.py) and the index checks of generated ops (runtime/checks.py) run them.
+Each is one program that walks its vector in fixed blocks, so the result does not depend on the
+launch (deterministic), and one launch does what several small torch ops did: in an eager
+training loop at moderate sizes those launches, not the GPU, set the time. One program reads
+8 bytes an index, against the row of V values the kernel that uses the index reads at least.
 """
 
 from __future__ import annotations
@@ -21,22 +21,26 @@ BLOCK = 1024  # elements a step of the one program
 @fast
 @triton.jit
 def _targets_kernel(
-    t_ptr,  # targets [M], int32 or int64
-    ok_ptr,  # [1] int32 out: 1 when every target is in [0, V) or ignore_index, else 0
+    t_ptr,  # indices [M], int32 or int64, contiguous
+    ok_ptr,  # [1] int32 out: 1 when every index is in [0, V) (or ignore_index), else 0
     inv_ptr,  # [1] fp32 out (DENOM > 0): 1 / the "mean" denominator
     M,
     V,
-    ignore_index,
+    ignore_index,  # HAS_IGNORE: an index that is skipped (neither checked nor counted)
     n_items,  # DENOM == 2: the denominator given by the caller
-    DENOM: tl.constexpr,  # 0: none; 1: the count of non-ignored rows; 2: n_items
+    HAS_IGNORE: tl.constexpr,
+    DENOM: tl.constexpr,  # 0: none; 1: the count of entries not ignored; 2: n_items
     BLOCK: tl.constexpr,
 ):
     bad = tl.zeros([BLOCK], dtype=tl.int32)
     kept = tl.zeros([BLOCK], dtype=tl.int32)
     for start in range(0, M, BLOCK):
         idx = start + tl.arange(0, BLOCK)
-        t = tl.load(t_ptr + idx, mask=idx < M, other=ignore_index).to(tl.int64)
-        counted = t != ignore_index  # padding lanes read ignore_index: never counted
+        inside = idx < M
+        t = tl.load(t_ptr + idx, mask=inside, other=0).to(tl.int64)
+        counted = inside
+        if HAS_IGNORE:
+            counted = counted & (t != ignore_index)
         bad += (counted & ((t < 0) | (t >= V))).to(tl.int32)
         kept += counted.to(tl.int32)
     tl.store(ok_ptr, (tl.sum(bad, axis=0) == 0).to(tl.int32))
@@ -67,13 +71,17 @@ def _sum_rows_kernel(
     tl.store(out_ptr, total)
 
 
-def targets_launch(t, ok, inv, V: int, ignore_index: int, n_items: float | None, count: bool):
-    """ok[0] = every target valid; inv[0] = 1 / the denominator (`n_items`, else the count of
-    non-ignored rows where `count`); inv may be a dummy when neither is asked."""
+def targets_launch(
+    t, ok, inv, V: int, ignore_index: int | None, n_items: float | None, count: bool
+) -> None:
+    """ok[0] = every index of `t` (contiguous) in [0, V) or equal to `ignore_index`; inv[0] =
+    1 / the denominator (`n_items`, else the count of entries not ignored where `count`); inv
+    may be a dummy when neither is asked."""
     denom = 2 if n_items is not None else (1 if count else 0)
     _targets_kernel[(1,)](
-        t, ok, inv, t.numel(), V, ignore_index, float(n_items or 1.0),
-        DENOM=denom, BLOCK=BLOCK, num_warps=4,
+        t, ok, inv, t.numel(), V, 0 if ignore_index is None else ignore_index,
+        float(n_items or 1.0), HAS_IGNORE=ignore_index is not None, DENOM=denom, BLOCK=BLOCK,
+        num_warps=4,
     )  # fmt: skip
 
 
