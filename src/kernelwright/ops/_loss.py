@@ -2,8 +2,10 @@
 targets and the "mean" denominator on the device, and the reduction of the per-row losses.
 
 Target values and `num_items_in_batch` are checked without a host sync where they live on a
-CUDA device (`check_loss_values`): a target outside [0, V) that is not `ignore_index` would
-otherwise give a NaN loss, and a zero denominator an infinite one.
+CUDA device (`checked_targets`, `check_loss_values`): a target outside [0, V) that is not
+`ignore_index` would otherwise give a NaN loss, and a zero denominator an infinite one. In an
+eager call the check, the denominator and the sum of the rows are one small kernel each
+(runtime/index_kernels.py).
 """
 
 from __future__ import annotations
