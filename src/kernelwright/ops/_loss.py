@@ -149,7 +149,8 @@ def reduce_rows(
 ) -> torch.Tensor:
     if reduction == "none":
         return rows.view(shape)
-    if not traced(rows):  # one launch instead of a sum and a multiply
+    if not traced(rows) and rows.dtype == torch.float32 and rows.is_contiguous():
+        # one launch instead of a sum and a multiply
         out = torch.empty((), dtype=torch.float32, device=rows.device)
         sum_rows_launch(rows, inv if reduction == "mean" else None, out)
         return out
