@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import math
+
 import pytest
 import torch
 import triton
@@ -86,8 +88,14 @@ def test_forward_backward_matches_reference(shape, dtype, op, ref):
 @pytest.mark.parametrize("op,ref", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_long_row_looped_kernel(dtype, op, ref):
-    # A vocabulary-sized row through the online looped kernel (a few rows, cheap on CPU).
-    _check(op, ref, _x((2, LONG), dtype, 1, std=4.0))
+    # A vocabulary-sized row through the online looped kernel (a few rows, cheap on CPU). The
+    # fp32 table holds rows up to ~16K columns: the rounding of the row's sum of exponentials
+    # grows as sqrt(N), and at 70,000 columns it sits at the table's edge (1.0-1.2e-5, by CPU)
+    tol = dict(TOL)
+    grow = math.sqrt(LONG / 16384)
+    tol[torch.float32] = Tolerance(fwd=1e-5 * grow, bwd=2e-5 * grow)
+    x = _x((2, LONG), dtype, 1, std=4.0)
+    check_op(op, ref, {"x": x}, tolerances=tol, dtype=dtype).assert_ok()
 
 
 @pytest.mark.parametrize("layout", ["row_strided", "transposed"])
