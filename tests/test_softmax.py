@@ -1,7 +1,6 @@
 """softmax / log_softmax: forward and backward against the fp32 reference, paths, properties."""
 
 import dataclasses
-
 import math
 
 import pytest
