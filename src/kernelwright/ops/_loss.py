@@ -66,46 +66,6 @@ def check_loss_args(
             )
 
 
-def prepare_targets(
-    target: torch.Tensor,
-    class_weight: torch.Tensor | None,
-    reduction: str,
-    num_items_in_batch,
-    ignore_index: int,
-    V: int,
-    device: torch.device,
-):
-    """(target [M] contiguous, fp32 weights, their sum, 1 / denominator or None) on `device`.
-
-    The denominator of "mean" is computed on the device (no host sync): the count of
-    non-ignored rows, their summed class weight, or `num_items_in_batch`.
-    """
-    t = target.reshape(-1)
-    if not t.is_contiguous():
-        t = t.contiguous()
-    w = wsum = None
-    if class_weight is not None:
-        w = class_weight.to(device=device, dtype=torch.float32).contiguous()
-        wsum = w.sum().reshape(1)
-    inv = None
-    if reduction == "mean":
-        if num_items_in_batch is not None:
-            if isinstance(num_items_in_batch, torch.Tensor):
-                denom = num_items_in_batch.to(device=device, dtype=torch.float32).reshape(1)
-            else:
-                denom = torch.full((1,), float(num_items_in_batch), device=device)
-        else:
-            valid = t != ignore_index
-            if w is None:
-                denom = valid.sum(dtype=torch.float32).reshape(1)
-            else:
-                # Out-of-range targets read class 0 here; their rows are NaN anyway.
-                safe = torch.where(valid & (t >= 0) & (t < V), t, 0)
-                denom = (w.gather(0, safe) * valid).sum().reshape(1)
-        inv = 1.0 / denom
-    return t, w, wsum, inv
-
-
 def checked_targets(
     op: str,
     target: torch.Tensor,
@@ -116,23 +76,28 @@ def checked_targets(
     V: int,
     device: torch.device,
 ):
-    """`check_loss_values`, then `prepare_targets`: (target [M] contiguous, fp32 weights, their
-    sum, 1 / denominator or None).
+    """The targets checked (`check_loss_values`), then (target [M] contiguous, fp32 weights,
+    their sum, 1 / denominator or None) on `device`.
 
-    In an eager call without class weights or a tensor `num_items_in_batch` (the usual training
-    step), one launch checks the targets and computes the denominator together
-    (runtime/index_kernels.py); on a CUDA device its verdict is a device-side assert (no host sync),
-    elsewhere a failed check falls back to `check_loss_values` for the error naming the target.
+    The denominator of "mean" is computed on the device (no host sync): the count of
+    non-ignored rows, their summed class weight, or `num_items_in_batch`. In an eager call
+    without class weights or a tensor `num_items_in_batch` (the usual training step), one launch
+    checks the targets and counts them (runtime/index_kernels.py); on a CUDA device its verdict
+    is a device-side assert (no host sync), elsewhere a failed check falls back to
+    `check_loss_values` for the error naming the target.
     """
     n = num_items_in_batch
-    if traced(target) or class_weight is not None or isinstance(n, torch.Tensor):
-        check_loss_values(op, target, V, ignore_index, n)
-        return prepare_targets(target, class_weight, reduction, n, ignore_index, V, device)
-    if n is not None and not n > 0:
-        check_loss_values(op, target, V, ignore_index, n)  # raises, naming num_items_in_batch
     t = target.reshape(-1)
     if not t.is_contiguous():
         t = t.contiguous()
+    if traced(target) or class_weight is not None or isinstance(n, torch.Tensor):
+        check_loss_values(op, target, V, ignore_index, n)
+        return (
+            t,
+            *_weights_and_denominator(t, class_weight, reduction, n, ignore_index, V, device),
+        )
+    if n is not None and not n > 0:
+        check_loss_values(op, target, V, ignore_index, n)  # raises, naming num_items_in_batch
     ok = torch.empty((1,), dtype=torch.int32, device=device)
     mean = reduction == "mean"
     inv = torch.empty((1,), dtype=torch.float32, device=device) if mean else None
@@ -144,13 +109,37 @@ def checked_targets(
     return t, None, None, inv
 
 
+def _weights_and_denominator(t, class_weight, reduction, n, ignore_index, V, device):
+    # fp32 class weights, their sum, 1 / the "mean" denominator (torch ops, on the device)
+    w = wsum = None
+    if class_weight is not None:
+        w = class_weight.to(device=device, dtype=torch.float32).contiguous()
+        wsum = w.sum().reshape(1)
+    if reduction != "mean":
+        return w, wsum, None
+    if n is not None:
+        if isinstance(n, torch.Tensor):
+            denom = n.to(device=device, dtype=torch.float32).reshape(1)
+        else:
+            denom = torch.full((1,), float(n), device=device)
+    else:
+        valid = t != ignore_index
+        if w is None:
+            denom = valid.sum(dtype=torch.float32).reshape(1)
+        else:
+            # Out-of-range targets read class 0 here; their rows are NaN anyway.
+            safe = torch.where(valid & (t >= 0) & (t < V), t, 0)
+            denom = (w.gather(0, safe) * valid).sum().reshape(1)
+    return w, wsum, 1.0 / denom
+
+
 def reduce_rows(
     rows: torch.Tensor, reduction: str, inv: torch.Tensor | None, shape
 ) -> torch.Tensor:
     if reduction == "none":
         return rows.view(shape)
     if not traced(rows) and rows.dtype == torch.float32 and rows.is_contiguous():
-        # one launch instead of a sum and a multiply
+        # the sum and the mean's scale in one launch
         out = torch.empty((), dtype=torch.float32, device=rows.device)
         sum_rows_launch(rows, inv if reduction == "mean" else None, out)
         return out

@@ -3,9 +3,9 @@ the count of its entries other than an ignore index: a mean's denominator), and 
 
 The losses (ops/_loss.py) and the index checks of generated ops (runtime/checks.py) run them.
 Each is one program that walks its vector in fixed blocks, so the result does not depend on the
-launch (deterministic), and one launch does what several small torch ops did: in an eager
-training loop at moderate sizes those launches, not the GPU, set the time. One program reads
-8 bytes an index, against the row of V values the kernel that uses the index reads at least.
+launch (deterministic), and one launch does the work of several small torch ops: in an eager
+training loop at moderate sizes launches, not the GPU, set the time. One program reads 8 bytes
+an index, against the row of V values the kernel that uses the index reads at least.
 """
 
 from __future__ import annotations

@@ -226,8 +226,8 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
             if s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block)
         ],  # fmt: skip
         # per-row inputs (a temperature, a target index): a kernel without a reduction or scan
-        # over the row loads them once a row ([ROWS, 1]) and computes on them per row, instead
-        # of a load and the same arithmetic at every column
+        # over the row loads them once a row ([ROWS, 1]) and computes on them per row (one load
+        # and one evaluation of their arithmetic a row, not one a column)
         "row_ins": [i for i, s in enumerate(profile.inputs) if s.broadcast == "row"],
         "neutral": _NEUTRAL,
         "combine": staged.COMBINE,
