@@ -170,9 +170,11 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     if em.row:
         f_nodes = em.fwd_needed(_output_args(em.fwd)[: len(profile.outputs)])
         outs = [{"kind": k, "value": v} for k, v in zip(out_kinds, fwd_outs, strict=True)]
-        # in place, a per-feature gradient's looped kernel sums each row block's columns
-        g_outs = [{"kind": "red" if r and not em.trailing else "full", "value": g}
-                  for g, r in zip(grads, red, strict=True) if g is not None]  # fmt: skip
+        # a per-feature gradient's looped kernel writes fp32 column sums: of each row block in
+        # place, of every ROW_PROGS-th row with trailing rows (`walks`)
+        g_outs = [{"kind": "red" if r else "row" if i in em.row_grads else "full", "value": g}
+                  for i, (g, r) in enumerate(zip(grads, red, strict=True))
+                  if g is not None]  # fmt: skip
         plans = [("fwd", [(f_nodes, "f_", {})], outs, sorted(used_fwd), 0)]
         if has_bwd:
             plans.append(("bwd", em.bwd_groups, g_outs, sorted(needed), len(fwd_outs)))
@@ -184,6 +186,7 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
                                              used, em.f_ph, n_dys, kouts, keep))  # fmt: skip
             except UnsupportedNode as e:  # rows up to BLOCK_N still run; longer ones raise
                 looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
+            looped[-1]["walks"] = em.trailing and any(o["kind"] == "red" for o in kouts)
         if not (len(looped) == 2 and looped[1].get("given")):
             looped[0]["keep"] = {}  # nothing the backward reads: the forward keeps nothing
     # the forward's looped launch keeps its row values for the backward's (`stats`)
@@ -255,6 +258,8 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "summed": summed,
         "bwd_used": sorted(needed),
         "grad_idx": [i for i, g in enumerate(grads) if g is not None],
+        # per-row inputs whose gradient the kernel sums along the row: one value per row
+        "row_grads": sorted(em.row_grads),
         # gradients reduced over rows inside the backward kernel: per-feature and scalar inputs
         "red": red,
         "has_red": any(red),

@@ -33,6 +33,7 @@ class _Emitter:
 
     def __init__(self, profile: KernelProfile):
         self.p = profile
+        self.row_grads: set[int] = set()  # inputs whose gradient the kernel stores per row
         self.fwd = [n for n in profile.forward.nodes]
         self.bwd = [n for n in profile.backward.nodes]
         self.fwd_by = {n.name: n for n in self.fwd}
@@ -458,6 +459,7 @@ class _Emitter:
         values: list[str | None] = []
         summed: list[bool] = []
         row_sums: set[str] = set()  # per-row gradients' row sums, done by the launcher
+        self.row_grads = set()
 
         def trailing(name) -> bool:
             node = self.bwd_by.get(name)
@@ -472,11 +474,18 @@ class _Emitter:
                 summed.append(False)
                 continue
             if self.row and self.p.inputs[i].broadcast == "row":
-                # one value per row: the row's sum of a full-size value, which is written full
-                # size in fp32 and summed to the input's shape, as other broadcast inputs'
+                # one value per row: the row's sum of a full-size value. With the row's dims
+                # trailing the kernel sums it (a row reduction like any other) and stores one
+                # value per row; otherwise the full-size value is written in fp32 and summed to
+                # the input's shape, as other broadcast inputs'
                 full, chain = self._row_grad_source(g, i)
-                row_sums.update(chain)
-                values.append(alias.get(full, "b_" + full))
+                if self.trailing:
+                    row_sums.update(chain[:-1])  # the shape ops after the sum
+                    self.row_grads.add(i)
+                    values.append("b_" + chain[-1])
+                else:
+                    row_sums.update(chain)
+                    values.append(alias.get(full, "b_" + full))
                 summed.append(True)
                 continue
             # walk back through shape ops and one trailing sum to the full-size value
