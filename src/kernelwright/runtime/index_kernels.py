@@ -15,7 +15,9 @@ import triton.language as tl
 
 from kernelwright.runtime.fastlaunch import fast
 
-BLOCK = 1024  # elements a step of the one program
+# elements a step of the one program: each step waits out one memory latency, so a large block
+# keeps tens of thousands of rows to a few steps
+BLOCK = 8192
 
 
 @fast
@@ -81,7 +83,7 @@ def targets_launch(
     _targets_kernel[(1,)](
         t, ok, inv, t.numel(), V, 0 if ignore_index is None else ignore_index,
         float(n_items or 1.0), HAS_IGNORE=ignore_index is not None, DENOM=denom, BLOCK=BLOCK,
-        num_warps=4,
+        num_warps=8,
     )  # fmt: skip
 
 
@@ -89,5 +91,5 @@ def sum_rows_launch(rows, inv, out) -> None:
     """out[()] = sum(rows) (times inv[0] when given)."""
     _sum_rows_kernel[(1,)](
         rows, inv if inv is not None else rows, out, rows.numel(),
-        HAS_INV=inv is not None, BLOCK=BLOCK, num_warps=4,
+        HAS_INV=inv is not None, BLOCK=BLOCK, num_warps=8,
     )  # fmt: skip
