@@ -77,6 +77,7 @@ STRIDED_MAX = 2048
 
 # row kernels: BLOCK_N is the whole row (next power of two of N), only ROWS and warps vary
 ROW_CONFIGS = [
+    {"rows": 16, "num_warps": 4},
     {"rows": 4, "num_warps": 4},
     {"rows": 2, "num_warps": 4},
     {"rows": 1, "num_warps": 4},

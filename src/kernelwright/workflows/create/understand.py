@@ -66,6 +66,7 @@ _TIER1_CONFIGS = [
     {"block_n": 256, "rows": 1, "num_warps": 2},
 ]
 _TIER2_CONFIGS = [
+    {"rows": 16, "num_warps": 4},
     {"rows": 4, "num_warps": 4},
     {"rows": 2, "num_warps": 4},
     {"rows": 1, "num_warps": 4},
