@@ -1,7 +1,7 @@
 """Softmax with a learned temperature per row: y = softmax(x / t), t of shape [..., 1]. Tier 2.
 
-t's gradient is one value per row, the row's sum of dy * dy/dt (written full size in fp32 by
-the backward kernel and summed to t's shape, as other broadcast inputs' gradients).
+t's gradient is one value per row, the row's sum of dy * dy/dt (summed along the row by the
+backward kernel itself, which stores one value per row).
 """
 
 import torch

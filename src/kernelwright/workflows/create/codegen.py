@@ -6,13 +6,14 @@ aten node of the profile's forward and backward graphs becomes one `tl` expressi
 dtype: bf16 arithmetic is silently wrong under the interpreter and less accurate on a GPU).
 The backward kernel recomputes forward intermediates from the saved inputs (cheap for
 element-wise work) and writes each input gradient at full size; a broadcast input's gradient
-is written in fp32 and summed to the input's shape by the launcher. The intermediates the
-profile lists in `stored` are the exception: the forward kernel writes them as extra outputs
-(full size, or one value per row in a row kernel; bool, fp32 or the input's dtype as the
-profile says), the autograd Function saves them with only the inputs the backward still reads
-(the others leave only their shape, dtype and device), and the backward kernel loads them
-(`s_<name>`) instead of recomputing them. With nothing stored (the default) the files are
-exactly those generated before `stored` existed.
+is written in fp32 and summed to the input's shape by the launcher, except a per-feature or
+scalar input's (summed over rows in the kernel) and, in a row kernel, a per-row input's (the
+kernel's row sum). The intermediates the profile lists in `stored` are the exception: the
+forward kernel writes them as extra outputs (full size, or one value per row in a row kernel;
+bool, fp32 or the input's dtype as the profile says), the autograd Function saves them with
+only the inputs the backward still reads (the others leave only their shape, dtype and
+device), and the backward kernel loads them (`s_<name>`) instead of recomputing them. With
+nothing stored (the default) the files are exactly those generated before `stored` existed.
 
 Tier 2 (work along the row: norms, softmax, logsumexp, losses, argmax, gather, scans) takes
 the same path with one program per ROWS rows holding each row whole (BLOCK_N =
@@ -82,6 +83,23 @@ ROW_CONFIGS = [
     {"rows": 2, "num_warps": 4},
     {"rows": 1, "num_warps": 4},
 ]
+
+
+def _grad_doc(red: bool, per_row: bool, other: bool) -> str:
+    """The generated module's sentence on how broadcast inputs' gradients are reduced."""
+    parts = []
+    if red:
+        parts.append("a per-feature or scalar input's gradient is summed over the rows in the "
+                     "kernel (fp32 partial rows, added up by the autograd function)")  # fmt: skip
+    if per_row:
+        parts.append("a per-row input's gradient is the kernel's row sum, one value per row")
+    if other:
+        parts.append("any other broadcast input's gradient is written at full size in fp32 "
+                     "and summed to the input's shape")  # fmt: skip
+    if not parts:
+        return "Every input's gradient is written at full size."
+    text = "; ".join(parts) + "."
+    return text[0].upper() + text[1:]
 
 
 def launch_repairs(profile: KernelProfile) -> int:
@@ -261,6 +279,14 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "grad_idx": [i for i, g in enumerate(grads) if g is not None],
         # per-row inputs whose gradient the kernel sums along the row: one value per row
         "row_grads": sorted(em.row_grads),
+        "grad_doc": _grad_doc(
+            any(red),
+            bool(em.row_grads),
+            any(
+                g is not None and s.broadcast != "full" and not r and i not in em.row_grads
+                for i, (g, s, r) in enumerate(zip(grads, profile.inputs, red, strict=True))
+            ),
+        ),
         # gradients reduced over rows inside the backward kernel: per-feature and scalar inputs
         "red": red,
         "has_red": any(red),
