@@ -13,7 +13,7 @@ forward kernel writes them as extra outputs (full size, or one value per row in 
 bool, fp32 or the input's dtype as the profile says), the autograd Function saves them with
 only the inputs the backward still reads (the others leave only their shape, dtype and
 device), and the backward kernel loads them (`s_<name>`) instead of recomputing them. With
-nothing stored (the default) the files are exactly those generated before `stored` existed.
+nothing stored (the default) the backward recomputes every intermediate from the inputs.
 
 Tier 2 (work along the row: norms, softmax, logsumexp, losses, argmax, gather, scans) takes
 the same path with one program per ROWS rows holding each row whole (BLOCK_N =
