@@ -290,11 +290,11 @@ def test_seeded_row_tables_hold_at_most_32_values_a_thread():
         assert per_thread <= 32, f"n <= {max_n}: {per_thread:.0f} fp32 values a thread"
 
 
-def test_per_row_inputs_load_once_a_row_where_nothing_reduces_the_row():
-    """A per-row input (take_along_dim's index, a temperature) in a kernel with no reduction or
-    scan over the row is loaded as [ROWS, 1] and its arithmetic (the index's wrap) runs once a
-    row; at every column it cost a broadcast load and a float division. A kernel that reduces
-    the row keeps the full-tile load (a [ROWS, 1] operand would change what the sum covers)."""
+def test_per_row_inputs_load_once_a_row():
+    """A per-row input (take_along_dim's index, a temperature, a one-hot's target) is loaded as
+    [ROWS, 1] and its arithmetic (the index's wrap) runs once a row; at every column it cost a
+    broadcast load and a float division. Kernels that reduce the row take it so too: the
+    reduction's `where` on the row's mask broadcasts it over the columns."""
     import re
 
     from kernelwright.workflows.create import understand
@@ -309,5 +309,13 @@ def test_per_row_inputs_load_once_a_row_where_nothing_reduces_the_row():
         assert "in1_sc" not in tad[name].split("):  # fmt: skip")[1]
     soft = kernels("row_temperature_softmax")
     body = soft["_row_temperature_softmax_fwd_kernel"]
-    assert "axis=" in body and "# per row" not in body
+    assert "axis=" in body and "# per row" in body
     assert "# per row" in soft["_row_temperature_softmax_fwd_last"]  # elementwise after the sums
+    # a looped partial kernel that would load nothing but per-row values keeps the full tile:
+    # such a loop ran hundreds of times slower on the GPU (cross_entropy_gather's backward)
+    ceg = kernels("cross_entropy_gather")
+    assert "in1_sc" in ceg["_cross_entropy_gather_bwd_part1"].split("):  # fmt: skip")[1]
+    assert "# per row" in ceg["_cross_entropy_gather_fwd_part3"]  # beside the logits' tile
+    ce = kernels("cross_entropy_one_hot")
+    for name in ("_cross_entropy_one_hot_fwd_kernel", "_cross_entropy_one_hot_bwd_kernel"):
+        assert "axis=" in ce[name] and "in1_sc" not in ce[name].split("):  # fmt: skip")[1]

@@ -91,9 +91,19 @@ def test_one_hot_cross_entropy_kernel_and_its_range_check(tmp_path, monkeypatch)
     if DEVICE == "cpu":  # on a GPU a device-side assert, which ends the CUDA context
         with pytest.raises(ValueError, match=r"target\[2\] = 37 is outside \[0, 37\)"):
             mod.cross_entropy_one_hot(x, bad)
-    # past the check, the kernel gives the bad row NaN and leaves the others
-    y = mod._CrossEntropyOneHotFunction.apply(x, bad)
-    assert torch.isnan(y[2]) and torch.isfinite(y[[0, 1, 3, 4]]).all()
+    monkeypatch.undo()  # rows held whole again
+    if DEVICE == "cpu":
+        # past the function's check, the forward kernel flags the index as it reads it
+        with pytest.raises(ValueError, match=r"an index in 'target' is outside \[0, 37\)"):
+            mod._CrossEntropyOneHotFunction.apply(x, bad)
+        assert int(mod.index_flag(x.device)[0]) == 0  # reset for the next launch
+    # the kernel gives the bad row NaN and leaves the others
+    y = torch.empty(5, dtype=x.dtype, device=DEVICE)
+    flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    mod._cross_entropy_one_hot_fwd_kernel[(5,)](
+        x, x.stride(0), 1, bad, 1, 0, y, 1, flag, 5, 37, BLOCK_N=64, ROWS=1
+    )
+    assert torch.isnan(y[2]) and torch.isfinite(y[[0, 1, 3, 4]]).all() and int(flag[0]) == 1
 
 
 def test_one_hot_reference_is_benchmarked_at_its_class_count(tmp_path):

@@ -405,3 +405,24 @@ def test_scan_tests_scale_their_tolerance_by_the_row(tmp_path, monkeypatch):
         tests._close(a.float(), b, tests.TOL[torch.float32], "a wrong element")
     for name in [m for m in sys.modules if m.split(".")[0] == "transmittance"]:
         del sys.modules[name]  # this test's package, not another's
+
+
+def test_looped_variance_is_one_pass_without_cancellation(tmp_path, monkeypatch):
+    """var over rows longer than a tile, one pass: each tile's mean and centered sum of squares
+    merged by Chan's update into the chunk's, the chunks' by the launcher. Rows around 1000 with
+    a spread of 0.01: E[x^2] - E[x]^2 in fp32 would lose the variance (1e-4 against 1e6), and an
+    update that merged counts or means wrongly would miss it by far more than the tolerance.
+    Odd lengths leave a short last tile and a short last chunk."""
+    mod, fn = _op(tmp_path, "var_last")
+    src = (tmp_path / "var_last" / "var_last.py").read_text()
+    assert "acc1 += q_t0 + e_t0 * e_t0 * cnt0 * w_t0" in src  # the one-pass update
+    tile = [(mod._LAST, mod.C(block_n=16, rows=1, num_warps=1))]
+    for k in ("fwd", "bwd"):
+        monkeypatch.setitem(mod.TABLE, k, {"default": tile})
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 16)
+    g = torch.Generator().manual_seed(5)
+    for n in (37, 301, 1000):  # one chunk of several tiles; several chunks
+        x = (1000.0 + 0.01 * torch.randn(3, 4, n, generator=g, dtype=torch.float64)).float()
+        want = x.double().var(dim=-1)  # of the fp32 values the kernel reads
+        got = fn(x.to(DEVICE)).double().cpu()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=0.0)

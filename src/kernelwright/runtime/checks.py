@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from kernelwright.runtime.device import interpreter_mode
-from kernelwright.runtime.index_kernels import targets_launch
+from kernelwright.runtime.index_kernels import flag_launch, targets_launch
 from kernelwright.runtime.launch import traced
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -128,3 +128,29 @@ def check_index_range(op: str, name: str, t: torch.Tensor, n: int) -> None:
             f"{op}: {where} = {int(t.reshape(-1)[i])} is outside [0, {n}): an index into a row "
             f"of {n} columns"
         )
+
+
+_FLAGS: dict[torch.device, torch.Tensor] = {}
+
+
+def index_flag(device: torch.device) -> torch.Tensor:
+    """The device's index flag, an int32 [1] that is 0 between launches: a kernel that reads an
+    index input sets it at an index outside the index's range, instead of a separate pass over
+    the index before the launch; `check_index_flag` then asserts on it and resets it."""
+    flag = _FLAGS.get(device)
+    if flag is None:
+        flag = _FLAGS[device] = torch.zeros((1,), dtype=torch.int32, device=device)
+    return flag
+
+
+def check_index_flag(flag: torch.Tensor, op: str, name: str, n: int) -> None:
+    """After a kernel that set `flag` (from `index_flag`) at an index outside [0, n): on a CUDA
+    device one launch reads it, resets it and stops the run with a device-side assert naming
+    `op` and `name` (no host sync, as `check_index_range`); elsewhere (the interpreter) a set
+    flag is reset and raises ValueError."""
+    msg = f"{op}: an index in '{name}' is outside [0, {n})"
+    if flag.device.type == "cuda":
+        flag_launch(flag, msg)
+    elif int(flag[0]):
+        flag.zero_()
+        raise ValueError(msg)

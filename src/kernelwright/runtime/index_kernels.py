@@ -1,5 +1,6 @@
 """One-program kernels for the small work around a kernel: an index tensor's range check (with
-the count of its entries other than an ignore index: a mean's denominator), and a vector's sum.
+the count of its entries other than an ignore index: a mean's denominator), a vector's sum, and
+the assert on a flag that a kernel reading an index sets at an index outside its range.
 
 The losses (ops/_loss.py) and the index checks of generated ops (runtime/checks.py) run them.
 Each is one program that walks its vector in fixed blocks, so the result does not depend on the
@@ -71,6 +72,21 @@ def _sum_rows_kernel(
     if HAS_INV:
         total = total * tl.load(inv_ptr)
     tl.store(out_ptr, total)
+
+
+@fast
+@triton.jit(debug=True)  # debug: the device-side assert is compiled in
+def _flag_kernel(flag_ptr, MSG: tl.constexpr):
+    # [1] int32: read, reset for the next launch, and stop the run when it was set
+    bad = tl.load(flag_ptr)
+    tl.store(flag_ptr, 0)
+    tl.device_assert(bad == 0, MSG)
+
+
+def flag_launch(flag, msg: str) -> None:
+    """One program: a device-side assert with `msg` when `flag` ([1] int32) is set; it is reset
+    either way (no host sync: the run stops at its next sync)."""
+    _flag_kernel[(1,)](flag, MSG=msg)
 
 
 def targets_launch(

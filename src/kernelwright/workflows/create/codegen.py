@@ -173,7 +173,10 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         )
     em = _Emitter(profile)
     out_kinds = _out_kinds(profile, em)
+    # the forward's one-tile kernel flags a one_hot's index outside the row as it reads it
+    em.index_flag = bool(onehot.checks(em))
     fwd_body, fwd_outs = em.forward_body()
+    em.index_flag = False
     has_bwd = any(n.op == "call_function" for n in profile.backward.nodes)
     st_kinds = em.stored_kinds()
     if profile.stored and not has_bwd:
@@ -206,6 +209,10 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
             except UnsupportedNode as e:  # rows up to BLOCK_N still run; longer ones raise
                 looped.append({"kind": kind, "unsupported": f"{e.node}: {e.reason}"})
             looped[-1]["walks"] = em.trailing and any(o["kind"] == "red" for o in kouts)
+            for k in looped[-1].get("parts", []):  # whether it loads a full tile of anything
+                k["full_reads"] = any(
+                    profile.inputs[i].broadcast != "row" for i, _ in k["ins"]
+                ) or any(out_kinds[d] == "full" for d in k["dys"])
         if not (len(looped) == 2 and looped[1].get("given")):
             looped[0]["keep"] = {}  # nothing the backward reads: the forward keeps nothing
     # the forward's looped launch keeps its row values for the backward's (`stats`)
@@ -247,9 +254,10 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
             for i, s in enumerate(profile.inputs)
             if s.broadcast == "row" and len(s.example_shape) == em.rank - len(em.block)
         ],  # fmt: skip
-        # per-row inputs (a temperature, a target index): a kernel without a reduction or scan
-        # over the row loads them once a row ([ROWS, 1]) and computes on them per row (one load
-        # and one evaluation of their arithmetic a row, not one a column)
+        # per-row inputs (a temperature, a target index): the kernels of trailing rows load them
+        # once a row ([ROWS, 1]) and compute on them per row (one load and one evaluation of
+        # their arithmetic a row, not one a column); a reduction's `where` on the row's mask
+        # broadcasts such a value over the row's columns, so it sums what a full tile would
         "row_ins": [i for i, s in enumerate(profile.inputs) if s.broadcast == "row"],
         "neutral": _NEUTRAL,
         "combine": staged.COMBINE,

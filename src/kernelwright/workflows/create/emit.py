@@ -74,6 +74,9 @@ class _Emitter:
         # set by pick.py while it emits a forward that reads one element per row: a gather is
         # then the value at the row's target column (`mask`: the row and its index are valid)
         self.picked = False
+        # set while the forward's one-tile kernel is emitted: a one_hot's index outside the row
+        # also sets the kernel's index flag (flag_ptr; runtime.checks.index_flag)
+        self.index_flag = False
 
     @property
     def shaped_ph(self) -> list[str]:
@@ -347,6 +350,9 @@ class _Emitter:
                 expr = code[0]
             elif n.target == ONE_HOT:  # the mask of the row's index column
                 expr = lower_one_hot(self, n, code)
+                if self.index_flag:
+                    bad = f"(({code[0]} < 0) | ({code[0]} >= N))"
+                    lines.append(f"tl.store(flag_ptr + {bad}.to(tl.int32) * 0, 1, mask={bad})")
             else:
                 expr = _lower(n, code, list(n.args), dict(n.kwargs), self.row)
             lines.append(f"{prefix}{n.name} = {expr}")

@@ -8,8 +8,9 @@ one launch of a partial kernel (a sum of exp(x - max) joins its max's launch, ke
 the running max: `_online`): every program walks its chunk in BLOCK_N tiles, recomputing the
 element-wise work from the inputs, and writes one fp32 partial per reduction; the launcher
 combines each row's partials in a fixed order (sum, max or min over the chunk axis, then the
-mean's division), so the result does not depend on scheduling. var_mean takes two levels — the
-mean, then the centered sum of squares — so there is no cancellation. A scan (cumsum) stores
+mean's division), so the result does not depend on scheduling. var_mean takes one pass: each
+tile's mean and centered sum of squares (the tile held in registers, so no cancellation) merge
+into the chunk's, and the chunks' into the row's, by Chan's pairwise update. A scan (cumsum) stores
 each tile's total; the launcher turns the totals into each tile's carry (an exclusive prefix,
 or suffix for a flipped row) and every later kernel scans its tile and adds the carry; a
 cumprod the same with products (the carry from the totals shifted by one tile, no division,
@@ -36,9 +37,9 @@ _COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.ami
             "aten.prod": "prod"}  # fmt: skip
 
 
-# the row values a forward's looped launch can hand to the backward: plain combines (a scan's
-# carries and an argmax's index partials are not kept)
-_GIVEN = ("sum", "max", "min", "prod")
+# the row values a forward's looped launch can hand to the backward: plain combines and an
+# argmax/argmin's column (its combined index; a scan's carries are not kept)
+_GIVEN = ("sum", "max", "min", "prod", "argmax", "argmin", "wmean", "wm2")
 
 
 def _reduce(op: str, tile: str) -> str:
@@ -155,14 +156,14 @@ def plan(
             level[it.var] = base + 1
             return
         if aten in ("aten.var_mean", "aten.var"):
+            # one pass: each tile's mean and centered sum of squares (two passes over the tile
+            # in registers: no cancellation), merged into the chunk's by Chan's update; the
+            # launcher merges the chunks' the same way (`wmean` then `wm2`, adjacent slots)
             corr = n.kwargs.get("correction", 1)
             corr = 1 if corr is None else corr
-            mean = Slot(f"{it.var}_1", "sum", arg, " / n", base + 1)
+            mean = Slot(f"{it.var}_1", "wmean", arg, "", base + 1)
             name = it.var if aten == "aten.var" else f"{it.var}_0"
-            var = Slot(
-                name, "sum", f"({arg} - {it.var}_1) * ({arg} - {it.var}_1)",
-                f" / (n - {float(corr)!r})", base + 2,
-            )  # fmt: skip
+            var = Slot(name, "wm2", arg, f" / (n - {float(corr)!r})", base + 1)
             owned[it.var] = [len(slots), len(slots) + 1]
             slots.extend([mean, var])
             level[mean.var], level[var.var] = mean.level, var.level
@@ -270,8 +271,11 @@ def plan(
                     f"tl.store(scan_ptr + ({s.scan} * M + rows) * TILES + tile, "
                     f"{_reduce(op, total)}, mask=rmask)"
                 )
-        for t, j in enumerate(j for j in mine if slots[j].op != "scan"):
-            lines += _accumulate(slots[j], t)
+        accs = [j for j in mine if slots[j].op != "scan"]
+        wmeans = [j for j in accs if slots[j].op == "wmean"]  # each keeps a shift after the rest
+        for t, j in enumerate(accs):
+            k_at = len(accs) + wmeans.index(j) if j in wmeans else -1
+            lines += _accumulate(slots[j], t, k_at)
         stages.append(Stage(k, mine, lines))
     final = body(needed(roots, None), None)
     kept = [(j, given[s.var]) for j, s in enumerate(slots) if s.level == 0 and given]
@@ -355,16 +359,42 @@ def _online_stage(k, mine, nxt, jm, online, slots, owned, by_var, needed, body) 
             f"+ {_reduce('sum', tile)}",
             f"acc{ts} = {shift} + tl.zeros([ROWS, 1], tl.float32)",
         ]
+    wmeans = [j for j in own if slots[j].op == "wmean"]  # each keeps a shift after the rest
     for j in own:
         if j == jm:
             continue
-        lines += _accumulate(slots[j], t_of[j])
+        k_at = len(own) + 2 * len(nxt) + wmeans.index(j) if j in wmeans else -1
+        lines += _accumulate(slots[j], t_of[j], k_at)
     lines.append(f"acc{tm} = {m.var}")
     return Stage(k, mine + nxt, lines, shifts=list(nxt), online_max=jm)
 
 
-def _accumulate(s: Slot, t: int) -> list[str]:
-    """The lines adding a tile's reduction to the chunk's accumulator acc{t}."""
+def _accumulate(s: Slot, t: int, k_at: int = -1) -> list[str]:
+    """The lines adding a tile's reduction to the chunk's accumulator acc{t} (a var_mean's mean
+    also keeps its shift in acc{k_at})."""
+    if s.op == "wm2":
+        return []  # merged with its mean (the slot before it)
+    if s.op == "wmean":
+        # Chan's update of (count, mean acc{t}, centered sum of squares acc{t+1}) by the tile's
+        # own (two passes over the tile in registers); the count is alike for every row. Values
+        # are taken relative to the chunk's shift acc{k_at}, its first tile's mean, so a row far
+        # from 0 keeps its spread's digits (the launcher adds the shift back, in fp64)
+        x = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), 0.0)"
+        u = t + 1
+        return [
+            f"n_t{t} = tl.minimum(N - start, BLOCK_N).to(tl.float32)",
+            "if start == chunk * CHUNK:  # the chunk's first tile: its mean is the shift",
+            f"    acc{k_at} = {_reduce('sum', x)} / n_t{t}",
+            f"d_t{t} = tl.where(mask, {s.arg} - acc{k_at}, 0.0)",
+            f"m_t{t} = {_reduce('sum', f'd_t{t}')} / n_t{t}",
+            f"d_t{t} = tl.where(mask, d_t{t} - m_t{t}, 0.0)",
+            f"q_t{t} = {_reduce('sum', f'd_t{t} * d_t{t}')}",
+            f"w_t{t} = n_t{t} / (cnt{t} + n_t{t})",
+            f"e_t{t} = m_t{t} - acc{t}",
+            f"acc{u} += q_t{t} + e_t{t} * e_t{t} * cnt{t} * w_t{t}",
+            f"acc{t} += e_t{t} * w_t{t}",
+            f"cnt{t} += n_t{t}",
+        ]
     base_op = s.op[3:] if s.op.startswith("arg") else s.op
     tile = f"tl.where(mask, {s.arg} + tl.zeros([ROWS, BLOCK_N], tl.float32), {_NEUTRAL[base_op]})"
     red = _reduce(base_op, tile)
@@ -395,7 +425,7 @@ def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
 # how the launcher combines a slot's partials over the chunk axis (arg slots: the chunk holding
 # the first extreme, read from the index partials)
 COMBINE = {"sum": "sum", "max": "amax", "min": "amin", "argmax": "argmax", "argmin": "argmin",
-           "prod": "prod"}  # fmt: skip
+           "prod": "prod", "wmean": "sum", "wm2": "sum"}  # fmt: skip
 
 
 def kernels(
@@ -430,7 +460,10 @@ def kernels(
         for j in st.slots:
             s = p.slots[j]
             info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse,
-                    "prod": s.target == "aten.cumprod.default", "neutral": s.op}  # fmt: skip
+                    "prod": s.target == "aten.cumprod.default",
+                    "neutral": "sum" if s.op in ("wmean", "wm2") else s.op}  # fmt: skip
+            if s.op == "wm2":  # merged by the launcher with its mean (the slot before it)
+                slots[-1][1]["m2"] = {"t": len(slots), "index": j, "post": s.post}
             if s.op == "scan":
                 scans.append((s.scan, info))
             else:
@@ -442,6 +475,11 @@ def kernels(
             slots[t][1]["online"] = (t_max, len(slots))
             slots.append((len(slots), {"var": f"the shift of {p.slots[j].var}", "op": "shift",
                                        "neutral": "max", "index": -1}))  # fmt: skip
+        # a var_mean's mean: its chunk's shift, one more partial (in _accumulate's order)
+        for info in [i for _, i in slots if i["op"] == "wmean"]:
+            info["shift"] = len(slots)
+            slots.append((len(slots), {"var": f"the shift of {info['var']}", "op": "wshift",
+                                       "neutral": "sum", "index": -1}))  # fmt: skip
         parts.append({"level": st.level, "lines": st.lines, "slots": slots, "scans": scans,
                       **reads(st.lines)})  # fmt: skip
     last_text = p.final + [o["value"] for o in outs]
@@ -455,7 +493,9 @@ def kernels(
         "n_slots": max(1, len(p.slots)),
         "max_slots": max(
             (
-                sum(1 for j in st.slots if p.slots[j].op != "scan") + len(st.shifts)
+                sum(1 for j in st.slots if p.slots[j].op != "scan")
+                + len(st.shifts)
+                + sum(1 for j in st.slots if p.slots[j].op == "wmean")
                 for st in p.stages
             ),
             default=1,
