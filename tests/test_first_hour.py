@@ -60,6 +60,50 @@ def test_ops_work_whatever_was_imported_first(first):
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
+class _Scope:
+    """The interpreter's patch scope, as far as `_patch_lang_tensor` uses it."""
+
+    def __init__(self):
+        self.changes = []
+
+    def set_attr(self, obj, name, value):
+        self.changes.append((obj, name, getattr(obj, name, None)))
+        setattr(obj, name, value)
+
+
+def _triton_36_patch(tensor, scope):
+    # Triton 3.6's scalar conversion: int() of the handle's 1-element array
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+
+def test_a_scalar_argument_is_a_loop_bound_under_any_numpy(monkeypatch):
+    """Triton before 3.7 turns a scalar argument (a 1-element array) into an int with
+    int(array), which NumPy 2.4 refuses: every kernel looping to a runtime bound failed under
+    the interpreter (a GPU machine's Triton 3.6 with NumPy 2.5, CUDA hidden). ensure_backend
+    wraps that patch where the installed Triton has it."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    from kernelwright.runtime import device
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", _triton_36_patch)
+    device.ensure_backend()
+    assert interpreter._patch_lang_tensor is not _triton_36_patch
+
+    class Handle:
+        data = np.array([7], dtype=np.int32)
+
+    class Tensor:
+        handle = Handle()
+
+    scope = _Scope()
+    interpreter._patch_lang_tensor(Tensor, scope)
+    assert range(0, Tensor(), 3) == range(0, 7, 3)
+    for obj, name, value in reversed(scope.changes):
+        setattr(obj, name, value)
+
+
 def test_a_created_package_works_on_its_own_after_triton(tmp_path):
     from kernelwright.workflows.create.codegen import write
     from kernelwright.workflows.create.run import understand_source

@@ -37,6 +37,40 @@ def ensure_backend() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     if interpreter_mode() and "triton.language" in sys.modules:
         _interpret_jit_calls()
+    if interpreter_mode():
+        _scalar_index()
+
+
+def _scalar_index() -> None:
+    """Let the interpreter use a scalar argument as a loop bound under NumPy 2.4 and later.
+
+    The interpreter holds a kernel's scalar arguments as 1-element arrays, and Triton before 3.7
+    converts one to an int with `int(array)`, which NumPy 2.4 refuses for an array of one
+    dimension: every kernel that loops to a runtime bound (`range(0, M, BLOCK)`) then fails
+    ("only 0-dimensional arrays can be converted to Python scalars"). Triton 3.7 converts the
+    array's single element; this does the same where the installed Triton does not.
+    """
+    import inspect
+
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "_kernelwright", False):
+        return
+    try:
+        fixed = "int(self.handle.data)" not in inspect.getsource(patch)
+    except (OSError, TypeError):
+        fixed = True
+    if fixed:
+        return
+
+    def _patch_lang_tensor(tensor, scope):
+        patch(tensor, scope)
+        # set after Triton's own: the scope restores its changes last-in first-out
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    _patch_lang_tensor._kernelwright = True
+    interpreter._patch_lang_tensor = _patch_lang_tensor
 
 
 def _interpret_jit_calls() -> None:
