@@ -1,7 +1,8 @@
 """Per-row one-hot cross-entropy: y[r] = -sum(one_hot(t[r]) * log_softmax(x[r])). Tier 2.
 
 one_hot's comparison with an arange (and, on the CPU, its range check) is folded into one node,
-lowered as the row's mask `cols == t[r]`; the generated function checks t once before the launch.
+lowered as the row's mask `cols == t[r]`; the forward kernel flags a t outside the row (on the CPU
+the generated function checks it before the launch).
 """
 
 import torch

@@ -13,9 +13,11 @@ match) and drops the range check's nodes; the check itself is not lost:
   `lower`), as the gather form of cross-entropy is lowered, and only where the one-hot's
   classes are the row (C equal to the last dim, the row); a row whose index lies outside
   [0, N) gets NaN everywhere, as the library's cross_entropy kernel gives such a row;
-- the generated function checks every such index input once before the launch, as the
-  library's cross_entropy does (runtime.checks.check_index_range: a ValueError naming the
-  first bad index on the CPU, a device-side assert on a GPU);
+- on a GPU the forward kernel flags such an index as it reads it, and one program after the
+  launch asserts on the flag (runtime.checks.index_flag / check_index_flag: a device-side
+  assert naming the op and the input; rows long enough for the looped kernels are checked
+  before them by check_index_range); on the CPU the generated function checks every such
+  index input before the launch (check_index_range: a ValueError naming the first bad index);
 - the eager reference calls `aten.one_hot` itself, which checks the range in PyTorch.
 """
 
