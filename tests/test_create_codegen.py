@@ -319,3 +319,35 @@ def test_per_row_inputs_load_once_a_row():
     ce = kernels("cross_entropy_one_hot")
     for name in ("_cross_entropy_one_hot_fwd_kernel", "_cross_entropy_one_hot_bwd_kernel"):
         assert "axis=" in ce[name] and "in1_sc" not in ce[name].split("):  # fmt: skip")[1]
+
+
+def test_generated_tests_allow_random_inputs_exactly_on_a_kink(tmp_path, monkeypatch):
+    """At a few hundred million fp32 draws some land exactly on hardtanh's kinks, where the traced
+    backward graph (torch.compile's convention, the kernel's) and eager autograd take different
+    one-sided derivatives: the generated test's graph-vs-autograd check allows one element in
+    2^20 to differ there; a derivative wrong everywhere still fails it."""
+    import importlib
+    import sys
+
+    from kernelwright.workflows.create import understand
+    from kernelwright.workflows.create.codegen import write
+
+    write(understand(str(CORPUS / "hardtanh.py")), tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    test = importlib.import_module("hardtanh.test_hardtanh")
+    inputs = test._inputs
+
+    def on_the_kinks(shape, dtype, *args, **kwargs):
+        xs = inputs(shape, dtype, *args, **kwargs)
+        with torch.no_grad():
+            xs[0].view(-1)[0] = 2.0  # the reference's max_val
+        return xs
+
+    monkeypatch.setattr(test, "_inputs", on_the_kinks)
+    test._check((1024, 1024), torch.float32, True)  # one kink in 2^20 elements: allowed
+    ref = test.hardtanh_ref  # the same values, no derivative: autograd's gradient is all 0
+    monkeypatch.setattr(test, "hardtanh_ref", lambda x, *a: ref(x, *a).detach() + 0 * x)
+    with pytest.raises(AssertionError, match="backward graph vs autograd"):
+        test._check((64, 64), torch.float32, True)
+    for name in [m for m in sys.modules if m == "hardtanh" or m.startswith("hardtanh.")]:
+        del sys.modules[name]
