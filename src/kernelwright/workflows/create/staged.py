@@ -37,8 +37,8 @@ _COMBINE = {"aten.sum": "sum", "aten.mean": "sum", "aten.amax": "max", "aten.ami
             "aten.prod": "prod"}  # fmt: skip
 
 
-# the row values a forward's looped launch can hand to the backward: plain combines and an
-# argmax/argmin's column (its combined index; a scan's carries are not kept)
+# the row values a forward's looped launch can hand to the backward: plain combines, a
+# var_mean's mean and variance, an argmax/argmin's column (a scan's carries are not kept)
 _GIVEN = ("sum", "max", "min", "prod", "argmax", "argmin", "wmean", "wm2")
 
 
