@@ -77,7 +77,7 @@ def _triton_36_patch(tensor, scope):
 
 
 def test_a_scalar_argument_is_a_loop_bound_under_any_numpy(monkeypatch):
-    """Triton before 3.7 turns a scalar argument (a 1-element array) into an int with
+    """Triton 3.6 turns a scalar argument (a 1-element array) into an int with
     int(array), which NumPy 2.4 refuses: every kernel looping to a runtime bound failed under
     the interpreter (a GPU machine's Triton 3.6 with NumPy 2.5, CUDA hidden). ensure_backend
     wraps that patch where the installed Triton has it."""

@@ -42,13 +42,13 @@ def ensure_backend() -> None:
 
 
 def _scalar_index() -> None:
-    """Let the interpreter use a scalar argument as a loop bound under NumPy 2.4 and later.
+    """Let the interpreter use a scalar argument as a loop bound under any NumPy.
 
-    The interpreter holds a kernel's scalar arguments as 1-element arrays, and Triton before 3.7
-    converts one to an int with `int(array)`, which NumPy 2.4 refuses for an array of one
-    dimension: every kernel that loops to a runtime bound (`range(0, M, BLOCK)`) then fails
-    ("only 0-dimensional arrays can be converted to Python scalars"). Triton 3.7 converts the
-    array's single element; this does the same where the installed Triton does not.
+    The interpreter holds a kernel's scalar arguments as 1-element arrays. Where its Triton
+    converts one to an int with `int(array)`, a NumPy that refuses that for an array of one
+    dimension makes every kernel that loops to a runtime bound (`range(0, M, BLOCK)`) fail
+    ("only 0-dimensional arrays can be converted to Python scalars"). This converts the array's
+    single element instead, as Triton itself does where it has no such `int(array)`.
     """
     import inspect
 
