@@ -81,9 +81,9 @@ def _swiglu_dgate_saturated():
     # dgate = 0 where |gate| > SATURATE (lanes taken as saturated): at initialisation almost no
     # gate is that large; training grows them.
     def wrap(original):
-        def launch(activation, dc, a, b, da, db, config=None):
+        def launch(activation, dc, a, b, da, db, config=None, **kw):
             big = a.abs() > SATURATE if activation == "silu" and b is not None else None
-            original(activation, dc, a, b, da, db, config)  # da may be written over a
+            original(activation, dc, a, b, da, db, config, **kw)  # da may be written over a
             if big is not None:
                 da.masked_fill_(big, 0.0)
 
