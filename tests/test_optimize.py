@@ -437,3 +437,18 @@ def test_sweep_steps_the_l2_flags_where_rows_are_walked_twice(tmp_path):
         assert not any(flag in r["config"] for r in fused + split)
     kept = [r["config"] for r in looped if r["kept"] == "True"]
     assert len(kept) == 1 and "evict_hints" in kept[0] and "reverse_pass" in kept[0]
+
+
+def test_smoke_shapes_cap_the_elements_but_keep_an_odd_row_count():
+    # under the interpreter a 600,000-column row costs seconds: fewer rows there, never under
+    # 3 and always odd (a partial last block of rows); short rows keep the full count
+    from kernelwright.bench import SPECS
+    from kernelwright.workflows.optimize.measure import Point, smoke_shapes
+
+    spec = SPECS["softmax"]
+    points = [Point("n", n, {"rows": 2, "n": n}, f"2x{n}") for n in (5000, 70000, 600000)]
+    full = smoke_shapes(spec, points, rows=37)
+    assert [s["rows"] for s in full] == [37, 37, 37]
+    capped = smoke_shapes(spec, points, rows=37, max_elements=1 << 19)
+    assert [s["n"] for s in capped] == [5000, 70000, 600000]
+    assert [s["rows"] for s in capped] == [37, 7, 3]

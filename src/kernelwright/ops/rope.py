@@ -127,7 +127,7 @@ def _plan(kernel, q_shape, q_stride, k_shape, k_stride, qo_stride, ko_stride, co
         BLOCK_HK=min(heads, next_pow2(max(HK, 1))),
         BLOCK_R=next_pow2(R // 2),  # rotated pairs, padded
         BLOCK_P=next_pow2(D - R) if D > R else 1,
-        ROWS=cfg.rows, IS_BACKWARD=kernel == "bwd",
+        ROWS=cfg.rows, BLOCK_T=next_pow2(cfg.rows), IS_BACKWARD=kernel == "bwd",
         # DEINTERLEAVE reads interleaved pairs and writes half-split ones; its backward reads
         # the gradient half-split and writes it interleaved
         X_INTERLEAVED=pairing == INTERLEAVED or (pairing == DEINTERLEAVE and kernel == "fwd"),

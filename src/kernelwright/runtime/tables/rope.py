@@ -31,14 +31,14 @@ TABLE = {
         "default": _ROWS,
         # Under the interpreter every program instance costs milliseconds: few, wide programs.
         "interpreter": [
-            (_LAST, C(block_n=2**16, rows=8)),
+            (_LAST, C(block_n=2**16, rows=32)),
         ],
     },
     # The same kernel on the gradients (the inverse rotation), so the same tiles.
     "bwd": {
         "default": _ROWS,
         "interpreter": [
-            (_LAST, C(block_n=2**16, rows=8)),
+            (_LAST, C(block_n=2**16, rows=32)),
         ],
     },
 }

@@ -133,10 +133,12 @@ def measure_rows(setup: Setup, rows: ArchRows, progress: Progress, tag: str) -> 
 
 def run_smoke(setup: Setup, rows: ArchRows, *, first_only: bool = False) -> tuple[bool, str]:
     """The smoke test with `rows` installed; `first_only`: the shortest row length alone."""
-    # small row counts: the interpreter costs ms per program; on the GPU a few hundred rows
-    # still give several row blocks per program
-    m = 37 if setup.device.type != "cuda" else 263
-    shapes = smoke_shapes(setup.spec, setup.points, rows=m)
+    # small row counts: the interpreter costs ms per program and seconds per row of a few
+    # hundred thousand elements; on the GPU a few hundred rows still give several row blocks
+    # per program
+    on_gpu = setup.device.type == "cuda"
+    m = 263 if on_gpu else 37
+    shapes = smoke_shapes(setup.spec, setup.points, rows=m, max_elements=None if on_gpu else 1 << 19)
     if first_only:
         last = setup.spec.dims[-1]
         shapes = [min(shapes, key=lambda s: s[last])]

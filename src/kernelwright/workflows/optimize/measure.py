@@ -185,9 +185,12 @@ def timing_of(row: BenchRow) -> Timing:
 # --------------------------------------------------------------------------- smoke test
 
 
-def smoke_shapes(spec: BenchSpec, points: Sequence[Point], *, rows: int) -> list[dict[str, int]]:
+def smoke_shapes(
+    spec: BenchSpec, points: Sequence[Point], *, rows: int, max_elements: int | None = None
+) -> list[dict[str, int]]:
     """One small shape per distinct row length of the run: every measured table regime is
-    exercised, with an odd row count (a partial last block of rows)."""
+    exercised, with an odd row count (a partial last block of rows). max_elements: fewer rows
+    where `rows` of them would hold more elements (never under 3)."""
     last = spec.dims[-1]
     out, seen = [], set()
     for p in points:
@@ -195,8 +198,9 @@ def smoke_shapes(spec: BenchSpec, points: Sequence[Point], *, rows: int) -> list
         if n in seen:
             continue
         seen.add(n)
+        m = rows if max_elements is None else max(3, min(rows, max_elements // max(n, 1)))
         small = {d: 1 for d in spec.dims[:-1]}
-        small[spec.dims[0]] = rows
+        small[spec.dims[0]] = m | 1  # odd
         small[last] = n
         out.append(small)
     return out
