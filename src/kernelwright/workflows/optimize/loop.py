@@ -137,8 +137,8 @@ def run_smoke(setup: Setup, rows: ArchRows, *, first_only: bool = False) -> tupl
     # hundred thousand elements; on the GPU a few hundred rows still give several row blocks
     # per program
     on_gpu = setup.device.type == "cuda"
-    m = 263 if on_gpu else 37
-    shapes = smoke_shapes(setup.spec, setup.points, rows=m, max_elements=None if on_gpu else 1 << 19)
+    cap = None if on_gpu else 1 << 19
+    shapes = smoke_shapes(setup.spec, setup.points, rows=263 if on_gpu else 37, max_elements=cap)
     if first_only:
         last = setup.spec.dims[-1]
         shapes = [min(shapes, key=lambda s: s[last])]
