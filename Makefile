@@ -14,7 +14,7 @@ TRITON := triton==3.9.0
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 OUT ?= benchmarks/results/latest
 
-.PHONY: demo test lint format gpu-check gpu-test gpu-bench gpu-multi gpu-sweep bench clean
+.PHONY: demo test test-all lint format gpu-check gpu-test gpu-bench gpu-multi gpu-sweep bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,14 @@ demo: $(STAMP)
 # The CPU test suite, through Triton's interpreter (also on machines that have a GPU), on two
 # workers, each test file whole on one (test_create_library writes into the checkout).
 # `make test TEST_ARGS=` runs it in one process; `TEST_ARGS="-n auto --dist loadfile"` on more.
+# `test` leaves out the tests marked slow (breadth past one representative case: the other
+# architectures' tiny convergence runs, the other generated-kernel families, each op's Hopper
+# compile); `test-all` runs them too, as the GPU suite does.
 TEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow" $(TEST_ARGS)
+
+test-all: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(TEST_ARGS)
 
 lint: $(STAMP)

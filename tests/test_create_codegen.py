@@ -118,7 +118,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# one element-wise kernel, one row kernel with a per-feature parameter, one with two row
+# reductions in `make test`; the other families are marked slow (`make test-all`, the GPU suite)
+FAMILIES = ("relu_sq", "rmsnorm_gen", "softmax_gen")
+
+
+@pytest.mark.parametrize(
+    "case", [c if c in FAMILIES else pytest.param(c, marks=pytest.mark.slow) for c in sorted(CASES)]
+)
 def test_generated_kernel_passes_its_tests(case, tmp_path):
     from kernelwright.workflows.create.verify import verify
 

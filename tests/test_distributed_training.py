@@ -22,6 +22,7 @@ CASES = [
     ("qwen3", "fsdp2", False, True),
 ]
 STEPS = 3
+_PROFILES: dict = {}  # in each rank: one analysis per model type, the later cases patch from it
 
 
 def _build(model_type: str, patched: bool, lora: bool, ckpt: bool):
@@ -41,10 +42,11 @@ def _build(model_type: str, patched: bool, lora: bool, ckpt: bool):
             if "lora_B" in name:
                 torch.nn.init.normal_(p, std=0.1)
     if patched:
-        kernelwright.patch(model)
+        kernelwright.patch(model, _PROFILES.get(model_type))
         from kernelwright.integrations.transformers import patch_record
 
         record = patch_record(model)
+        _PROFILES.setdefault(model_type, record.profile)
         kinds = {m.kind for m in record.modules}
         assert {"norm", "mlp", "causal_lm"} <= kinds, record.patched()  # not a vacuous patch
     if ckpt:

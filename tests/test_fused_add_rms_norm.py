@@ -587,6 +587,7 @@ def test_torch_compile_fullgraph():
             assert rel_norm_error(a, b) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 def test_kernels_compile_for_hopper(monkeypatch):
     # The interpreter runs code the GPU compiler rejects: compile every "default" config, every

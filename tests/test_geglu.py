@@ -414,6 +414,7 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
 # --------------------------------------------------------------------------- GPU compilation
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 def test_kernels_compile_for_hopper():
     # The interpreter accepts code the GPU compiler rejects: compile every "default" config of

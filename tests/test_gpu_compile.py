@@ -68,6 +68,7 @@ def test_rms_norm_kernels_compile_for_hopper(monkeypatch):
     assert any(r.launch.name == "_norm_dw_kernel" for r in few)
 
 
+@pytest.mark.slow
 def test_swiglu_kernels_compile_for_hopper():
     def run():
         for kernel in ("fwd", "bwd"):
@@ -85,6 +86,7 @@ def test_swiglu_kernels_compile_for_hopper():
     assert len(results) >= 8
 
 
+@pytest.mark.slow
 def test_rope_kernels_compile_for_hopper():
     # Head configs landing in each table row (keyed by (heads + kv_heads) * head_dim: 384,
     # 2560, 5120, and 17408, Llama-3.1-405B's, several head tiles per token), both pairings,
@@ -110,6 +112,7 @@ def test_rope_kernels_compile_for_hopper():
     assert len(results) >= 32
 
 
+@pytest.mark.slow
 def test_two_pass_kernels_compile_with_their_l2_flags():
     # softmax's looped kernels and cross-entropy's forward with every L2 flag setting: the
     # eviction policies are constexpr strings the interpreter ignores, the GPU compiler does not
@@ -131,6 +134,7 @@ def test_two_pass_kernels_compile_with_their_l2_flags():
     assert len(results) == 3 * len(flags)
 
 
+@pytest.mark.slow
 def test_split_row_kernels_compile_for_hopper(monkeypatch):
     # softmax's split rows in their waiting form (PHASE 0, which the interpreter never runs),
     # their exchange in the output (and its words kernels; the backward's counter prefetched,
@@ -164,6 +168,7 @@ def test_split_row_kernels_compile_for_hopper(monkeypatch):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_timers_l2_reset_kernels_compile_for_hopper():
     # bench/_l2's kernels: an evict_last read and inline PTX (applypriority), which the
     # interpreter cannot run, so their launches are described here rather than captured.

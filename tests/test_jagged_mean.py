@@ -333,6 +333,7 @@ def test_torch_compile_fullgraph(device):
 # --------------------------------------------------------------------------- sm_90 compile
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 def test_kernels_compile_for_hopper():
     # Every "default" config of both kernels, bf16 with int64 offsets and fp32 with int32.

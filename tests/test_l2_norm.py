@@ -135,6 +135,7 @@ def test_harness_catches_a_wrong_kernel(device, monkeypatch):
     assert not report.ok and report.rows[0].error == math.inf, report.table()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 def test_kernels_compile_for_hopper():
     # The GPU configs of both kernels, bf16 and fp32, compiled for sm_90 (no GPU needed).

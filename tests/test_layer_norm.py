@@ -491,6 +491,7 @@ def test_output_can_be_modified_in_place():
     assert rel_norm_error(x.grad, xr.grad) < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 def test_kernels_compile_for_hopper(monkeypatch):
     # Every "default" table config, with and without weight/bias, compiles for sm_90.

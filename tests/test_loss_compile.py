@@ -62,6 +62,7 @@ def _fwd(cfg, V, dtype, combo, target_dtype):
     )
 
 
+@pytest.mark.slow
 def test_cross_entropy_kernels_compile_for_hopper():
     cases = _cases()
 

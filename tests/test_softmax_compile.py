@@ -15,6 +15,7 @@ from kernelwright.testing.gpu_compile import check_compiles
 pytestmark = pytest.mark.skipif(ON_GPU, reason="the GPU run compiles these for real")
 
 
+@pytest.mark.slow
 def test_softmax_kernels_compile_for_hopper(monkeypatch):
     # The split rows as on a GPU (their waiting form, the counter prefetch where the table's
     # row asks for it): recorded only, nothing runs.

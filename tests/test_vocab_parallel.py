@@ -533,6 +533,7 @@ def test_slice_kernels_equal_the_unsplit_loss(name):
         assert (grad[4, 23:] == 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run compiles these for real")
 def test_slice_kernels_compile_for_hopper():
     # The tables' GPU configs with every option on (bf16 logits, in place), then with none and
