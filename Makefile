@@ -41,13 +41,15 @@ demo: $(STAMP)
 # `make test TEST_ARGS=` runs it in one process; `TEST_ARGS="-n auto --dist loadfile"` on more.
 # `test` leaves out the tests marked slow (breadth past one representative case: the other
 # architectures' tiny convergence runs, the other generated-kernel families, each op's Hopper
-# compile); `test-all` runs them too, as the GPU suite does.
+# compile); `test-all` runs them too, as the GPU suite does. One OpenMP thread a worker: the
+# workers already fill the cores, and torch's idle threads spin on them.
 TEST_ARGS ?= -n 2 --dist loadfile
+TEST_ENV := TRITON_INTERPRET=1 OMP_NUM_THREADS=1
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow" $(TEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m "not slow" $(TEST_ARGS)
 
 test-all: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(TEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(TEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests && $(BIN)/ruff format --check src tests
