@@ -133,9 +133,9 @@ def measure_rows(setup: Setup, rows: ArchRows, progress: Progress, tag: str) -> 
 
 def run_smoke(setup: Setup, rows: ArchRows, *, first_only: bool = False) -> tuple[bool, str]:
     """The smoke test with `rows` installed; `first_only`: the shortest row length alone."""
-    # small row counts: the interpreter costs ms per program and seconds per row of a few
-    # hundred thousand elements; on the GPU a few hundred rows still give several row blocks
-    # per program
+    # small row counts: the interpreter runs every program, and every tile of a long row, one
+    # op at a time, so its shapes are capped in elements; on the GPU a few hundred rows still
+    # give several row blocks per program
     on_gpu = setup.device.type == "cuda"
     cap = None if on_gpu else 1 << 19
     shapes = smoke_shapes(setup.spec, setup.points, rows=263 if on_gpu else 37, max_elements=cap)
