@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from conftest import ON_GPU
 
 from kernelwright.runtime import LaunchConfig, device_info, lookup
@@ -94,3 +96,39 @@ def test_rows_view_keeps_row_strides_and_copies_only_when_needed():
     assert t.is_contiguous() and torch.equal(t, base.t())
     assert rows_view("op", "x", torch.randn(2, 3, 5)).shape == (6, 5)
     assert rows_view("op", "x", torch.randn(2, 3, 0)).shape == (6, 0)
+
+
+@triton.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton.jit
+def _helper_calls_kernel(x_ptr, out_ptr, CALLS: tl.constexpr):
+    offs = tl.arange(0, 16)
+    x = tl.load(x_ptr + offs)
+    for _ in tl.static_range(CALLS):
+        x = _twice(x)
+    tl.store(out_ptr + offs, x)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's language patch: the CPU suite runs it")
+def test_helper_calls_reuse_the_launchs_language_patch(monkeypatch):
+    """A kernel that calls a jitted helper eight times patches triton.language as often as one
+    that calls it once (once for the launch), computes the same, and leaves tl as it was."""
+    from triton.runtime import interpreter
+
+    scans = []
+    builtin = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda *a: scans.append(1) or builtin(*a))
+    exp = tl.exp
+    x = torch.randn(16)
+    counts = {}
+    for calls in (1, 8):
+        out = torch.full_like(x, float("nan"))
+        scans.clear()
+        _helper_calls_kernel[(1,)](x, out, CALLS=calls)
+        counts[calls] = len(scans)
+        torch.testing.assert_close(out, x * 2.0**calls)
+    assert counts[8] == counts[1] > 0
+    assert tl.exp is exp

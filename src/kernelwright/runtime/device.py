@@ -39,6 +39,7 @@ def ensure_backend() -> None:
         _interpret_jit_calls()
     if interpreter_mode():
         _scalar_index()
+        _patch_lang_once_a_launch()
 
 
 def _scalar_index() -> None:
@@ -71,6 +72,59 @@ def _scalar_index() -> None:
 
     _patch_lang_tensor._kernelwright = True
     interpreter._patch_lang_tensor = _patch_lang_tensor
+
+
+def _patch_lang_once_a_launch() -> None:
+    """Let a device-function call reuse the language patch of the launch that runs it.
+
+    The interpreter swaps `triton.language`'s builtins for interpreted ones when a kernel is
+    launched, and again at every call of a `@triton.jit` helper inside it, scanning every member
+    of the language modules each time: most of the time of a kernel built from helpers. The
+    patch is the same each time, so within one launch a helper whose language modules are
+    already patched skips it; one that sees a module the launch has not patched yet patches it
+    as before. The launch's own patch and its restore at the end are untouched.
+    """
+    import inspect
+    import threading
+
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    scope_type = getattr(interpreter, "_LangPatchScope", None)
+    if patch is None or executor is None or scope_type is None:
+        return  # another Triton's interpreter: left as it is
+    if getattr(patch, "_kernelwright", False):
+        return
+    launch_call = executor.__call__
+    running = threading.local()  # .langs: the language modules the running launch patched
+    seen: dict = {}  # a jitted function -> the language modules its globals hold
+
+    def _patch_lang(fn):
+        langs = seen.get(fn)
+        if langs is None:
+            mods = (v for v in fn.__globals__.values() if inspect.ismodule(v))
+            langs = seen[fn] = frozenset(id(m) for m in mods if m is tl or m is tl.core)
+        patched = getattr(running, "langs", None)
+        if patched is not None and langs and langs <= patched:
+            return scope_type()  # nothing to patch: an empty scope restores nothing
+        scope = patch(fn)
+        if patched is not None:
+            patched |= langs
+        return scope
+
+    def __call__(self, *args, **kwargs):
+        outer = getattr(running, "langs", None)
+        running.langs = set()
+        try:
+            return launch_call(self, *args, **kwargs)
+        finally:
+            running.langs = outer
+
+    _patch_lang._kernelwright = True
+    interpreter._patch_lang = _patch_lang
+    executor.__call__ = __call__
 
 
 def _interpret_jit_calls() -> None:
