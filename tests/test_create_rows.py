@@ -348,15 +348,16 @@ def test_a_gather_of_an_elementwise_expression_is_picked(tmp_path):
     _check(fn, ref, [x, w, s, idx])
 
 
-def test_a_loss_over_every_element_splits_its_single_row_wider(tmp_path):
-    """A loss reducing every element is one row: the looped kernels spread it over eight
-    programs per SM (no other row's loads hide the latency); rows of many take four."""
+def test_looped_rows_split_over_sixteen_programs_per_sm(tmp_path):
+    """The looped kernels cut rows into chunks, about sixteen programs per SM in all (each has
+    one tile's loads in flight): a loss reducing every element is one row and takes all of
+    them, two rows take half each."""
     mod, fn = _op(tmp_path, "mse_loss")
     sms = mod._sm_count(torch.device(DEVICE))
     n = 64 * sms * mod.LOOP_BLOCK  # enough tiles for any split
     chunk, chunks = mod._chunks(1, n, torch.device(DEVICE))
-    assert chunks == 8 * sms and chunk * chunks >= n
-    assert mod._chunks(2, n, torch.device(DEVICE))[1] == 2 * sms  # four per SM over two rows
+    assert chunks == 16 * sms and chunk * chunks >= n
+    assert mod._chunks(2, n, torch.device(DEVICE))[1] == 8 * sms
     g = torch.Generator().manual_seed(3)
     a, b = (torch.randn(3, 5, 700, generator=g) for _ in range(2))
     _check(fn, torch.nn.functional.mse_loss, [a, b])  # still the reference's value
