@@ -132,3 +132,28 @@ def test_helper_calls_reuse_the_launchs_language_patch(monkeypatch):
         torch.testing.assert_close(out, x * 2.0**calls)
     assert counts[8] == counts[1] > 0
     assert tl.exp is exp
+
+
+@triton.jit
+def _int_add_kernel(a_ptr, b_ptr, out_ptr):
+    offs = tl.arange(0, 4)
+    tl.store(out_ptr + offs, tl.load(a_ptr + offs) + tl.load(b_ptr + offs))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's overflow checks: the CPU suite runs it")
+def test_int32_math_skips_the_overflow_checks_the_interpreter_never_reports(monkeypatch):
+    """Without debug the interpreter drops device asserts, so its int32 overflow checks are work
+    never reported: none is made, and an overflowing add wraps as before."""
+    from triton.language.semantic import TritonSemantic
+
+    asserts = []
+    device_assert = TritonSemantic.device_assert
+    monkeypatch.setattr(
+        TritonSemantic, "device_assert", lambda *a: asserts.append(1) or device_assert(*a)
+    )
+    a = torch.tensor([2**31 - 1, 5, -7, 0], dtype=torch.int32)
+    b = torch.tensor([1, 6, 7, -(2**31)], dtype=torch.int32)
+    out = torch.full_like(a, 99)
+    _int_add_kernel[(1,)](a, b, out)
+    assert out.tolist() == [-(2**31), 11, 0, -(2**31)]
+    assert asserts == []

@@ -40,6 +40,7 @@ def ensure_backend() -> None:
     if interpreter_mode():
         _scalar_index()
         _patch_lang_once_a_launch()
+        _skip_unreported_overflow_checks()
 
 
 def _scalar_index() -> None:
@@ -125,6 +126,37 @@ def _patch_lang_once_a_launch() -> None:
     _patch_lang._kernelwright = True
     interpreter._patch_lang = _patch_lang
     executor.__call__ = __call__
+
+
+def _skip_unreported_overflow_checks() -> None:
+    """Skip the interpreter's int32 overflow checks when it could never report one.
+
+    With `sanitize_overflow` set (its default), every integer add, sub and mul in an interpreted
+    kernel is redone in int64 and compared with the int32 range, and the result goes to
+    `device_assert`, which the interpreter drops unless its options say `debug` (off by
+    default): the work is done and never reported. Where the installed Triton drops it so, the
+    checks are turned off; with `debug` on they are kept.
+    """
+    import dataclasses
+    import inspect
+
+    from triton.language.semantic import TritonSemantic
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not dataclasses.is_dataclass(options) or not getattr(options, "sanitize_overflow", False):
+        return
+    if getattr(options, "debug", True):
+        return
+    try:
+        dropped = "if not self.builder.options.debug:" in inspect.getsource(
+            TritonSemantic.device_assert
+        )
+    except (OSError, TypeError, AttributeError):
+        dropped = False
+    if dropped:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def _interpret_jit_calls() -> None:
