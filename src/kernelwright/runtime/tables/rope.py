@@ -11,13 +11,12 @@ from kernelwright.runtime.launch import LaunchConfig as C
 
 _LAST = 2**31 - 1
 
-# "default" rows: swept on an H200 (bf16, q/k as HF's transposed views, B = 1). Keys are the
-# models' (heads + kv_heads) * head_dim: 2560 Llama-3.2-1B, 4096 Qwen2.5-7B, 5120 Llama-3-8B,
-# 6144 Gemma-2-9B, 17408 Llama-3.1-405B. One token per program wins above 1024 elements; at
-# 1024 and under (Qwen2.5-0.5B, SmolLM), two positions a program fill the tile better than one
-# or four. The kernel issues every load before its stores when one tile holds all heads of q and
-# one all of k, so the tiles that do (block_n >= next_pow2(heads) * next_pow2(head_dim)) beat
-# the per-tile loop.
+# "default" rows (bf16, q/k as HF's transposed views), keyed by the models' (heads + kv_heads) *
+# head_dim: 2560 Llama-3.2-1B, 4096 Qwen2.5-7B, 5120 Llama-3-8B, 6144 Gemma-2-9B, 17408
+# Llama-3.1-405B. Above 1024 elements one token position is a program's work; at 1024 and under
+# (Qwen2.5-0.5B, SmolLM) a program takes two positions, so that its tile is not mostly empty.
+# Tiles that hold all heads of q and all of k (block_n >= next_pow2(heads) * next_pow2(head_dim))
+# let the kernel issue every load before its stores instead of one tile's latency at a time.
 _ROWS = [
     (1024, C(block_n=1024, rows=2, num_warps=4)),
     (2560, C(block_n=8192, rows=1, num_warps=4)),
