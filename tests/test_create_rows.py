@@ -427,3 +427,29 @@ def test_looped_variance_is_one_pass_without_cancellation(tmp_path, monkeypatch)
         want = x.double().var(dim=-1)  # of the fp32 values the kernel reads
         got = fn(x.to(DEVICE)).double().cpu()
         torch.testing.assert_close(got, want, rtol=1e-3, atol=0.0)
+
+
+def test_an_eager_call_broadcasts_its_shapes_without_torch(tmp_path, monkeypatch):
+    # torch.broadcast_shapes checks each size symbolically, tens to hundreds of µs a call: the
+    # generated forward broadcasts concrete shapes in plain ints
+    body = """
+        import torch
+
+        def rows_bcast(x, w):
+            return torch.softmax(x * w, dim=-1)
+
+        def get_inputs():
+            return [torch.randn(4, 16), torch.randn(16)]
+    """
+    mod, fn = _op(tmp_path, "rows_bcast", body)
+
+    def refuse(*shapes):
+        raise AssertionError("torch.broadcast_shapes called in an eager forward")
+
+    x, w = torch.randn(5, 24), torch.randn(24)
+    want = torch.softmax(x * w, dim=-1)
+    monkeypatch.setattr(torch, "broadcast_shapes", refuse)
+    got = fn(x.to(DEVICE), w.to(DEVICE))
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="do not broadcast"):
+        fn(x.to(DEVICE), torch.randn(23).to(DEVICE))

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import random
 import subprocess
 import sys
 
@@ -157,3 +158,20 @@ def test_int32_math_skips_the_overflow_checks_the_interpreter_never_reports(monk
     _int_add_kernel[(1,)](a, b, out)
     assert out.tolist() == [-(2**31), 11, 0, -(2**31)]
     assert asserts == []
+
+
+def test_broadcast_shape_matches_torch_and_refuses_what_it_refuses():
+    from kernelwright.runtime.launch import broadcast_shape
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        shapes = [tuple(rng.choice([0, 1, 2, 3]) for _ in range(rng.randint(0, 4)))
+                  for _ in range(rng.randint(1, 3))]  # fmt: skip
+        try:
+            want = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match="do not broadcast"):
+                broadcast_shape(shapes)
+            continue
+        got = broadcast_shape(shapes)
+        assert got == want and type(got) is torch.Size, shapes

@@ -39,6 +39,29 @@ def traced(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or type(t) not in _EAGER_TYPES
 
 
+def broadcast_shape(shapes) -> torch.Size:
+    """torch.broadcast_shapes for an eager call's concrete shapes, in plain ints: the torch
+    function checks each size symbolically (tens to hundreds of µs a call, more than the launch
+    it precedes). While a graph is traced the torch function runs, sizes may be symbolic."""
+    shapes = list(shapes)
+    if torch.compiler.is_compiling():
+        return torch.broadcast_shapes(*shapes)
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return torch.Size(first)
+    out = [1] * max(len(s) for s in shapes)
+    for s in shapes:
+        for i, d in enumerate(s, len(out) - len(s)):
+            if d != 1 and d != out[i]:
+                if out[i] != 1:
+                    raise RuntimeError(
+                        f"shapes {[tuple(s) for s in shapes]} do not broadcast: size {d} "
+                        f"against {out[i]} at dim {i}"
+                    )
+                out[i] = d
+    return torch.Size(out)
+
+
 class PlanCache(dict):
     """Launch plans (grid, integer arguments, constexprs) memoized by a key of everything they
     are derived from: the call's sizes, strides, dtypes, device and options. A hit costs one

@@ -260,7 +260,6 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         # broadcasts such a value over the row's columns, so it sums what a full tile would
         "row_ins": [i for i, s in enumerate(profile.inputs) if s.broadcast == "row"],
         "neutral": _NEUTRAL,
-        "combine": staged.COMBINE,
         "classic": em.classic,
         "trailing": em.trailing,
         # a row of other dims than the trailing ones: read in place as [A, N, B] (slab.py.j2)

@@ -422,12 +422,6 @@ def _owner(slot_var: str, owned: dict[str, list[int]]) -> str:
     return slot_var.rsplit("_", 1)[0]
 
 
-# how the launcher combines a slot's partials over the chunk axis (arg slots: the chunk holding
-# the first extreme, read from the index partials)
-COMBINE = {"sum": "sum", "max": "amax", "min": "amin", "argmax": "argmax", "argmin": "argmin",
-           "prod": "prod", "wmean": "sum", "wm2": "sum"}  # fmt: skip
-
-
 def kernels(
     em,
     kind: str,
@@ -482,6 +476,9 @@ def kernels(
                                        "neutral": "sum", "index": -1}))  # fmt: skip
         parts.append({"level": st.level, "lines": st.lines, "slots": slots, "scans": scans,
                       **reads(st.lines)})  # fmt: skip
+    # the combine kernels find the first chunk at a row's extreme (argmax/argmin, online sums)
+    has_first = any(i["op"].startswith("arg") or "online" in i
+                    for part in parts for _, i in part["slots"])  # fmt: skip
     last_text = p.final + [o["value"] for o in outs]
     last = {"lines": p.final, **reads(last_text)}
     return {
@@ -502,6 +499,7 @@ def kernels(
         ),
         "n_scans": sum(1 for s in p.slots if s.op == "scan"),
         "has_arg": any(s.op.startswith("arg") for s in p.slots),
+        "has_first": has_first,
         # the row values this launch keeps for a later one ({var: slot}; see `plan`), and the
         # ones it copies from a kept set ([(slot, kept slot)])
         "keep": {s.var: j for j, s in enumerate(p.slots) if s.op in _GIVEN},
