@@ -6,19 +6,19 @@ reductions are ordered by level: one whose input needs no other reduction is lev
 needs a level-1 value is level 2 (softmax: amax, then the sum of exp(x - max)). Each level is
 one launch of a partial kernel (a sum of exp(x - max) joins its max's launch, kept relative to
 the running max: `_online`): every program walks its chunk in BLOCK_N tiles, recomputing the
-element-wise work from the inputs, and writes one fp32 partial per reduction; the launcher
-combines each row's partials in a fixed order (sum, max or min over the chunk axis, then the
-mean's division), so the result does not depend on scheduling. var_mean takes one pass: each
-tile's mean and centered sum of squares (the tile held in registers, so no cancellation) merge
-into the chunk's, and the chunks' into the row's, by Chan's pairwise update. A scan (cumsum) stores
-each tile's total; the launcher turns the totals into each tile's carry (an exclusive prefix,
-or suffix for a flipped row) and every later kernel scans its tile and adds the carry; a
-cumprod the same with products (the carry from the totals shifted by one tile, no division,
-so a zero stays exact). A prod's partials are the chunks' products. An
-argmax/argmin keeps each chunk's extreme and the column where it first occurs; the launcher
-takes the first chunk at the row's extreme (torch's tie rule). The
-last launch computes the outputs (or gradients) tile by tile from the inputs and the row
-values. A row of another dim than the last (an [A, N, B] view) is walked the same way in tiles
+element-wise work from the inputs, and writes one fp32 partial per reduction; a merge kernel
+(one launch a level) combines each row's partials in a fixed order (sum, max or min over the
+chunk axis, then the mean's division), so the result does not depend on scheduling.
+var_mean takes one pass: each tile's mean and centered sum of squares (the tile held in
+registers, so no cancellation) merge into the chunk's, and the chunks' into the row's (in fp64),
+by Chan's pairwise update. A scan (cumsum) stores each tile's total; the launcher turns the
+totals into each tile's carry (an exclusive prefix, or suffix for a flipped row) and every later
+kernel scans its tile and adds the carry; a cumprod the same with products (the carry from the
+totals shifted by one tile, no division, so a zero stays exact). A prod's partials are the
+chunks' products. An argmax/argmin keeps each chunk's extreme and the column where it first
+occurs; the merge takes the first chunk at the row's extreme (torch's tie rule). The last launch
+computes the outputs (or gradients) tile by tile from the inputs and the row values. A row of
+another dim than the last (an [A, N, B] view) is walked the same way in tiles
 of B-neighbours (templates/slab.py.j2 picks the tile).
 
 This module turns the emitter's node lowering into the line lists of those kernels; the
@@ -56,7 +56,7 @@ class Slot:
     var: str  # its name in kernel code (f_amax, f_var_mean_1, ...)
     op: str  # how partials combine: "sum", "max" or "min"
     arg: str  # the reduced tile's expression
-    post: str  # applied by the launcher after combining: "", " / n" or " / (n - c)"
+    post: str  # applied after merging the chunks: "", " / n" or " / (n - c)"
     level: int
     reverse: bool = False  # a scan from the row's end (cumsum of a flipped row)
     scan: int = -1  # a scan's index among the scans: its tile totals, then carries
@@ -138,7 +138,7 @@ def plan(
             return
         if aten in ("aten.max", "aten.min", "aten.argmax", "aten.argmin"):
             # the index of the first extreme value: each chunk keeps its extreme and the
-            # column where it first occurs; the launcher takes the first chunk's at the
+            # column where it first occurs; the merge kernel takes the first chunk's at the
             # row's extreme (max/min also keep the value, as a plain slot)
             op = "max" if aten in ("aten.max", "aten.argmax") else "min"
             paired = aten in ("aten.max", "aten.min")
@@ -456,7 +456,7 @@ def kernels(
             info = {"var": s.var, "op": s.op, "post": s.post, "index": j, "reverse": s.reverse,
                     "prod": s.target == "aten.cumprod.default",
                     "neutral": "sum" if s.op in ("wmean", "wm2") else s.op}  # fmt: skip
-            if s.op == "wm2":  # merged by the launcher with its mean (the slot before it)
+            if s.op == "wm2":  # merged with its mean (the slot before it)
                 slots[-1][1]["m2"] = {"t": len(slots), "index": j, "post": s.post}
             if s.op == "scan":
                 scans.append((s.scan, info))
