@@ -189,3 +189,44 @@ def test_the_command_stops_for_review_then_generates_from_the_profile(tmp_path, 
     assert res.exit_code == 2 and "stopped" in res.output
     res = runner.invoke(app, ["losses", "new"])
     assert res.exit_code == 2
+
+
+def test_the_profile_is_the_same_bytes_each_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    source = str(EXAMPLES / "grpo_paper.py")
+    profile = tmp_path / "kernelwright-runs" / "losses" / "grpo_paper" / "profile.yaml"
+    assert runner.invoke(app, ["losses", "new", source]).exit_code == 0
+    written = profile.read_bytes()
+    assert runner.invoke(app, ["losses", "new", source]).exit_code == 0
+    assert profile.read_bytes() == written
+    # a function is named as a method is: its repr holds an address that differs per process
+    assert b"0x" not in written and b"<" not in written
+    assert LossProfile.load(profile).reductions == ["min", "sum", "sum", "mean"]
+
+
+def test_an_edited_profile_is_kept_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    source = str(EXAMPLES / "grpo_paper.py")
+    assert runner.invoke(app, ["losses", "new", source]).exit_code == 0
+    profile = tmp_path / "kernelwright-runs" / "losses" / "grpo_paper" / "profile.yaml"
+    written = profile.read_text()
+    edited = written.replace("temperature: 1.0", "temperature: 0.7")
+    assert edited != written
+    profile.write_text(edited)
+    res = runner.invoke(app, ["losses", "new", source, "--yes"])
+    assert res.exit_code == 2 and "was edited since" in res.output, res.output
+    assert profile.read_text() == edited
+    assert (profile.parent / "profile.new.yaml").read_text() == written
+    assert not (profile.parent / "grpo_paper_fused.py").exists()
+    res = runner.invoke(app, ["losses", "new", source, "--force"])
+    assert res.exit_code == 0, res.output
+    assert profile.read_text() == written
+
+
+def test_the_help_keeps_its_square_brackets():
+    runner = CliRunner()
+    for args in (["--help"], ["losses", "--help"]):
+        res = runner.invoke(app, args, env={"COLUMNS": "400"})
+        assert res.exit_code == 0 and "[tokens, vocab]" in res.output, res.output

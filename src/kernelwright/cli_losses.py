@@ -12,8 +12,9 @@ from kernelwright.console import make_console
 console = make_console()
 
 losses_app = typer.Typer(
+    # Typer renders help as Rich markup: a literal [ ... ] is escaped or it is dropped as a tag
     help="Post-training losses: `new` turns a loss written on full logits (token log-probs, the "
-    "entropy) into one on the fused log-prob primitive (no [tokens, vocab] logits), with tests "
+    "entropy) into one on the fused log-prob primitive (no \\[tokens, vocab] logits), with tests "
     "and a memory benchmark.",
     no_args_is_help=True,
 )
@@ -39,10 +40,21 @@ def new(
     yes: Annotated[
         bool, typer.Option("--yes", help="Generate without stopping for review.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
+            "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
+        ),
+    ] = False,
 ) -> None:
     """Understand (trace the loss, write profile.yaml, stop for review) → Act (the loss on
-    fused_linear_logprobs, tests, a benchmark) → Verify (run the tests)."""
+    fused_linear_logprobs, tests, a benchmark) → Verify (run the tests).
+
+    A profile.yaml you edited is never overwritten without --force."""
     from kernelwright.profiles.loss import LossProfile
+    from kernelwright.profiles.reviewed import save_profile
     from kernelwright.workflows.losses import LossGenError, generate, understand
     from kernelwright.workflows.losses.lossgen import verify
 
@@ -59,7 +71,16 @@ def new(
         raise typer.Exit(2) from e
     folder = out or (from_profile.parent if from_profile else Path("kernelwright-runs/losses")
                      / profile.name)  # fmt: skip
-    path = profile.save(folder / "profile.yaml") if from_profile is None else from_profile
+    if from_profile is None:
+        saved = save_profile(profile, folder / "profile.yaml", force=force)
+        if saved.kept is not None:  # a reviewer's edits stay; this run's profile is beside them
+            console.print(saved.message, style="yellow", markup=False)
+            console.print(f"resume: kernelwright losses new --from-profile {saved.kept}",
+                          markup=False)  # fmt: skip
+            raise typer.Exit(2)
+        path = saved.path
+    else:
+        path = from_profile
     _show(profile)
     console.print(f"profile: {path}")
     if profile.stop:

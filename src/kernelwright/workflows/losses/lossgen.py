@@ -74,10 +74,12 @@ def understand(source: str, *, name: str | None = None, logits_arg: str = "logit
     ]  # fmt: skip
     params = list(inspect.signature(ref.function).parameters)
     inputs += [LossInput(name=params[i], role="constant") for i in sorted(ref.constants)]
+    # by name (a method's target is its name; a function's repr holds its address, which
+    # would change the profile's bytes from run to run)
     reductions = [
-        str(n.target) for n in gm.graph.nodes
-        if n.op in ("call_method", "call_function") and getattr(n.target, "__name__", n.target)
-        in _REDUCTIONS
+        name for n in gm.graph.nodes
+        if n.op in ("call_method", "call_function")
+        and (name := getattr(n.target, "__name__", n.target)) in _REDUCTIONS
     ]  # fmt: skip
     return LossProfile(
         name=ref.name, source=ref.source, logits_arg=logits_arg, vocab=int(logits.shape[-1]),
