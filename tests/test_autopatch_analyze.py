@@ -406,6 +406,9 @@ def test_cli_writes_profile(tmp_path):
     assert result.exit_code == 0, result.output
     assert ModelProfile.load(out).architecture == "LlamaForCausalLM"
     assert "LlamaRMSNorm" in result.output and "--no-check" in result.output
+    # the review hint gives the whole edit: an unsupported decision without a reason is refused
+    hint = " ".join(result.output.split())
+    assert "set its `status: unsupported` and fill in `reason:`" in hint
 
     bad = CliRunner().invoke(app, ["autopatch", "not-a-model", "--no-check"])
     assert bad.exit_code != 0

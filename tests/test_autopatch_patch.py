@@ -506,6 +506,16 @@ def test_patching_twice_raises():
     assert patch_record(model).count("norm") == 5
 
 
+def test_a_float64_model_is_refused_before_anything_is_patched():
+    # the kernels take fp32/fp16/bf16; a float64 model would patch, then fail at its first forward
+    model = tiny_model("llama", num_hidden_layers=1).double()
+    with pytest.raises(TypeError, match=r"float64 parameters.*model\.float\(\)") as info:
+        patch(model)
+    assert "bfloat16" in str(info.value)
+    assert not is_patched(model) and patch_record(model) is None
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
 @pytest.mark.parametrize(
     "flag, kind",
     [
@@ -574,6 +584,40 @@ def test_profile_from_yaml_path(tmp_path):
     profile = kernelwright.patch(model, str(path))
     assert profile.architecture == "Phi3ForCausalLM" and patch_record(model).count("mlp") == 1
     kernelwright.unpatch(model)
+
+
+def test_profile_yaml_that_fails_validation_is_one_line_per_problem(tmp_path):
+    from kernelwright.profiles.base import ProfileError
+
+    # the review edit to skip a norm, half done: status changed, its reason left empty
+    path = make_profile("llama").save(tmp_path / "profile.yaml")
+    text = path.read_text().replace("status: patch", "status: unsupported", 1)
+    path.write_text(text)
+    model = tiny_model("llama", num_hidden_layers=1)
+    with pytest.raises(ProfileError) as e:
+        kernelwright.patch(model, str(path))
+    assert isinstance(e.value, ValueError) and not is_patched(model)
+    assert str(e.value) == (
+        f"{path}: norms[0] (LlamaRMSNorm): an 'unsupported' decision needs a reason: one "
+        "sentence on why it is left alone"
+    )
+    # each problem on its own line, named by where it is, no pydantic dump
+    path.write_text(text.replace("kind: rms_norm", "kind: rmsnorm").replace("offset:", "ofset:"))
+    with pytest.raises(ProfileError) as e:
+        ModelProfile.load(path)
+    assert str(e.value).splitlines() == [
+        f"{path}: norms[0].kind (LlamaRMSNorm): Input should be 'rms_norm' or 'layer_norm' "
+        "(got 'rmsnorm')",
+        f"{path}: norms[0].ofset (LlamaRMSNorm): unknown key (a typo?)",
+    ]
+    path.write_text("norms: [1\n")
+    with pytest.raises(ProfileError, match=r"profile.yaml is not valid YAML \(line 2\): expected"):
+        ModelProfile.load(path)
+    # with its reason filled in, the edit is a skip
+    path.write_text(text.replace("reason: ''", "reason: reviewed out", 1))
+    kernelwright.patch(model, path)
+    assert ("norm LlamaRMSNorm", "unsupported: reviewed out") in patch_record(model).skipped
+    unpatch(model)
 
 
 def test_peft_lora_keeps_training():

@@ -293,6 +293,22 @@ def test_cli_sweep_refuses_unknown_types_and_model_with_sweep(tmp_path):
     assert both.exit_code != 0
 
 
+def test_cli_sweep_takes_every_dtype_spelling(tmp_path, monkeypatch):
+    from kernelwright import cli_sweep
+
+    seen = []
+    monkeypatch.setattr(cli_sweep, "_sweep_mapping", lambda *a: seen.append(a[-1]))
+    runner = CliRunner()
+    for spelling in ("bf16", "bfloat16", "fp32", "float32", "float"):
+        args = ["autopatch", "--sweep", "--only", "llama", "--dtype", spelling]
+        result = runner.invoke(app, [*args, "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+    assert seen == ["bf16", "bf16", "fp32", "fp32", "fp32"]  # its tables' names: cpu_bf16.*
+    bad = runner.invoke(app, ["autopatch", "--sweep", "--dtype", "fp16", "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "fp32/float32/float" in bad.output
+    assert "bf16/bfloat16" in bad.output and "half" not in bad.output
+
+
 # --------------------------------------------------------------------------- device and dtype
 
 

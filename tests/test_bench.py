@@ -641,6 +641,38 @@ def test_cli_bench_quick_writes_the_csv(tmp_path):
     assert "speedup" in result.output
 
 
+def test_cli_bench_takes_every_dtype_spelling(tmp_path, monkeypatch):
+    import types
+
+    from typer.testing import CliRunner
+
+    import kernelwright.bench
+    from kernelwright import cli_bench
+    from kernelwright.cli import app
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def run(console, p, *, dtype, ctx):  # the dtype the bench would run in, then stop
+        seen.append(dtype)
+        raise Stop
+
+    ctx = types.SimpleNamespace(gpu="g", torch="t", triton="t", commit="c", copy_gbps=1.0,
+                                hide_host=False, interpreter=False)  # fmt: skip
+    monkeypatch.setattr(kernelwright.bench, "make_context", lambda **kw: ctx)
+    monkeypatch.setattr(cli_bench, "_run_with_progress", run)
+    runner = CliRunner()
+    for spelling in ("bf16", "bfloat16", "float32", "fp32", "half"):
+        args = ["bench", "rms_norm", "--quick", "--dtype", spelling, "--out", str(tmp_path)]
+        result = runner.invoke(app, [*args, "--db", str(tmp_path / "r.db")])
+        assert isinstance(result.exception, Stop), result.output
+    assert seen == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float16]
+    result = runner.invoke(app, ["bench", "rms_norm", "--dtype", "fp64", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "bf16/bfloat16" in result.output
+
+
 def test_cli_rejects_unknown_names(tmp_path):
     from typer.testing import CliRunner
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -182,6 +183,33 @@ def test_module_function_form(tmp_path, monkeypatch):
     assert (p.name, p.module_name, p.tier) == ("identity", "Identity", 1)
 
 
+def test_a_package_in_the_current_directory_imports(tmp_path, monkeypatch):
+    # `kernelwright create mypkg.ref:sq` run beside mypkg/, as `python -m` would import it
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    pkg = tmp_path / "kw_cwd_create_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    _write(
+        pkg,
+        "ref.py",
+        """
+        import torch
+
+        def sq(x):
+            return x * x
+
+        def get_inputs():
+            return [torch.randn(4, 8)]
+        """,
+    )
+    ref = load_reference("kw_cwd_create_pkg.ref:sq")
+    assert (ref.name, ref.input_form) == ("sq", "function")
+    assert str(tmp_path) not in sys.path  # on it for the import alone
+    with pytest.raises(ReferenceError, match="No module named 'kw_no_such_pkg'"):
+        load_reference("kw_no_such_pkg.ref:sq")
+
+
 def test_constants_from_get_inputs(tmp_path):
     path = _write(
         tmp_path,
@@ -242,6 +270,69 @@ def test_missing_sources():
         load_reference("just_a_name")
     with pytest.raises(ReferenceError, match="cannot import"):
         load_reference("no_such_pkg_xyz.mod:fn")
+
+
+def _create(*args):
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    return CliRunner().invoke(app, ["create", *args])
+
+
+def test_cli_needs_a_source_or_a_profile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = _create()
+    assert result.exit_code == 2 and "give a SOURCE file or --from-profile FILE" in result.output
+    result = _create("--from-profile", "missing.yaml")
+    assert result.exit_code == 2, result.output
+    assert "'--from-profile'" in result.output and "missing.yaml" in result.output
+    assert "does not exist" in result.output and "SOURCE" not in result.output
+
+
+def test_cli_from_a_bad_profile_is_one_sentence_not_a_bug_report(tmp_path, monkeypatch):
+    from kernelwright.profiles.model import (
+        DecoderDecision,
+        LMHeadDecision,
+        LogitsDecision,
+        ModelProfile,
+        MoEDecision,
+        NormDecision,
+        OutputDecision,
+        RopeDecision,
+    )
+
+    monkeypatch.chdir(tmp_path)
+    Path("bad.yaml").write_text("a: [1\n")
+    result = _create("--from-profile", "bad.yaml")
+    assert result.exit_code == 2 and "report" not in result.output, result.output
+    assert result.output.startswith("bad.yaml is not valid YAML (line 2): expected ',' or ']'")
+    # autopatch's profile given to create
+    ModelProfile(
+        model_type="llama",
+        architecture="LlamaForCausalLM",
+        transformers_version="0",
+        modeling_file="models/llama/modeling_llama.py",
+        config_source="model_type:llama",
+        norms=[NormDecision(class_name="LlamaRMSNorm", kind="rms_norm", casting_mode="llama")],
+        decoder=DecoderDecision(class_name="LlamaDecoderLayer"),
+        moe=MoEDecision(status="absent"),
+        rope=RopeDecision(),
+        output=OutputDecision(causal_lm_class="LlamaForCausalLM"),
+        logits=LogitsDecision(status="absent"),
+        lm_head=LMHeadDecision(),
+    ).save("model.yaml")
+    result = _create("--from-profile", "model.yaml")
+    assert result.exit_code == 2
+    assert (
+        result.output
+        == "model.yaml is a model profile (autopatch), not a kernel profile (create)\n"
+    )
+    # a kernel profile with a broken field: that field, one line
+    Path("k.yaml").write_text(profile_of("relu_squared").to_yaml().replace("tier: 1", "tier: 4"))
+    result = _create("--from-profile", "k.yaml")
+    assert result.exit_code == 2
+    assert result.output == "k.yaml: tier: Input should be 1, 2 or 3 (got 4)\n"
 
 
 def test_a_reduction_over_the_rows_values_becomes_the_tail(tmp_path):

@@ -240,6 +240,28 @@ def test_a_function_with_its_own_reference():
     assert d.minimal_shape[-1] < 16  # the tile is 16 columns: a shorter row never writes
 
 
+def test_a_package_in_the_current_directory_imports(tmp_path, monkeypatch):
+    # `kernelwright debug mypkg.ops:my_norm --ref rms_norm` run beside mypkg/, as `python -m`
+    # would import it: no PYTHONPATH
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    pkg = tmp_path / "kw_cwd_debug_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops.py").write_text(
+        "from kernelwright.ops.rms_norm import rms_norm_ref\n\n\n"
+        "def my_norm(x, weight, eps=1e-6, **kwargs):\n"
+        "    return rms_norm_ref(x, weight, eps, **kwargs)\n"
+    )
+    profile = plan("kw_cwd_debug_pkg.ops:my_norm", ref="rms_norm")
+    assert profile.kind == "function"
+    assert profile.sys_path == [str(tmp_path)]  # for the repro and a resumed run
+    assert {c.function for c in profile.cases} == {"kw_cwd_debug_pkg.ops:my_norm"}
+    assert str(tmp_path) not in sys.path  # on it for the import alone
+    with pytest.raises(TargetError, match="cannot import 'kw_no_such_pkg.ops': No module named"):
+        plan("kw_no_such_pkg.ops:f", ref="rms_norm")
+
+
 CREATED_OP = '''
 """A stand-in for an op made by `kernelwright create` (its module's exports and BENCH)."""
 import torch

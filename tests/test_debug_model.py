@@ -194,3 +194,26 @@ def test_the_fp32_view_allows_what_bf16_costs_already():
 def test_reference_dtype_is_checked():
     result = CliRunner().invoke(app, ["debug", "llama", "--reference-dtype", "fp16"])
     assert result.exit_code == 2 and "reference dtype" in result.output
+
+
+def test_cli_dtype_takes_every_spelling(monkeypatch):
+    from kernelwright.workflows.debug import compiled, model
+
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def run(target, *, dtype, **kwargs):  # the dtype the workflow would run in, then stop
+        seen.append(dtype)
+        raise Stop
+
+    monkeypatch.setattr(model, "debug_model", run)
+    monkeypatch.setattr(compiled, "debug_compiled", run)
+    runner = CliRunner()
+    for args in (["--dtype", "bf16"], ["--dtype", "fp32"], ["--dtype", "bf16", "--compiled"]):
+        result = runner.invoke(app, ["debug", "llama", *args])
+        assert isinstance(result.exception, Stop), result.output
+    assert seen == ["bfloat16", "float32", "bfloat16"]  # the workflows' names
+    result = runner.invoke(app, ["debug", "llama", "--dtype", "fp16"])
+    assert result.exit_code == 2 and "bf16/bfloat16" in result.output

@@ -239,3 +239,18 @@ def test_the_checkout_generated_package_is_read():
     # whatever `create --into-library` added to this checkout is listed, nothing else
     stems = {p.stem for p in generated.DIRECTORY.glob("[!_]*.py")}
     assert {e.name for e in registry.entries() if e.generated} <= stems
+
+
+def test_parse_dtype_takes_every_spelling():
+    # every command's --dtype: the short names and torch's, one parser
+    spellings = {
+        "bfloat16": ["bf16", "bfloat16", "BF16", "torch.bfloat16"],
+        "float16": ["fp16", "float16", "half"],
+        "float32": ["fp32", "float32", "float"],
+    }
+    for name, ways in spellings.items():
+        assert {registry.parse_dtype(w) for w in ways} == {name}
+    with pytest.raises(ValueError, match="'fp64': one of .*bf16/bfloat16"):
+        registry.parse_dtype("fp64")
+    with pytest.raises(ValueError, match="'half': one of fp32/float32/float, bf16/bfloat16$"):
+        registry.parse_dtype("half", ("float32", "bfloat16"))

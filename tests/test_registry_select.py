@@ -327,6 +327,23 @@ def test_cli_choose_prints_the_choice_and_why(db, tmp_path):
     assert got.exit_code == 1 and "corrupt.db" in got.output
 
 
+def test_cli_choose_and_bench_take_every_dtype_spelling(db):
+    from kernelwright.cli_registry import _bench_jobs
+
+    where = ("--shape", "8192x4096", "--device", "cuda", "--arch", "sm_90", "--db", db.path)
+    want = _cli("choose", "rms_norm", *where, "--dtype", "bf16")
+    assert want.exit_code == 0 and "liger" in want.output, want.output
+    got = _cli("choose", "rms_norm", *where, "--dtype", "bfloat16")
+    assert got.exit_code == 0 and got.output == want.output
+    assert "on cuda: kernelwright" in _cli("choose", "rms_norm", *where, "--dtype", "float").output
+    bad = _cli("choose", "rms_norm", *where, "--dtype", "fp64")  # not Inductor's, silently
+    assert bad.exit_code == 2 and "bf16/bfloat16" in bad.output
+    # `registry bench`'s jobs keep the short name the bench CSVs use
+    jobs = _bench_jobs("rms_norm", "full", "bfloat16", lambda module: True)
+    assert [j.dtype for j in jobs] == ["bf16"]
+    assert _bench_jobs("rms_norm", "full", "half", lambda module: True)[0].dtype == "fp16"
+
+
 def test_cli_bench_appends_the_implementations_timings(tmp_path):
     from conftest import ON_GPU
 

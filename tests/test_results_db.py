@@ -251,6 +251,18 @@ def test_unknown_filter_values_list_the_known_ones(filled):
     assert res.exit_code == 0 and "No rows" in res.output  # known values, no such combination
 
 
+def test_cli_dtype_filter_takes_every_spelling(filled):
+    # rows hold torch's name ("bfloat16"); the short one, as bench takes it, finds them too
+    want = _cli("results", "--db", filled.path, "--dtype", "bfloat16", "--csv")
+    assert want.exit_code == 0 and len(list(csv.DictReader(io.StringIO(want.output)))) == 5
+    got = _cli("results", "--db", filled.path, "--dtype", "bf16", "--csv")
+    assert got.exit_code == 0 and got.output == want.output, got.output
+    res = _cli("results", "--db", filled.path, "--dtype", "fp32")
+    assert res.exit_code == 1 and "'float32'" in res.output and "known: bfloat16" in res.output
+    res = _cli("results", "--db", filled.path, "--dtype", "int8")  # the database's own message
+    assert res.exit_code == 1 and "'int8'" in res.output and "known: bfloat16" in res.output
+
+
 def test_run_latest_picks_the_second_run(db):
     first, second = new_run_id(), new_run_id()
     assert first != second

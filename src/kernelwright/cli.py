@@ -267,7 +267,9 @@ def autopatch(
         console.print(saved.message, style="yellow", markup=False)
         raise typer.Exit(2)
     console.print(
-        f"Profile: {saved.path}  (review it; edit a decision to 'unsupported' to skip it)"
+        f"Profile: {saved.path}  (review it; to skip a decision set its `status: unsupported` "
+        "and fill in `reason:` with one sentence why)",
+        markup=False,
     )
     if emit is not None:
         from kernelwright.workflows.autopatch.emit import emit_convergence_test
@@ -294,7 +296,10 @@ def create(
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Run every stage without stopping.")] = False,
     from_profile: Annotated[
-        Path | None, typer.Option(help="Resume from a reviewed (edited) profile YAML.")
+        Path | None,
+        typer.Option(
+            help="Resume from a reviewed (edited) profile YAML.", exists=True, dir_okay=False
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Also write a standalone package here.")] = None,
     into_library: Annotated[
@@ -334,6 +339,7 @@ def create(
 
     A profile.yaml you edited is never overwritten without --force.
     """
+    from kernelwright.profiles.base import ProfileError
     from kernelwright.workflows.create.implements import ImplementsError
     from kernelwright.workflows.create.load import name_problem
     from kernelwright.workflows.create.run import RUNS
@@ -361,6 +367,9 @@ def create(
         )
     except ImplementsError as e:
         raise typer.BadParameter(str(e), param_hint="--implements") from None
+    except ProfileError as e:  # the --from-profile file: one line per problem, unwrapped
+        console.print(str(e), style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except (ValueError, FileNotFoundError) as e:
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
     except Exception as e:  # noqa: BLE001  a kernelwright bug: one line and a log, no traceback

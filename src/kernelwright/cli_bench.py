@@ -3,6 +3,7 @@ append the rows to the results database. Registered on the main app in cli.py.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -13,6 +14,8 @@ from kernelwright import registry  # the op list in the help (data only: no kern
 from kernelwright.console import make_console
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+DTYPE_HELP = "bf16, fp16 or fp32 (or bfloat16, float16, float32)."
+_TORCH_NAMES = tuple(DTYPES.values())
 
 # optimize and `registry bench` (and benchmarks/create_corpus.py): runtime/fanout.py
 Workers = Annotated[
@@ -32,6 +35,15 @@ def workers_option(text: str) -> int | str:
         return parse_workers(text)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--workers") from None
+
+
+def dtype_option(text: str, allowed: Sequence[str] = _TORCH_NAMES, hint: str = "--dtype") -> str:
+    """A --dtype value, in any of its spellings (registry.parse_dtype), as its torch name
+    ("bfloat16"); a usage error naming the spellings otherwise."""
+    try:
+        return registry.parse_dtype(text, allowed)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint=hint) from None
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -54,7 +66,7 @@ def bench(
         str | None,
         typer.Option(help="Comma-separated providers (default: all available on this device)."),
     ] = None,
-    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "bf16",
     out: Annotated[
         Path, typer.Option(help="Output folder: <op>.csv, PNG plots, summary.md.")
     ] = Path("kernelwright-runs/bench"),
@@ -127,9 +139,7 @@ def bench(
         raise typer.BadParameter(
             f"{mode!r}; use one of {', '.join(MODES)} or all", param_hint="--mode"
         )
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"{dtype!r}; use one of {', '.join(DTYPES)}", param_hint="--dtype")
-    torch_dtype = getattr(torch, DTYPES[dtype])
+    torch_dtype = getattr(torch, dtype_option(dtype))
     provider_names = _split(providers)
 
     known = {n for spec in specs for n in spec.provider_names}

@@ -52,7 +52,8 @@ def debug(
         Path | None, typer.Option(help="Workspace (default kernelwright-runs/debug/<name>).")
     ] = None,
     dtype: Annotated[
-        str, typer.Option(help="MODEL: float32 or bfloat16, both models in it.")
+        str,
+        typer.Option(help="MODEL: float32 or bfloat16 (fp32, bf16), both models in it."),
     ] = "float32",
     reference_dtype: Annotated[
         str | None,
@@ -164,7 +165,7 @@ def _model(
 
     from kernelwright.workflows.debug.model import DTYPES, debug_model, reference_view
 
-    _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
+    dtype = _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
     console = make_console()
     label = _label(target, name)
     try:
@@ -190,13 +191,16 @@ def _model(
     raise typer.Exit(1)
 
 
-def _check_dtypes(dtype: str, reference_dtype: str | None, dtypes, reference_view) -> None:
-    if dtype not in dtypes:
-        raise typer.BadParameter(f"one of {', '.join(dtypes)}", param_hint="--dtype")
+def _check_dtypes(dtype: str, reference_dtype: str | None, dtypes, reference_view) -> str:
+    """--dtype as the model workflows name it ("bfloat16"), from any of its spellings."""
+    from kernelwright.cli_bench import dtype_option
+
+    dtype = dtype_option(dtype, allowed=tuple(dtypes))
     try:
         reference_view(dtype, reference_dtype)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--reference-dtype") from None
+    return dtype
 
 
 def _compiled(
@@ -209,7 +213,7 @@ def _compiled(
     from kernelwright.workflows.debug.model import DTYPES, reference_view
     from kernelwright.workflows.debug.target import TargetError
 
-    _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
+    dtype = _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
     if not is_compiled_target(target):
         raise typer.BadParameter(
             "--compiled takes a model type, a config.json, a directory holding one or "

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kernelwright.cli_bench import Workers, workers_option
+from kernelwright.cli_bench import DTYPE_HELP, Workers, dtype_option, workers_option
 
 registry_app = typer.Typer(
     help="The ops' implementations (kernelwright, created, liger, inductor) and their "
@@ -77,7 +77,7 @@ def registry_list(
 def registry_choose(
     op: Annotated[str, typer.Argument(help="The op.")],
     shape: Annotated[str, typer.Option(help="The main input's shape, e.g. 8192x4096.")],
-    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "bf16",
     device: Annotated[
         str | None,
         typer.Option(help="cuda or cpu-interpreter (default: cuda when a GPU is present)."),
@@ -100,6 +100,7 @@ def registry_choose(
     from kernelwright.compile.select import INSERTABLE, NoCapableImpl, choose
 
     _entry(op)
+    dtype = dtype_option(dtype)
     try:
         dims = tuple(int(s) for s in shape.lower().split("x"))
     except ValueError:
@@ -132,7 +133,7 @@ def registry_bench(
     mode: Annotated[
         str, typer.Option(help="forward, backward, full, or all (selection reads full first).")
     ] = "full",
-    dtype: Annotated[str, typer.Option(help="bf16, fp16 or fp32.")] = "bf16",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "bf16",
     out: Annotated[Path, typer.Option(help="The bench's output folder.")] = Path(
         "kernelwright-runs/bench"
     ),
@@ -229,14 +230,13 @@ def _at_sites(jobs: list[BenchJob], shapes: list[str]) -> BenchJob:
 def _bench_jobs(op: str, mode: str, dtype: str, importable) -> list[BenchJob]:
     from kernelwright import registry
     from kernelwright.bench.specs import MODES, get_spec
-    from kernelwright.cli_bench import DTYPES
+    from kernelwright.registry.entry import SHORT_DTYPE
 
     if mode != "all" and mode not in MODES:
         raise typer.BadParameter(
             f"{mode!r}; use one of {', '.join(MODES)} or all", param_hint="--mode"
         )
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"{dtype!r}; use one of {', '.join(DTYPES)}", param_hint="--dtype")
+    dtype = SHORT_DTYPE[dtype_option(dtype)]  # BenchJob.dtype: the short name, a key of DTYPES
 
     everything = op == "all"
     names = [e.name for e in registry.entries()] if everything else op.split(",")

@@ -64,7 +64,9 @@ def results(
     gpu: Annotated[
         str | None, typer.Option(help="Part of the GPU's name (h100) or its arch (sm_90).")
     ] = None,
-    dtype: Annotated[str | None, typer.Option(help="bfloat16, float16 or float32.")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="bfloat16, float16 or float32 (or bf16, fp16, fp32).")
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="forward, backward or full.")] = None,
     source: Annotated[str | None, typer.Option(help="bench, optimize or create.")] = None,
     run: Annotated[str | None, typer.Option(help="'latest' or a run id (or its prefix).")] = None,
@@ -90,6 +92,15 @@ def results(
     if ctx.invoked_subcommand is not None:
         return
     results_db = _results_db(db)
+    if dtype is not None:
+        import contextlib
+
+        from kernelwright.registry import parse_dtype
+
+        # rows hold the torch name ("bfloat16"); another dtype is left for the database's
+        # error, which lists those it holds
+        with contextlib.suppress(ValueError):
+            dtype = parse_dtype(dtype)
     filters = dict(op=op, provider=provider, gpu=gpu, dtype=dtype, mode=mode, source=source)
     rows = _query(results_db, **filters, run=run, since=since)
     if csv and not best:

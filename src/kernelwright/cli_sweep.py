@@ -8,7 +8,9 @@ from pathlib import Path
 
 import typer
 
+from kernelwright.cli_bench import dtype_option
 from kernelwright.console import make_console
+from kernelwright.registry.entry import SHORT_DTYPE
 
 
 def sweep(
@@ -30,9 +32,13 @@ def sweep(
         raise typer.BadParameter(
             f"{mapping!r}: one of {', '.join([*S.MAPPINGS, 'all'])}", param_hint="--mapping"
         )
-    for value, known, hint in ((device, S.DEVICES, "--device"), (dtype, S.DTYPES, "--dtype")):
-        if value not in known:
-            raise typer.BadParameter(f"{value!r}: one of {', '.join(known)}", param_hint=hint)
+    if device not in S.DEVICES:
+        raise typer.BadParameter(
+            f"{device!r}: one of {', '.join(S.DEVICES)}", param_hint="--device"
+        )
+    # the sweep names its dtypes (and its tables' files) by the short names: fp32, bf16
+    short = {name: s for name, s in SHORT_DTYPE.items() if s in S.DTYPES}
+    dtype = short[dtype_option(dtype, allowed=tuple(short))]
     try:
         S.require_device(device, dtype)
     except RuntimeError as e:

@@ -42,7 +42,9 @@ class Decision(Strict):
     @model_validator(mode="after")
     def _unsupported_needs_reason(self):
         if self.status == "unsupported" and not self.reason.strip():
-            raise ValueError(f"{type(self).__name__}: an 'unsupported' decision needs a reason")
+            raise ValueError(
+                "an 'unsupported' decision needs a reason: one sentence on why it is left alone"
+            )
         return self
 
     @property

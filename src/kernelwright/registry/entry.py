@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -32,13 +34,38 @@ def unknown_op(name: str, known: Iterable[str], what: str = "op") -> UnknownOpEr
     return UnknownOpError(f"no {what} {name!r}.{hint} Known: {', '.join(known)}.")
 
 
+def import_module(name: str) -> ModuleType:
+    """`importlib.import_module(name)`, with the current directory importable as `python -m`
+    makes it: a console script (`kernelwright ...`) starts with its own folder on sys.path, not
+    the user's, so `mypkg.ops` beside them would not import. The directory is tried only when
+    `name` (or a package above it) is not found otherwise, and is on sys.path for that import
+    alone: installed packages keep precedence, and the process's path is left as it was."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if not (name == missing or name.startswith(f"{missing}.")):
+            raise  # a module that `name` itself imports is missing: its own error
+        cwd = os.getcwd()
+        if cwd in sys.path or "" in sys.path:
+            raise
+    sys.path.insert(0, cwd)
+    importlib.invalidate_caches()  # a folder made since the last import is seen
+    try:
+        return importlib.import_module(name)
+    finally:
+        # the imported modules keep their absolute __path__, so their submodules still import
+        if cwd in sys.path:
+            sys.path.remove(cwd)
+
+
 def resolve(target: str, attr: str | None = None) -> Any:
     """The object at `target`: "package.module:attr.sub" (or `target` a module and `attr` a
     dotted attribute path), or the module itself when no attribute is named."""
     module, _, dotted = target.partition(":")
     if attr:
         dotted = f"{dotted}.{attr}" if dotted else attr
-    obj: Any = importlib.import_module(module)
+    obj: Any = import_module(module)
     for part in filter(None, dotted.split(".")):
         try:
             obj = getattr(obj, part)
@@ -92,6 +119,28 @@ class HFPattern:
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cuda", "cpu-interpreter")  # "cpu-interpreter": Triton's interpreter on the CPU
+# every command's --dtype takes each of these spellings; parse_dtype gives the torch name
+DTYPE_SPELLINGS = {
+    "float32": ("fp32", "float32", "float"),
+    "bfloat16": ("bf16", "bfloat16"),
+    "float16": ("fp16", "float16", "half"),
+}
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # file names, labels
+
+
+def parse_dtype(text: str, allowed: Iterable[str] = DTYPES) -> str:
+    """The torch name ("bfloat16") of a dtype as a user writes it: bf16 or bfloat16; fp16,
+    float16 or half; fp32, float32 or float (any case, "torch." before it allowed).
+
+    Raises ValueError, naming the accepted spellings, for another dtype or one not in
+    `allowed` (torch names)."""
+    allowed = tuple(allowed)
+    key = text.strip().lower().removeprefix("torch.")
+    name = next((n for n, spelled in DTYPE_SPELLINGS.items() if key in spelled), None)
+    if name is None or name not in allowed:
+        ways = ", ".join("/".join(DTYPE_SPELLINGS[n]) for n in allowed)
+        raise ValueError(f"{text!r}: one of {ways}")
+    return name
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from kernelwright.integrations.transformers.forward import (
 )
 from kernelwright.integrations.transformers.rebind import rope_forward
 from kernelwright.profiles.model import MLPDecision, ModelProfile
+from kernelwright.runtime.checks import FLOAT_DTYPES
 
 _RECORD = "_kernelwright_patch"  # instance attribute on the module `patch` was given
 _LABEL = {"causal_lm": "fused_linear_cross_entropy"}  # a PatchedModule kind, as users know it
@@ -145,6 +146,21 @@ def _resolve_profile(model: torch.nn.Module, profile) -> ModelProfile:
 
 
 # --------------------------------------------------------------------------- patch / unpatch
+
+
+def _check_dtype(model: torch.nn.Module) -> None:
+    """Refuse a model whose floating parameters the kernels cannot take (float64): patching it
+    would succeed and its first forward fail inside a kernel's argument check."""
+    found = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    bad = sorted(str(d).removeprefix("torch.") for d in found - set(FLOAT_DTYPES))
+    if bad:
+        *first, last = (str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
+        names = f"{', '.join(first)} or {last}"
+        raise TypeError(
+            f"{type(model).__name__} has {' and '.join(bad)} parameters, but kernelwright's "
+            f"kernels take {names} only: cast the model first (model.float(), or "
+            "model.to(torch.bfloat16)) and patch it then"
+        )
 
 
 class _Patcher:
@@ -382,8 +398,9 @@ def patch(
     one line (logger "kernelwright", INFO) and kept in
     `kernelwright.integrations.transformers.patch_record(model)` (print it for a summary).
 
-    Raises RuntimeError when `model` (or a module inside it) is already patched, ValueError when
-    the profile does not belong to this model or lacks a field a "patch" decision needs.
+    Raises RuntimeError when `model` (or a module inside it) is already patched, TypeError when
+    its floating parameters are not float32, float16 or bfloat16 (float64), ValueError when the
+    profile does not belong to this model or lacks a field a "patch" decision needs.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"patch expects a torch.nn.Module, got {type(model).__name__}")
@@ -392,6 +409,7 @@ def patch(
             f"{type(model).__name__} is already patched by kernelwright; call "
             "kernelwright.unpatch(model) before patching it again"
         )
+    _check_dtype(model)
     profile = _resolve_profile(model, profile)
     classes = {_class_name(m) for m in model.modules()}
     wanted = {profile.output.causal_lm_class, profile.architecture, profile.decoder.class_name}

@@ -30,6 +30,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from kernelwright.registry.entry import import_module
+
 # Helpers the KernelBench layout defines next to the reference: never a reference themselves.
 _HELPERS = {"get_inputs", "get_init_inputs"}
 
@@ -331,7 +333,7 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
         where, stem = str(path), snake_case(path.stem)
     else:
         try:
-            module = importlib.import_module(mod_part)
+            module = import_module(mod_part)
         except ImportError as e:
             raise ReferenceError(f"cannot import {mod_part!r} from {source!r}: {e}") from e
         where, stem = mod_part, snake_case(target)

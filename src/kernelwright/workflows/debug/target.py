@@ -291,7 +291,7 @@ def plan(
         kind = "function"
         module, attr = split_target(target)
         try:
-            mod = importlib.import_module(module)
+            mod = registry.import_module(module)
         except ImportError as e:
             raise TargetError(f"cannot import {module!r}: {e}") from None
         path = Path(getattr(mod, "__file__", "") or "")
