@@ -307,3 +307,15 @@ def test_cli_version_and_help():
     autopatch = " ".join(runner.invoke(app, ["autopatch", "--help"]).output.split())
     assert "Tested model types" in autopatch
     assert all(arch in autopatch for arch in ARCHITECTURES)
+
+
+def test_python_dash_m_runs_the_command_line(monkeypatch, capsys):
+    import runpy
+
+    import kernelwright
+
+    monkeypatch.setattr(sys, "argv", ["kernelwright", "--version"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("kernelwright", run_name="__main__")
+    assert done.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == f"kernelwright {kernelwright.__version__}"

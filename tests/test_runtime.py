@@ -175,3 +175,19 @@ def test_broadcast_shape_matches_torch_and_refuses_what_it_refuses():
             continue
         got = broadcast_shape(shapes)
         assert got == want and type(got) is torch.Size, shapes
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's numpy lanes")
+def test_masked_lanes_raise_no_numpy_warnings():
+    import warnings
+
+    import kernelwright as kw
+
+    x = torch.randn(4, 40)
+    x[1] = float("-inf")  # a row whose max is -inf: exp(-inf - -inf) in every lane
+    x[2, :5] = float("-inf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = kw.softmax(x)
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], caught
+    torch.testing.assert_close(y, torch.softmax(x, -1), equal_nan=True)

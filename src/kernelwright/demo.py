@@ -113,9 +113,8 @@ def run_demo(console: Console | None = None) -> bool:
     console = console or Console()
     device = default_device()
     info = device_info(device)
-    console.print(
-        f"[bold]kernelwright demo[/] on {info.name} ({info.arch}); torch {torch.__version__}"
-    )
+    where = info.name if info.arch in info.name else f"{info.name} ({info.arch})"
+    console.print(f"[bold]kernelwright demo[/] on {where}; torch {torch.__version__}")
     ok = verify(console, device)
     # GPU time alone: at these sizes a Triton call's launch costs as much CPU time as the
     # kernel takes, and timing the CPU would compare launchers, not kernels.

@@ -41,6 +41,7 @@ def ensure_backend() -> None:
         _scalar_index()
         _patch_lang_once_a_launch()
         _skip_unreported_overflow_checks()
+        _quiet_masked_lanes()
 
 
 def _scalar_index() -> None:
@@ -125,6 +126,32 @@ def _patch_lang_once_a_launch() -> None:
 
     _patch_lang._kernelwright = True
     interpreter._patch_lang = _patch_lang
+    executor.__call__ = __call__
+
+
+def _quiet_masked_lanes() -> None:
+    """Keep numpy's floating-point warnings out of interpreted launches.
+
+    The interpreter computes every lane of a tile with numpy, masked ones included: a lane a
+    load filled with `other` takes exp(-inf - -inf), 0 / 0 or log(0) there, and numpy warns
+    ("invalid value encountered in subtract") where a GPU computes the same lanes silently, and
+    the masks then discard them: correct results (softmax of a row holding -inf, a cross-entropy
+    whose targets are all ignored) would come with warnings. Within a launch they are off; the
+    values are unchanged.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    executor = getattr(interpreter, "GridExecutor", None)
+    if executor is None or getattr(executor.__call__, "_kernelwright_quiet", False):
+        return
+    launch_call = executor.__call__
+
+    def __call__(self, *args, **kwargs):
+        with np.errstate(all="ignore"):
+            return launch_call(self, *args, **kwargs)
+
+    __call__._kernelwright_quiet = True
     executor.__call__ = __call__
 
 
