@@ -126,7 +126,7 @@ def test_timeout_must_be_positive():
 
 
 @cpu_workers
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_a_task_past_its_timeout_fails_alone(workers):
     """A task still running after timeout_s fails with that reason, its worker is stopped and
     replaced, and the other tasks run (with one worker too: in a worker process, not here)."""
