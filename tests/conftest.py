@@ -95,3 +95,16 @@ def rope_agrees(hf_fn, ours, q, k, cos, sin, gen):
     for a, b in (*zip(ref, out, strict=True), (qs[0].grad, ks[0].grad), (qs[1].grad, ks[1].grad)):
         assert close(a, b)
     return out, close
+
+
+def package_beside_cwd(tmp_path, monkeypatch, name: str):
+    """An empty package `name` in `tmp_path`, made the working directory and kept off sys.path
+    (as a console script starts): a `name.module:function` target must import it from there."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    return pkg

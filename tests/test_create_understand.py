@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import package_beside_cwd
 
 from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.workflows.create import understand
@@ -185,11 +186,7 @@ def test_module_function_form(tmp_path, monkeypatch):
 
 def test_a_package_in_the_current_directory_imports(tmp_path, monkeypatch):
     # `kernelwright create mypkg.ref:sq` run beside mypkg/, as `python -m` would import it
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    pkg = tmp_path / "kw_cwd_create_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
+    pkg = package_beside_cwd(tmp_path, monkeypatch, "kw_cwd_create_pkg")
     _write(
         pkg,
         "ref.py",

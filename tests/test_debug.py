@@ -15,7 +15,7 @@ from pathlib import Path
 import debug_planted as planted
 import pytest
 import yaml
-from conftest import ON_GPU
+from conftest import ON_GPU, package_beside_cwd
 from typer.testing import CliRunner
 
 from kernelwright.cli import app
@@ -243,11 +243,7 @@ def test_a_function_with_its_own_reference():
 def test_a_package_in_the_current_directory_imports(tmp_path, monkeypatch):
     # `kernelwright debug mypkg.ops:my_norm --ref rms_norm` run beside mypkg/, as `python -m`
     # would import it: no PYTHONPATH
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    pkg = tmp_path / "kw_cwd_debug_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
+    pkg = package_beside_cwd(tmp_path, monkeypatch, "kw_cwd_debug_pkg")
     (pkg / "ops.py").write_text(
         "from kernelwright.ops.rms_norm import rms_norm_ref\n\n\n"
         "def my_norm(x, weight, eps=1e-6, **kwargs):\n"

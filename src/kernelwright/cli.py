@@ -18,6 +18,7 @@ from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
 from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
+from kernelwright.cli_options import Force
 from kernelwright.console import make_console
 from kernelwright.testing.model_configs import ARCHITECTURES
 
@@ -53,17 +54,6 @@ def _main(
     ] = False,
 ) -> None:
     pass
-
-
-# create, autopatch and optimize: a reviewer's edits to profile.yaml are never lost
-Force = Annotated[
-    bool,
-    typer.Option(
-        "--force",
-        help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
-        "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
-    ),
-]
 
 
 # `kernelwright bench`: cli_bench.py

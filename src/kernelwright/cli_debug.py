@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from kernelwright.cli_options import Force
 from kernelwright.console import make_console
 
 
@@ -80,14 +81,7 @@ def debug(
             "inductor)."
         ),
     ] = "aot_eager",
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force",
-            help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
-            "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
-        ),
-    ] = False,
+    force: Force = False,
 ) -> None:
     """Bisect where an op diverges from its fp32 reference: forward or which gradient, dtype,
     shape regime, layout, extreme values, launch config; shrink the failing input; write

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from kernelwright.cli_options import Force
 from kernelwright.console import make_console
 
 console = make_console()
@@ -40,14 +41,7 @@ def new(
     yes: Annotated[
         bool, typer.Option("--yes", help="Generate without stopping for review.")
     ] = False,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force",
-            help="Overwrite an edited profile.yaml. Without it an edited profile is kept: this "
-            "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
-        ),
-    ] = False,
+    force: Force = False,
 ) -> None:
     """Understand (trace the loss, write profile.yaml, stop for review) → Act (the loss on
     fused_linear_logprobs, tests, a benchmark) → Verify (run the tests).

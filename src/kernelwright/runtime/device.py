@@ -81,7 +81,7 @@ def _patch_lang_once_a_launch() -> None:
 
     The interpreter swaps `triton.language`'s builtins for interpreted ones when a kernel is
     launched, and again at every call of a `@triton.jit` helper inside it, scanning every member
-    of the language modules each time: a large share of the time of a kernel built from helpers.
+    of the language modules each time, which dominates a kernel built from helpers.
     The patch is the same each time, so within one launch a helper whose language modules are
     already patched skips it; one that sees a module the launch has not patched yet patches it
     as before. The launch's own patch and its restore at the end are untouched.

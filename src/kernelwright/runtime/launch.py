@@ -41,8 +41,8 @@ def traced(t: torch.Tensor) -> bool:
 
 def broadcast_shape(shapes) -> torch.Size:
     """torch.broadcast_shapes for an eager call's concrete shapes, in plain ints: the torch
-    function checks each size symbolically (tens to hundreds of µs a call, more than the launch
-    it precedes). While a graph is traced the torch function runs, sizes may be symbolic."""
+    function checks each size symbolically, host work on every call of an op. While a graph is
+    traced the torch function runs, since sizes may be symbolic."""
     shapes = list(shapes)
     if torch.compiler.is_compiling():
         return torch.broadcast_shapes(*shapes)
