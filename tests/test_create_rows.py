@@ -322,6 +322,42 @@ def test_a_gather_reads_only_the_picked_element(tmp_path):
     assert "_fwd_pick(" not in op and "tl.where(cols == f_unsqueeze" in op
 
 
+@pytest.mark.parametrize("name", ["cross_entropy_mean", "cross_entropy_gather"])
+def test_a_looped_gather_reads_only_the_picked_element(name, tmp_path, monkeypatch):
+    # log_softmax, then a gather by the target: rows past one program take the looped kernels,
+    # where the gather's level reads each row's element at its target column alone (no second
+    # walk over the row after the max and the sum of exp)
+    mod, fn = _op(tmp_path, name)
+    src = Path(mod.__file__).read_text()
+    parts = [src[i : src.index("@triton.jit", i)]
+             for i in _starts(src, f"def _{name}_fwd_part")]  # fmt: skip
+    walks = [p for p in parts if "for start in range" in p]
+    picks = [p for p in parts if "for start in range" not in p]
+    assert len(walks) == 1 and len(picks) == 1 and "cols ==" not in picks[0]
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    monkeypatch.setattr(mod, "_sm_count", lambda device: 2)  # 3 chunks a row
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 38, generator=g)[:, ::2] * 3  # 19 columns, column stride 2
+    t = torch.randint(0, 19, (4,), generator=g)
+    t[0], t[1] = 0, 18  # the row's first and last columns: the first and last chunks
+
+    def ref(x, t):
+        lp = torch.log_softmax(x, -1)
+        picked = torch.gather(lp, -1, t.unsqueeze(-1)).squeeze(-1)
+        return -picked.mean() if name == "cross_entropy_mean" else -picked
+
+    _check(fn, ref, [x, t])
+
+
+def _starts(src: str, prefix: str) -> list[int]:
+    out, i = [], src.find(prefix)
+    while i >= 0:
+        out.append(i)
+        i = src.find(prefix, i + 1)
+    return out
+
+
 def test_a_gather_of_an_elementwise_expression_is_picked(tmp_path):
     # the gather's source is element-wise work on a full input, a per-feature weight and a
     # per-row shift, evaluated at the picked element only; more work on the picked value after

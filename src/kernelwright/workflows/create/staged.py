@@ -61,6 +61,9 @@ class Slot:
     reverse: bool = False  # a scan from the row's end (cumsum of a flipped row)
     scan: int = -1  # a scan's index among the scans: its tile totals, then carries
     target: str = ""  # a scan's aten target (cumsum, cumprod): how tiles and carries combine
+    # a gather by a per-row index input: (the input's position, the lines computing the column
+    # from it, the column's var or "" for the input itself, the gathered value's var)
+    pick: tuple[int, list[str], str, str] | None = None
 
 
 @dataclass
@@ -72,6 +75,8 @@ class Stage:
     # keeps one more partial, the shift its sum is relative to
     shifts: list[int] = field(default_factory=list)
     online_max: int = -1  # that max's slot index
+    # a stage of one gather read at its column alone (`Slot.pick`): no loop over the chunk
+    pick: tuple[int, list[str], str] | None = None
 
 
 @dataclass
@@ -152,7 +157,8 @@ def plan(
         if aten == "aten.gather":
             owned[it.var] = [len(slots)]
             pick = f"tl.where(cols == {it.deps[1]}, {arg}, 0.0)"
-            slots.append(Slot(it.var, "sum", pick, "", base + 1))
+            at = _pick_index(em, it, groups) if em.trailing else None
+            slots.append(Slot(it.var, "sum", pick, "", base + 1, pick=at and (*at, arg)))
             level[it.var] = base + 1
             return
         if aten in ("aten.var_mean", "aten.var"):
@@ -261,6 +267,18 @@ def plan(
                                         body))  # fmt: skip
             continue
         lines = body(needed(start, k), k)
+        s0 = slots[mine[0]]
+        if (
+            len(mine) == 1
+            and s0.pick
+            and not any(w in "\n".join(lines) for w in ("cmask", "tile", "cols"))
+        ):
+            # the gather alone at its level: its value at the row's index column, read there
+            # (each chunk adds it where the column falls in the chunk: the row's sum is that one
+            # value, or 0 for an index outside the row, as the masked sum)
+            lines.append(f"acc0 += tl.where(mask, {s0.pick[3]}, 0.0)")
+            stages.append(Stage(k, mine, lines, pick=s0.pick[:3]))
+            continue
         for j in mine:
             s = slots[j]
             if s.op == "scan":  # the tile's total (or product), for the launcher's carries
@@ -280,6 +298,31 @@ def plan(
     final = body(needed(roots, None), None)
     kept = [(j, given[s.var]) for j, s in enumerate(slots) if s.level == 0 and given]
     return Plan(slots, stages, final, kept)
+
+
+def _pick_index(em, it: _Item, groups) -> tuple[int, list[str], str] | None:
+    """(the index input's position, the lines computing the column from it, the column's var or
+    "" for the input itself) for a forward's gather whose index is a per-row int input, through
+    shape ops or element-wise work on that input alone; else None (the masked row sum)."""
+    from kernelwright.workflows.create.lowering import _IDENTITY
+    from kernelwright.workflows.create.pick import _index_chain
+
+    if it.group != 0 or groups[0][1] != "f_" or groups[0][2]:
+        return None
+    column = it.node.args[2]
+    index = column
+    while isinstance(index, str) and index in em.fwd_by and em.fwd_by[index].target in _IDENTITY:
+        index = em.fwd_by[index].args[0]
+    chain: list[str] = []
+    if index not in em.f_ph:
+        index, chain = _index_chain(em, column)
+        if index is None:
+            return None
+    i = em.f_ph.index(index)
+    spec = em.p.inputs[i]
+    if spec.dtype != "int" or spec.broadcast != "row":
+        return None
+    return i, chain, ("f_" + column) if chain else ""
 
 
 def _online(
@@ -474,8 +517,10 @@ def kernels(
             info["shift"] = len(slots)
             slots.append((len(slots), {"var": f"the shift of {info['var']}", "op": "wshift",
                                        "neutral": "sum", "index": -1}))  # fmt: skip
+        # a pick stage reads its index input before the lines (the column is computed first)
+        chain = [f"f_{ph[st.pick[0]]}", *st.pick[1]] if st.pick else []
         parts.append({"level": st.level, "lines": st.lines, "slots": slots, "scans": scans,
-                      **reads(st.lines)})  # fmt: skip
+                      "pick": st.pick, **reads(chain + st.lines)})  # fmt: skip
     # the combine kernels find the first chunk at a row's extreme (argmax/argmin, online sums)
     has_first = any(i["op"].startswith("arg") or "online" in i
                     for part in parts for _, i in part["slots"])  # fmt: skip
