@@ -306,6 +306,17 @@ def test_directory_and_config_json(tmp_path):
     assert by_dir.norms == by_file.norms
 
 
+def test_a_config_json_that_is_not_json_names_the_file(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": 64,}')  # a trailing comma
+    for target in (tmp_path, bad):
+        with pytest.raises(ValueError, match=f"{bad} is not valid JSON: .*line 1"):
+            analyze(target, check=False)
+    bad.write_text('["llama"]')
+    with pytest.raises(ValueError, match=f"{bad} holds a JSON list, not a config object"):
+        analyze(bad, check=False)
+
+
 def test_transformers_modeling_file():
     path = SITE / "transformers/models/mistral/modeling_mistral.py"
     p = analyze(path, check=False)

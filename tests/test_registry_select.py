@@ -188,6 +188,8 @@ def test_interpreter_device_defaults_to_kernelwright(tmp_path):
     ])  # fmt: skip
     c = choose("rms_norm", dtype="bf16", shape=(4, 64), device="cpu", db=db.path)
     assert (c.impl, c.measured) == ("kernelwright", False)
+    # the advice is a GPU's: the interpreter's own rows never count
+    assert "interpreter timings are not speeds; on a GPU, `kernelwright registry bench" in c.reason
     from kernelwright.ops.rms_norm import rms_norm
 
     assert c.fn() is rms_norm

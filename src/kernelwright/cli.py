@@ -202,8 +202,8 @@ def autopatch(
     dtype: Annotated[
         str,
         typer.Option(
-            help="--sweep: 'fp32' or 'bf16': patched and unpatched model both in it, compared "
-            "within that dtype's parity tolerances."
+            help="--sweep: fp32 (float32) or bf16 (bfloat16), any case: patched and unpatched "
+            "model both in it, compared within that dtype's parity tolerances."
         ),
     ] = "fp32",
 ) -> None:

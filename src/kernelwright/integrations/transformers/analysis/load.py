@@ -248,7 +248,7 @@ def _from_path(path: Path) -> Target:
                 return _from_modeling_file(modeling[0])
             raise _unknown(str(path), " The directory has no config.json.")
         modeling = sorted(path.glob("modeling_*.py"))
-        data = json.loads(cfg_path.read_text())
+        data = _read_json(cfg_path)
         if modeling and "auto_map" in data:
             return _from_modeling_file(modeling[0])
         return _from_config_json(cfg_path)
@@ -259,10 +259,21 @@ def _from_path(path: Path) -> Target:
     raise _unknown(str(path), " Expected a directory, a .json config or a modeling_*.py file.")
 
 
+def _read_json(path: Path) -> dict:
+    """A config.json's object; a ValueError naming the file for one that is not JSON."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not a config object")
+    return data
+
+
 def _from_config_json(path: Path) -> Target:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    data = json.loads(path.read_text())
+    data = _read_json(path)
     model_type = data.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise _unknown(model_type, f" (model_type of {path})")
@@ -289,7 +300,7 @@ def _from_modeling_file(path: Path) -> Target:
         config_cls = _config_class_beside(path)
     cfg_json = path.parent / "config.json"
     if cfg_json.exists():
-        config = config_cls.from_dict(json.loads(cfg_json.read_text()))
+        config = config_cls.from_dict(_read_json(cfg_json))
         config_source = str(cfg_json)
     else:
         config = config_cls()
