@@ -323,7 +323,9 @@ def test_per_row_inputs_load_once_a_row():
     # such a loop ran hundreds of times slower on the GPU (cross_entropy_gather's backward)
     ceg = kernels("cross_entropy_gather")
     assert "in1_sc" in ceg["_cross_entropy_gather_bwd_part1"].split("):  # fmt: skip")[1]
-    assert "# per row" in ceg["_cross_entropy_gather_fwd_part3"]  # beside the logits' tile
+    # the gather's level reads the target once a row, then the logits at that column alone
+    pick = ceg["_cross_entropy_gather_fwd_part3"]
+    assert "pick = tl.load(in1_ptr + rows * in1_sr, mask=rmask" in pick and "for " not in pick
     ce = kernels("cross_entropy_one_hot")
     for name in ("_cross_entropy_one_hot_fwd_kernel", "_cross_entropy_one_hot_bwd_kernel"):
         assert "axis=" in ce[name] and "in1_sc" not in ce[name].split("):  # fmt: skip")[1]
