@@ -399,6 +399,25 @@ def test_looped_rows_split_over_sixteen_programs_per_sm(tmp_path):
     _check(fn, torch.nn.functional.mse_loss, [a, b])  # still the reference's value
 
 
+def test_in_place_looped_tiles_read_long_runs_of_b_neighbours(tmp_path):
+    """A row of another dim longer than a tile holds is walked in tiles of up to 1024
+    B-neighbours (2 KB runs of bf16) by 4 elements of the row; a narrow B caps the run and the
+    tile grows along the row instead. About eight programs per SM in all."""
+    mod, fn = _op(tmp_path, "mean_dim0")
+    dev = torch.device(DEVICE)
+    assert mod._plan("fwd", 960, 393216, 960, dev) == (4, 1024, 4, 960)
+    assert mod._plan("bwd", 960, 393216, 960, dev) == (4, 1024, 4, 960)
+    assert mod._plan("fwd", 1000, 393216, 40, dev) == (64, 64, 4, 40)
+    sms = mod._sm_count(dev)
+    for blocks in (1, 2, 3):
+        chunk, chunks = mod._chunks(blocks, 393216, 4, dev)
+        assert chunks == -(-8 * sms // blocks) and chunk * chunks >= 393216
+    # the table's own tiles (no test override): 600 B-neighbours in a run of 1024 lanes
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2100, 1, 600, generator=g)
+    _check(fn, lambda t: t.mean(0), [x], tol=1e-5)
+
+
 def test_scan_references_run_in_fp64_when_given_fp64(tmp_path):
     # The generated tests hold a scan to an fp64 reference (an fp32 prefix product on a row of
     # mixed signs is itself off by more than the kernel's tolerance): the references must not
