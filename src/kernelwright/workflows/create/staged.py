@@ -16,10 +16,13 @@ totals into each tile's carry (an exclusive prefix, or suffix for a flipped row)
 kernel scans its tile and adds the carry; a cumprod the same with products (the carry from the
 totals shifted by one tile, no division, so a zero stays exact). A prod's partials are the
 chunks' products. An argmax/argmin keeps each chunk's extreme and the column where it first
-occurs; the merge takes the first chunk at the row's extreme (torch's tie rule). The last launch
-computes the outputs (or gradients) tile by tile from the inputs and the row values. A row of
-another dim than the last (an [A, N, B] view) is walked the same way in tiles
-of B-neighbours (templates/slab.py.j2 picks the tile).
+occurs; the merge takes the first chunk at the row's extreme (torch's tie rule). A gather by a
+per-row index input, alone at its level, reads each row's element at its index column only (the
+chunk that holds the column adds it; cross-entropy's log-probability of the target after the
+logsumexp's pass, not a second walk of the row). The last launch computes the outputs (or
+gradients) tile by tile from the inputs and the row values. A row of another dim than the last
+(an [A, N, B] view) is walked the same way in tiles of B-neighbours (templates/slab.py.j2 picks
+the tile: runs of up to 1024 neighbours, read as one stretch of memory).
 
 This module turns the emitter's node lowering into the line lists of those kernels; the
 template assembles them (templates/staged.py.j2).
