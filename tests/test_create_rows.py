@@ -21,14 +21,14 @@ CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run where torch does
 
 
-def _op(tmp_path: Path, name: str, body: str | None = None):
+def _op(tmp_path: Path, name: str, body: str | None = None, tier: int = 2):
     """The generated op module of a reference written here (or the corpus file `name`)."""
     path = CORPUS / f"{name}.py"
     if body is not None:
         path = tmp_path / f"{name}.py"
         path.write_text(textwrap.dedent(body))
     profile = understand(str(path))
-    assert profile.tier == 2, profile.unsupported_reason
+    assert profile.tier == tier, profile.unsupported_reason
     write(profile, tmp_path)
     spec = importlib.util.spec_from_file_location(f"gen_{name}", tmp_path / name / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -416,6 +416,28 @@ def test_in_place_looped_tiles_read_long_runs_of_b_neighbours(tmp_path):
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2100, 1, 600, generator=g)
     _check(fn, lambda t: t.mean(0), [x], tol=1e-5)
+
+
+@pytest.mark.parametrize("body", ["x + 3.0", "x + idx"])
+def test_a_gradient_that_is_dy_itself_reaches_the_input(body, tmp_path):
+    # the backward graph has no node to compute (dx = dy): the op still has a backward, the
+    # gradient reaches x, an int input gets None, and the generated tests check the gradient
+    name = "pass_add" if body == "x + 3.0" else "pass_add_int"
+    mod, fn = _op(tmp_path, name, f"""
+        import torch
+
+        def {name}(x, idx):
+            return {body}
+
+        def get_inputs():
+            return [torch.randn(4, 8), torch.arange(8)]
+        """, tier=1)  # fmt: skip
+    test_src = (tmp_path / name / f"test_{name}.py").read_text()
+    assert f"{name}_ref_grads" in test_src
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(6, 16, generator=g)[:, ::2]  # not contiguous
+    idx = torch.arange(8)
+    _check(fn, lambda x, i: eval(body, {"x": x, "idx": i}), [x, idx])
 
 
 def test_scan_references_run_in_fp64_when_given_fp64(tmp_path):

@@ -208,6 +208,13 @@ def _compiled(
     from kernelwright.workflows.debug.target import TargetError
 
     dtype = _check_dtypes(dtype, reference_dtype, DTYPES, reference_view)
+    import torch._dynamo
+
+    backends = sorted(set(torch._dynamo.list_backends()) | {"eager", "aot_eager"})
+    if backend not in backends:
+        raise typer.BadParameter(
+            f"{backend!r}: one of {', '.join(backends)}", param_hint="--backend"
+        )
     if not is_compiled_target(target):
         raise typer.BadParameter(
             "--compiled takes a model type, a config.json, a directory holding one or "

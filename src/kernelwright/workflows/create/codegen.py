@@ -177,7 +177,13 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     em.index_flag = bool(onehot.checks(em))
     fwd_body, fwd_outs = em.forward_body()
     em.index_flag = False
-    has_bwd = any(n.op == "call_function" for n in profile.backward.nodes)
+    # a backward exists when some input gets a gradient, also one that is dy itself (x + c)
+    has_bwd = any(n.op == "call_function" for n in profile.backward.nodes) or any(
+        a is not None
+        for n in profile.backward.nodes
+        if n.op == "output"
+        for a in (n.args[0] if n.args and isinstance(n.args[0], list) else n.args)
+    )
     st_kinds = em.stored_kinds()
     if profile.stored and not has_bwd:
         raise UnsupportedNode(profile.stored[0].name, "stored, but there is no backward")

@@ -156,7 +156,10 @@ def benchmark(profile: KernelProfile, workdir: str | Path, mode: str = "quick") 
     if mode == "none":
         return BenchResult("benchmark: skipped (--bench none)")
     if not torch.cuda.is_available():
-        return BenchResult("benchmark: GPU only (no CUDA device here); run bench_<name>.py there")
+        return BenchResult(
+            f"benchmark: GPU only (no CUDA device here); on a GPU, from {Path(workdir) / 'pkg'}: "
+            f"python -m {profile.name}.bench_{profile.name}"
+        )
     workdir = Path(workdir)
     pkg_root, name = workdir / "pkg", profile.name
     csv, log = (workdir / "bench.csv").resolve(), workdir / "bench.log"
