@@ -236,6 +236,25 @@ def test_cli_create_stops_for_review(tmp_path):
     assert not (tmp_path / "kernelwright-runs/create/silu/pkg").exists()
 
 
+def test_cli_create_stops_at_tier_3_without_a_review(tmp_path, monkeypatch):
+    # a reference no template lowers stops with its reason (exit 2), without --yes too: no
+    # profile to review and resume from
+    ref = tmp_path / "matmul_gelu.py"
+    ref.write_text(
+        "import torch\n\n\ndef matmul_gelu(x, w):\n    return torch.nn.functional.gelu(x @ w)"
+        "\n\n\ndef get_inputs():\n    return [torch.randn(8, 16), torch.randn(16, 32)]\n"
+    )
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    got = CliRunner().invoke(app, ["create", str(ref)], terminal_width=200)
+    assert got.exit_code == 2, got.output
+    assert "stopped: node 'mm (aten.mm.default)'" in got.output
+    assert "--from-profile" not in got.output
+
+
 # ---------------------------------------------------------------- the corpus through Understand
 
 CORPUS = Path(__file__).resolve().parents[1] / "examples" / "create"

@@ -89,7 +89,7 @@ def create(
         saved = reviewed.save_profile(profile, profile_path, force=force)
         if saved.kept is not None:
             return CreateResult(profile, workdir, "kept", message=saved.message)
-    if not yes and from_profile is None:
+    if not yes and from_profile is None and profile.tier != 3:  # tier 3: nothing to review
         return CreateResult(profile, workdir, "review", message=str(profile_path))
 
     try:

@@ -123,7 +123,7 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
             raise _Stop(
                 _label(node),
                 f"{where} op {op} is not element-wise, a view or a one-dim reduction: no "
-                "template lowers it (matmul/conv/scan/gather/scatter/sort are tier 3)",
+                "template lowers it (matmul, conv and sort are tier 3)",
             )
     if layout:
         node, where = layout
