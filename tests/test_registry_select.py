@@ -190,6 +190,9 @@ def test_interpreter_device_defaults_to_kernelwright(tmp_path):
     assert (c.impl, c.measured) == ("kernelwright", False)
     # the advice is a GPU's: the interpreter's own rows never count
     assert "interpreter timings are not speeds; on a GPU, `kernelwright registry bench" in c.reason
+    # an op no benchmark spec times gets no command that would fail
+    moe = choose("moe_experts", dtype="bf16", shape=(64, 128), device="cpu", db=db.path)
+    assert moe.reason.endswith("default; no benchmark spec times its implementations"), moe.reason
     from kernelwright.ops.rms_norm import rms_norm
 
     assert c.fn() is rms_norm
@@ -327,6 +330,12 @@ def test_cli_choose_prints_the_choice_and_why(db, tmp_path):
     bad.write_bytes(b"garbage" * 200)
     got = _cli(*args, "--arch", "sm_90", "--db", bad)
     assert got.exit_code == 1 and "corrupt.db" in got.output
+    # a shape of no positive sizes, a device that is neither: refused, not bucketed or echoed
+    for shape in ("0x4096", "-5x4096", "8192x", "abc"):
+        got = _cli("choose", "rms_norm", "--shape", shape, "--db", db.path)
+        assert got.exit_code == 2 and "write it as positive sizes" in got.output, shape
+    got = _cli("choose", "rms_norm", "--shape", "8192x4096", "--device", "tpu", "--db", db.path)
+    assert got.exit_code == 2 and "'tpu': cuda or cpu-interpreter" in got.output
 
 
 def test_cli_choose_and_bench_take_every_dtype_spelling(db):

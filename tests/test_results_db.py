@@ -263,6 +263,12 @@ def test_cli_dtype_filter_takes_every_spelling(filled):
     assert res.exit_code == 1 and "'int8'" in res.output and "known: bfloat16" in res.output
 
 
+def test_cli_limit_is_not_negative(filled):
+    res = _cli("results", "--db", filled.path, "--limit", "-1")
+    assert res.exit_code == 2 and "--limit" in res.output
+    assert _cli("results", "--db", filled.path, "--limit", "0").exit_code == 0
+
+
 def test_run_latest_picks_the_second_run(db):
     first, second = new_run_id(), new_run_id()
     assert first != second

@@ -104,13 +104,17 @@ def registry_choose(
     try:
         dims = tuple(int(s) for s in shape.lower().split("x"))
     except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
         raise typer.BadParameter(
-            f"{shape!r}; write it as 8192x4096", param_hint="--shape"
+            f"{shape!r}; write it as positive sizes, e.g. 8192x4096", param_hint="--shape"
         ) from None
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu-interpreter"
+    if device not in ("cuda", "cpu", "cpu-interpreter"):
+        raise typer.BadParameter(f"{device!r}: cuda or cpu-interpreter", param_hint="--device")
     try:
         among = INSERTABLE if for_pass else None
         c = choose(op, dtype=dtype, shape=dims, device=device, arch=arch, db=db, among=among)

@@ -79,7 +79,8 @@ def results(
     markdown: Annotated[bool, typer.Option("--markdown", help="Markdown, not a table.")] = False,
     csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout, every column.")] = False,
     limit: Annotated[
-        int, typer.Option(help="Show at most the newest N rows (0: all; --csv shows all).")
+        int,
+        typer.Option(min=0, help="Show at most the newest N rows (0: all; --csv shows all)."),
     ] = 200,
     db: DbOption = None,
 ) -> None:

@@ -253,7 +253,9 @@ def choose(
     where = f"no results database at {missing}" if missing else f"no measurement for {bucket}"
     named = None if db is None else db.path if isinstance(db, ResultsDB) else db_path(db)
     fill = f"`{fill_command(op, shape, dtype, named)}` fills it"
-    if device == INTERPRETER:  # its own rows never count: the advice is a GPU's
+    if entry.bench is None:  # nothing can fill it: no command to suggest
+        fill = "no benchmark spec times its implementations"
+    elif device == INTERPRETER:  # its own rows never count: the advice is a GPU's
         fill = f"interpreter timings are not speeds; on a GPU, {fill}"
     reason = f"{where}: default; {fill}"
     return Choice(impl=default.name, reason=reason, measured=False, **made)
