@@ -128,6 +128,21 @@ def test_review_stop_then_resume(tmp_path):
     assert "budget" in resumed.stop_reason
 
 
+def test_resume_says_which_options_the_profile_holds(tmp_path):
+    # with --resume the reviewed profile holds the budget, goal, ...: a value given on the
+    # command line is named as ignored, not dropped silently
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    args = ["optimize", OP, "--resume", "--dry-run", "--out", str(tmp_path / "none")]
+    got = CliRunner().invoke(app, [*args, "--max-variants", "2", "--goal", "memory"],
+                             env={"COLUMNS": "200"})  # fmt: skip
+    assert "--goal, --max-variants ignored with --resume" in got.output, got.output
+    got = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert "ignored with --resume" not in got.output
+
+
 def test_no_gpu_without_dry_run_is_a_clear_stop(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(PreflightError, match="no CUDA GPU.*--dry-run"):

@@ -416,6 +416,7 @@ def create(
 
 @app.command()
 def optimize(
+    ctx: typer.Context,
     op: Annotated[str, typer.Argument(help=f"The op to tune: {', '.join(registry.tuned())}.")],
     goal: Annotated[str, typer.Option(help="speed | memory | balanced")] = "speed",
     scope: Annotated[str, typer.Option(help="forward | backward | all")] = "all",
@@ -465,6 +466,15 @@ def optimize(
     from kernelwright.workflows import optimize as wf
 
     console = make_console()
+    if resume:  # the reviewed profile holds these: a value given now would be dropped silently
+        held = ("goal", "scope", "gpu", "max_variants", "target", "quick")
+        given = [f"--{n.replace('_', '-')}" for n in held
+                 if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"]  # fmt: skip
+        if given:
+            console.print(
+                f"[yellow]{', '.join(given)} ignored with --resume:[/] the reviewed profile.yaml "
+                "holds them; edit it there (or start again without --resume)"
+            )
     opts = wf.OptimizeOptions(
         op,
         goal=goal,
