@@ -130,6 +130,15 @@ def test_planted_bug_is_localised_and_its_repro_fails(corpus, bug):
     assert d.pass_name in result.report.read_text()
 
 
+def test_ref_and_inputs_are_refused_for_an_op_target(tmp_path):
+    # an op carries its own reference and inputs: --ref on one is named, not a "no op" error
+    for extra in (["--ref", "softmax"], ["--inputs", "rows"]):
+        got = CliRunner().invoke(app, ["debug", "rms_norm", *extra, "--out", str(tmp_path)],
+                                 env={"COLUMNS": "300"})  # fmt: skip
+        assert got.exit_code == 2, got.output
+        assert f"{extra[0]} applies to a package.module:function target" in got.output
+
+
 def test_localisation_rate(corpus):
     results, _ = corpus
     missed = {b.name: localised(b, results[b.name].profile) for b in planted.BUGS}

@@ -267,6 +267,11 @@ def test_cli_limit_is_not_negative(filled):
     res = _cli("results", "--db", filled.path, "--limit", "-1")
     assert res.exit_code == 2 and "--limit" in res.output
     assert _cli("results", "--db", filled.path, "--limit", "0").exit_code == 0
+    res = _cli("results", "--db", filled.path, "--csv", "--markdown")
+    assert res.exit_code == 2 and "one of --csv and --markdown" in res.output
+    readme = filled.path.parent / "README.md"  # never written: the mode is refused first
+    res = _cli("results", "readme", readme, "--db", filled.path, "--mode", "sideways")
+    assert res.exit_code == 2 and "'sideways': forward, backward or full" in res.output
 
 
 def test_run_latest_picks_the_second_run(db):

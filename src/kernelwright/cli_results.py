@@ -92,6 +92,8 @@ def results(
 
     if ctx.invoked_subcommand is not None:
         return
+    if csv and markdown:
+        raise typer.BadParameter("one of --csv and --markdown", param_hint="--csv / --markdown")
     results_db = _results_db(db)
     if dtype is not None:
         import contextlib
@@ -199,6 +201,9 @@ def results_readme(
     console = _console()
     rows = _query(_results_db(db), source="bench")
     modes = [m.strip() for m in mode.split(",") if m.strip()] or ["full"]
+    wrong = [m for m in modes if m not in ("forward", "backward", "full")]
+    if wrong:
+        raise typer.BadParameter(f"{wrong[0]!r}: forward, backward or full", param_hint="--mode")
     try:
         done = regenerate_readme(path, rows, modes=modes, all_shapes=all_shapes)
     except (ValueError, FileNotFoundError) as e:

@@ -262,6 +262,12 @@ def plan(
     tests: str | None = None
     notes: list[str] = []
     known = registry.names()
+    if ":" not in target and (ref is not None or inputs is not None):
+        given = "--ref" if ref is not None else "--inputs"
+        raise TargetError(
+            f"{given} applies to a package.module:function target; {target!r} carries its own "
+            "reference and inputs"
+        )
     if target in known and ref is None and inputs is None:
         entry = registry.get(target)
         kind = "created" if entry.generated else "library"
