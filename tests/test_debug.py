@@ -137,6 +137,10 @@ def test_ref_and_inputs_are_refused_for_an_op_target(tmp_path):
                                  env={"COLUMNS": "300"})  # fmt: skip
         assert got.exit_code == 2, got.output
         assert f"{extra[0]} applies to a package.module:function target" in got.output
+    # a path that does not exist is named as such, not as an unknown op
+    missing = tmp_path / "nope" / "config.json"
+    got = CliRunner().invoke(app, ["debug", str(missing)], env={"COLUMNS": "300"})
+    assert got.exit_code == 2 and f"{missing}: no such file or directory" in got.output
 
 
 def test_localisation_rate(corpus):

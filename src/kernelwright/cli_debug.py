@@ -106,6 +106,8 @@ def debug(
         if is_model(target):
             _model(target, dtype, reference_dtype, seed, name, out)
             return
+        if ("/" in target or target.endswith((".json", ".py"))) and not Path(target).exists():
+            raise typer.BadParameter(f"{target}: no such file or directory", param_hint="TARGET")
     opts = DebugOptions(
         target,
         ref=ref,

@@ -135,7 +135,8 @@ def results_import(
         list[Path], typer.Argument(help="Bench CSVs or folders of them (searched recursively).")
     ],
     source: Annotated[
-        str, typer.Option(help="The runs' source: bench, or create for create's bench CSVs.")
+        str,
+        typer.Option(help="The runs' source: bench, optimize, or create for create's bench CSVs."),
     ] = "bench",
     db: DbOption = None,
 ) -> None:

@@ -207,9 +207,9 @@ def preflight(opts: OptimizeOptions) -> Setup:
     on_gpu = torch.cuda.is_available() and not interpreter_mode()
     _check(
         on_gpu or opts.dry_run,
-        f"optimize {op}: no CUDA GPU here (timings need one). Run it on a GPU machine, or "
-        f"add --dry-run to exercise the whole pipeline on the CPU with interpreter "
-        f"correctness and placeholder timings.",
+        "no CUDA GPU here (timings need one). Run it on a GPU machine, or "
+        "add --dry-run to exercise the whole pipeline on the CPU with interpreter "
+        "correctness and placeholder timings.",
     )
     device = default_device()
     device_arch = device_info(device).arch
