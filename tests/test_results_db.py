@@ -274,6 +274,24 @@ def test_cli_limit_is_not_negative(filled):
     assert res.exit_code == 2 and "'sideways': forward, backward or full" in res.output
 
 
+def test_the_table_fits_a_terminal_and_keeps_its_numbers(db):
+    # on 100 columns the run, source, ... columns are left out (named in the title), never the
+    # times; an error is a numbered note under the table, not an ellipsis or a tall row
+    from rich.console import Console
+
+    err = "RuntimeError: " + "a long message " * 12
+    db.append([_row("kernelwright", 0.123456), replace(_row("liger", math.nan), error=err)],
+              source="bench", run_id="20261120T100000Z-aaaaaa")  # fmt: skip
+    heads, body = views.listing(db.query())
+    console = Console(record=True, width=100)
+    console.print(views.rich_table("rows", heads, body, width=100))
+    text = console.export_text()
+    assert all(len(line) <= 100 for line in text.splitlines())
+    assert "0.1235" in text and "…" not in text
+    assert "source, run" in text and "left out" in text
+    assert "[1] RuntimeError: a long message" in text
+
+
 def test_run_latest_picks_the_second_run(db):
     first, second = new_run_id(), new_run_id()
     assert first != second

@@ -124,7 +124,8 @@ def results(
         typer.echo(views.markdown_table(heads, body))
     else:
         title = f"{'best of ' if best else ''}{len(rows)} result rows · {results_db.path}"
-        _console().print(views.rich_table(title, heads, body))
+        console = _console()
+        console.print(views.rich_table(title, heads, body, width=console.width))
     if left_out:
         typer.echo(f"({left_out} older rows left out: --limit 0 shows all)", err=True)
 

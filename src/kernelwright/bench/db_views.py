@@ -90,17 +90,52 @@ def markdown_table(heads: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def rich_table(title: str, heads: Sequence[str], body: Sequence[Sequence[str]]):
-    from rich.table import Table
+# the columns left out on a narrow terminal, in that order; the others (the row's key, its time,
+# bandwidth and error note) always show in full
+_YIELDING = ("source", "run", "timing", "gpu", "p20–p80", "CPU µs/call", "host ms", "peak MB",
+             "dtype")  # fmt: skip
 
+
+def rich_table(
+    title: str, heads: Sequence[str], body: Sequence[Sequence[str]], width: int | None = None
+):
+    """A rich Table of the cells, fitted to `width` columns of text by leaving out the
+    `_YIELDING` columns (named in the title); an `error` column becomes numbered notes below
+    the table (a `rich.console.Group`), so a long message neither hides behind an ellipsis nor
+    stretches its row over many lines."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    heads, body, notes = list(heads), [list(r) for r in body], []
+    if "error" in heads:
+        i = heads.index("error")
+        for row in body:
+            if row[i]:
+                notes.append(row[i])
+                row[i] = f"[{len(notes)}]"
+    widths = [max([len(h), *(len(row[i]) for row in body)]) for i, h in enumerate(heads)]
+    dropped = []
+    for h in _YIELDING:
+        if width is None or sum(w + 3 for w in widths) + 1 <= width:
+            break
+        if h in heads:
+            i = heads.index(h)
+            dropped.append(h)
+            del heads[i], widths[i]
+            for row in body:
+                del row[i]
+    if dropped:
+        title += f" ({', '.join(dropped)} left out: a wider terminal or --csv shows them)"
     table = Table(title=title, title_justify="left")
-    for h in heads:
+    for h, w in zip(heads, widths, strict=True):
         numeric = h.endswith(("ms", "p50", "p80", "GB/s", "copy", "MB", "call")) or "/" in h
-        wrap = h in ("error", "source")
-        table.add_column(h, justify="right" if numeric else "left", no_wrap=not wrap)
+        table.add_column(h, justify="right" if numeric else "left", no_wrap=True, min_width=w)
     for row in body:
         table.add_row(*row)
-    return table
+    if not notes:
+        return table
+    return Group(table, *(Text(f"[{k}] {text}") for k, text in enumerate(notes, 1)))
 
 
 # --------------------------------------------------------------------------- best provider
