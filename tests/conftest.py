@@ -6,6 +6,7 @@ program instance costs milliseconds), realistic on the GPU.
 """
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,10 +60,28 @@ __all__ = ["DEVICE", "H100", "ON_GPU", "interpreter_mode"]
 
 
 @contextlib.contextmanager
+def generated_lock():
+    """Held while a test writes or reads this checkout's ops/generated (a file lock across the
+    test workers): two writers at once would each restore an __init__.py holding the other's
+    op, and a reader would see an export whose module is gone."""
+    import fcntl
+    import hashlib
+    import tempfile
+
+    from kernelwright.workflows.create.library import checkout_paths
+
+    key = hashlib.sha1(str(checkout_paths()[1].resolve()).encode()).hexdigest()[:12]
+    lock = Path(tempfile.gettempdir()) / f"kernelwright-generated-{key}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def written_op(name: str):
     """The files `create --into-library` writes into the checkout for op `name` (yielded): the
     block may write them; afterwards they are removed and ops/generated/__init__.py is as it
-    was, so the checkout ends as it began."""
+    was, so the checkout ends as it began (one such block at a time: `generated_lock`)."""
     from kernelwright.workflows.create.library import checkout_paths
 
     package_dir, repo = checkout_paths()
@@ -70,13 +89,14 @@ def written_op(name: str):
              repo / "tests" / "generated" / f"test_generated_{name}.py",
              repo / "benchmarks" / "generated" / f"bench_{name}.py"]  # fmt: skip
     init = package_dir / "ops" / "generated" / "__init__.py"
-    before = init.read_text()
-    try:
-        yield paths
-    finally:
-        for path in paths:
-            path.unlink(missing_ok=True)
-        init.write_text(before)
+    with generated_lock():
+        before = init.read_text()
+        try:
+            yield paths
+        finally:
+            for path in paths:
+                path.unlink(missing_ok=True)
+            init.write_text(before)
 
 
 def rope_agrees(hf_fn, ours, q, k, cos, sin, gen):

@@ -236,9 +236,13 @@ def test_a_generated_op_is_discovered(tmp_path, monkeypatch):
 
 
 def test_the_checkout_generated_package_is_read():
-    # whatever `create --into-library` added to this checkout is listed, nothing else
-    stems = {p.stem for p in generated.DIRECTORY.glob("[!_]*.py")}
-    assert {e.name for e in registry.entries() if e.generated} <= stems
+    # whatever `create --into-library` added to this checkout is listed, nothing else (read
+    # while no other test worker writes there)
+    from conftest import generated_lock
+
+    with generated_lock():
+        stems = {p.stem for p in generated.DIRECTORY.glob("[!_]*.py")}
+        assert {e.name for e in registry.entries() if e.generated} <= stems
 
 
 def test_parse_dtype_takes_every_spelling():
