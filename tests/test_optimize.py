@@ -48,7 +48,10 @@ def dry_run(tmp_path_factory):
     ws = tmp_path_factory.mktemp("optimize") / "ws"
     before_file = TABLE_FILE.read_bytes()
     before_table = copy.deepcopy(rms_table.TABLE)
-    result = optimize(OptimizeOptions(OP, yes=True, workspace=ws, max_variants=3, **DRY))
+    lines: list[str] = []
+    result = optimize(OptimizeOptions(OP, yes=True, workspace=ws, max_variants=3, **DRY),
+                      progress=lines.append)  # fmt: skip
+    result.progress_lines = lines  # what the console showed
     return result, before_file, before_table
 
 
@@ -56,6 +59,10 @@ def test_dry_run_end_to_end(dry_run):
     result, _, _ = dry_run
     ws = result.workspace
     assert result.stage == "done"
+    # every time on the console says it is a placeholder (the baseline's and the variants')
+    timed = [line for line in result.progress_lines if line.endswith(" ms (placeholder)")]
+    assert timed and not [line for line in result.progress_lines if line.endswith(" ms")]
+    assert any(line.lstrip().startswith("v1 ") for line in timed)
     for name in ("profile.yaml", "profile.md", "comparison.md", "report.md", "v0_bench.csv"):
         assert (ws / name).exists(), name
     assert (ws / "snapshot" / f"{OP}_table.py").read_bytes() == TABLE_FILE.read_bytes()

@@ -120,9 +120,10 @@ def regimes_hit(setup: Setup, rows: ArchRows) -> dict[str, dict[int, list[int]]]
 
 def measure_rows(setup: Setup, rows: ArchRows, progress: Progress, tag: str) -> list[Timing]:
     with installed(setup.table, rows, setup.install_archs):
+        unit = "ms (placeholder)" if setup.placeholder else "ms"
 
         def on_row(r) -> None:
-            status = f"{r.ms_p50:.4f} ms" if r.ok else f"error: {r.error}"
+            status = f"{r.ms_p50:.4f} {unit}" if r.ok else f"error: {r.error}"
             progress(f"  {tag} {r.shape} {r.mode}: {status}")
 
         bench_rows = setup.bench.run(setup.points, setup.modes, on_row=on_row)

@@ -142,7 +142,8 @@ def run_profile(setup: Setup, progress: Progress) -> OptimizationProfile:
             f"variants; fix the op (or its bench provider / reference) first.\n{detail}"
         )
     progress(f"[Stage 1] baseline v0: {len(setup.points)} shape(s) x {', '.join(setup.modes)}")
-    rows = setup.bench.run(setup.points, setup.modes, on_row=_row_progress(progress))
+    on_row = _row_progress(progress, setup.placeholder)
+    rows = setup.bench.run(setup.points, setup.modes, on_row=on_row)
     write_csv(rows, ws / "v0_bench.csv")
     peers: list[BenchRow] = []
     if PEER in setup.spec.provider_names:
@@ -219,9 +220,11 @@ def run_profile(setup: Setup, progress: Progress) -> OptimizationProfile:
     return profile
 
 
-def _row_progress(progress: Progress):
+def _row_progress(progress: Progress, placeholder: bool = False):
+    unit = "ms (placeholder)" if placeholder else "ms"
+
     def on_row(r: BenchRow) -> None:
-        status = f"{r.ms_p50:.4f} ms" if r.ok else f"error: {r.error}"
+        status = f"{r.ms_p50:.4f} {unit}" if r.ok else f"error: {r.error}"
         progress(f"  {r.provider} {r.shape} {r.mode}: {status}")
 
     return on_row
