@@ -152,8 +152,8 @@ def shape_dims(spec: BenchSpec, shape) -> str:
 
 def _free(device: torch.device, *, collect: bool = True) -> None:
     # gc only when something may sit in a reference cycle (an exception's traceback holds
-    # the frames, and their tensors) and only on a GPU, whose memory the next row measures: a
-    # full collection costs 0.1 s with torch loaded, more in a long-lived process.
+    # the frames, and their tensors) and only on a GPU, whose memory the next row measures (a
+    # full collection walks every object a process holds).
     if device.type == "cuda":
         if collect:
             gc.collect()

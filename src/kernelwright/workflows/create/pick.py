@@ -38,19 +38,10 @@ def plan(em, out_kinds: list[str], keeps: bool) -> tuple[int, list[str], list[st
     g = along[0]
     if not em.row_dims(g.args[1]) or list(g.shape or []) != em.row_shape(True):
         return None
-    column = g.args[2]
-    index = column  # through shape ops (the unsqueeze of a [...] index) to an input
-    while isinstance(index, str) and index in em.fwd_by and em.fwd_by[index].target in _IDENTITY:
-        index = em.fwd_by[index].args[0]
-    chain: list[str] = []
-    if index not in em.f_ph:  # element-wise work on one per-row index input: the column's code
-        index, chain = _index_chain(em, column)
-        if index is None:
-            return None
-    i = em.f_ph.index(index)
-    spec = p.inputs[i]
-    if spec.dtype != "int" or spec.broadcast != "row":
+    found = index_input(em, g.args[2])
+    if found is None:
         return None
+    i, chain, column = found
     em.picked = True  # the gather: the value at the picked column
     try:
         body, _ = em.forward_body()
@@ -59,7 +50,27 @@ def plan(em, out_kinds: list[str], keeps: bool) -> tuple[int, list[str], list[st
     # element-wise work only: nothing may refer to the row's columns
     if "cmask" in "\n".join(body + chain):
         return None
-    return i, body, chain, ("f_" + column) if chain else ""
+    return i, body, chain, column
+
+
+def index_input(em, column: str) -> tuple[int, list[str], str] | None:
+    """(the index input's position, the lines computing the column from it, the column's var or
+    "" for the input itself) for a gather's index `column` that is a per-row int input, through
+    shape ops (the unsqueeze of a [...] index) or element-wise work on that input alone; else
+    None."""
+    index = column
+    while isinstance(index, str) and index in em.fwd_by and em.fwd_by[index].target in _IDENTITY:
+        index = em.fwd_by[index].args[0]
+    chain: list[str] = []
+    if index not in em.f_ph:  # element-wise work on one per-row index input: the column's code
+        index, chain = _index_chain(em, column)
+        if index is None:
+            return None
+    i = em.f_ph.index(index)
+    spec = em.p.inputs[i]
+    if spec.dtype != "int" or spec.broadcast != "row":
+        return None
+    return i, chain, ("f_" + column) if chain else ""
 
 
 def _index_chain(em, column: str) -> tuple[str | None, list[str]]:

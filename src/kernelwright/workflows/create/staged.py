@@ -304,28 +304,13 @@ def plan(
 
 
 def _pick_index(em, it: _Item, groups) -> tuple[int, list[str], str] | None:
-    """(the index input's position, the lines computing the column from it, the column's var or
-    "" for the input itself) for a forward's gather whose index is a per-row int input, through
-    shape ops or element-wise work on that input alone; else None (the masked row sum)."""
-    from kernelwright.workflows.create.lowering import _IDENTITY
-    from kernelwright.workflows.create.pick import _index_chain
+    """The forward's gather by a per-row int index input: `pick.index_input` of its index;
+    None for the backward's groups (the masked row sum)."""
+    from kernelwright.workflows.create.pick import index_input
 
     if it.group != 0 or groups[0][1] != "f_" or groups[0][2]:
         return None
-    column = it.node.args[2]
-    index = column
-    while isinstance(index, str) and index in em.fwd_by and em.fwd_by[index].target in _IDENTITY:
-        index = em.fwd_by[index].args[0]
-    chain: list[str] = []
-    if index not in em.f_ph:
-        index, chain = _index_chain(em, column)
-        if index is None:
-            return None
-    i = em.f_ph.index(index)
-    spec = em.p.inputs[i]
-    if spec.dtype != "int" or spec.broadcast != "row":
-        return None
-    return i, chain, ("f_" + column) if chain else ""
+    return index_input(em, it.node.args[2])
 
 
 def _online(
