@@ -410,8 +410,11 @@ def test_in_place_looped_tiles_read_long_runs_of_b_neighbours(tmp_path):
     assert mod._plan("fwd", 1000, 393216, 40, dev) == (64, 64, 4, 40)
     sms = mod._sm_count(dev)
     for blocks in (1, 2, 3):
+        # at most eight programs per SM over the blocks, each chunk a whole number of tiles
+        target = -(-8 * sms // blocks)
         chunk, chunks = mod._chunks(blocks, 393216, 4, dev)
-        assert chunks == -(-8 * sms // blocks) and chunk * chunks >= 393216
+        assert chunk == -(-(393216 // 4) // target) * 4
+        assert chunks == -(-393216 // chunk) <= target and chunk * chunks >= 393216
     # the table's own tiles (no test override): 600 B-neighbours in a run of 1024 lanes
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2100, 1, 600, generator=g)
