@@ -309,6 +309,37 @@ def test_cli_version_and_help():
     assert all(arch in autopatch for arch in ARCHITECTURES)
 
 
+def test_help_texts_wrap_to_the_terminal_not_to_the_source():
+    # a docstring's line breaks would cut sentences in two in a wide terminal; every command's
+    # paragraphs reach the help as one line each (the terminal wraps them)
+    import inspect
+
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "400"})
+    checked = 0
+
+    def walk(typer_app, prefix):
+        nonlocal checked
+        for command in typer_app.registered_commands:
+            name = command.name or command.callback.__name__.replace("_", "-")
+            out = runner.invoke(app, [*prefix, name, "--help"]).output
+            lines = [line.strip(" │") for line in out.splitlines()]
+            doc = inspect.cleandoc(inspect.getdoc(command.callback) or command.help or "")
+            for para in doc.split("\n\n"):
+                # rich's markup (escaped brackets) aside, each paragraph is one output line
+                joined = " ".join(para.split()).replace("\\[", "[")
+                assert any(joined in line for line in lines), (name, joined)
+                checked += 1
+        for group in typer_app.registered_groups:
+            walk(group.typer_instance, [*prefix, group.name])
+
+    walk(app, [])
+    assert checked >= 20
+
+
 def test_python_dash_m_runs_the_command_line(monkeypatch, capsys):
     import runpy
 

@@ -10,6 +10,7 @@ imports `app`). Without an installed package: `PYTHONPATH=src python -m kernelwr
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -531,6 +532,26 @@ def optimize(
     console.print(f"Report: {final.report}")
     if final.gate is not None and not final.gate.passed:
         raise typer.Exit(1)
+
+
+def _reflow(text: str) -> str:
+    """A docstring's paragraphs each as one line: the terminal wraps them to its width, where a
+    line break kept from the source would cut a sentence in two."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(p.split("\n")) for p in paragraphs)
+
+
+def _reflow_help(typer_app: typer.Typer) -> None:
+    for command in typer_app.registered_commands:
+        text = command.help or inspect.getdoc(command.callback) or ""
+        command.help = _reflow(text) if text else command.help
+    for group in typer_app.registered_groups:
+        if isinstance(group.typer_instance.info.help, str):
+            group.typer_instance.info.help = _reflow(group.typer_instance.info.help)
+        _reflow_help(group.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:
