@@ -188,6 +188,32 @@ def test_verify_repairs_stored_dtype_then_recomputes(tmp_path, monkeypatch):
     assert [r.kind for r in p.repairs] == ["launch"] and p.stored
 
 
+def test_verify_names_a_crash_and_never_repeats_a_launch_config(tmp_path, monkeypatch):
+    # a generated test that raises is a crash, not wrong numbers; each repair moves to a new,
+    # smaller config and the loop stops (saying so) when the smallest has failed too
+    from kernelwright.workflows.create import verify as verify_mod
+    from kernelwright.workflows.create.codegen import launch_configs
+
+    crash = "E       RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered\n"
+    monkeypatch.setattr(verify_mod, "run_tests", lambda root, name, log: (1, crash))
+    p = profile_of("leaky_relu")
+    configs = launch_configs(p)
+    assert 2 <= len(configs) <= verify_mod.MAX_REPAIRS  # the configs run out before the repairs
+    result = verify_mod.verify(p, tmp_path)
+    assert not result.passed and result.gate == "hard"
+    assert all(a.reason.startswith("crash: RuntimeError") for a in result.attempts)
+    changes = [r.change for r in p.repairs]
+    assert all(r.kind == "launch" for r in p.repairs) and len(set(changes)) == len(changes)
+    tried = [a.config for a in result.attempts]
+    assert tried == configs  # each config once, in order
+    assert len(tried) == len(configs) and "no smaller launch config" in result.attempts[-1].reason
+    wrong = (
+        "E   AssertionError: forward: Tensor-likes are not close!\nE   Mismatched elements: 3 / 8\n"
+    )
+    assert verify_mod.classify(1, wrong)[1].startswith("wrong numbers")
+    assert verify_mod.classify(-11, "Fatal Python error: Segmentation fault")[1].startswith("crash")
+
+
 def test_widened_stored_dtype_is_rendered(tmp_path):
     p = profile_of("rowwise_mse", "min-bytes")
     p.stored[0].dtype = "fp32"

@@ -107,21 +107,32 @@ def launch_repairs(profile: KernelProfile) -> int:
     return sum(1 for r in profile.repairs if r.kind == "launch")
 
 
-def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
+def launch_configs(profile: KernelProfile, row: bool | None = None) -> list[dict]:
+    """The launch configs a Verify repair steps down, in order: the profile's own when they
+    fit the template (a row kernel needs rows and warps, the element-wise one a whole tile),
+    else the template's defaults. `row` None: whether the profile's kernel is a row kernel."""
+    if row is None:
+        row = _Emitter(profile).row
     configs = (profile.launch.configs if profile.launch else None) or []
     if row:
         if not configs or not all("rows" in c and "num_warps" in c for c in configs):
             configs = ROW_CONFIGS
-        cfg = dict(configs[min(launch_repairs(profile), len(configs) - 1)])
-        # BLOCK_N is the widest row the kernel accepts; each launch takes next_power_of_2(N)
-        return {"block_n": MAX_ROW, "rows": cfg["rows"], "num_warps": cfg["num_warps"]}
-    configs = configs or DEFAULT_CONFIGS
+        return [{"rows": c["rows"], "num_warps": c["num_warps"]} for c in configs]
     # the element-wise template tiles [rows, block_n]: a profile whose launch plan is for row
     # kernels (tier 2 whose only reductions are parameter gradients, e.g. DyT) takes the
     # element-wise defaults instead of failing on a missing key
-    if not all("block_n" in c and "rows" in c and "num_warps" in c for c in configs):
+    if not configs or not all("block_n" in c and "rows" in c and "num_warps" in c for c in configs):
         configs = DEFAULT_CONFIGS
-    return dict(configs[min(launch_repairs(profile), len(configs) - 1)])
+    return [dict(c) for c in configs]
+
+
+def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
+    configs = launch_configs(profile, row)
+    cfg = configs[min(launch_repairs(profile), len(configs) - 1)]
+    if row:
+        # BLOCK_N is the widest row the kernel accepts; each launch takes next_power_of_2(N)
+        return {"block_n": MAX_ROW, **cfg}
+    return cfg
 
 
 def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:

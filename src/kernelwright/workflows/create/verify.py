@@ -1,10 +1,10 @@
 """Verify: run the generated tests in a subprocess, classify failures, repair up to 3 times.
 
-Hard gates (an import or compile error, wrong numbers) block; a soft gate (a tolerance missed
-by a small margin) is reported. A repair regenerates and logs why in `profile.repairs`: when a
-gradient is wrong and the profile stores intermediates for the backward, first the stored
+Hard gates (an import or compile error, a crash, wrong numbers) block; a soft gate (a tolerance
+missed by a small margin) is reported. A repair regenerates and logs why in `profile.repairs`:
+when a gradient is wrong and the profile stores intermediates for the backward, first the stored
 values in the input's dtype are widened to fp32, then they are recomputed instead; otherwise
-(and after those) with the next, smaller launch config from the profile.
+(and after those) with the next, smaller launch config, until the smallest has failed too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kernelwright.profiles.kernel import KernelProfile, Repair
-from kernelwright.workflows.create.codegen import DEFAULT_CONFIGS, launch_repairs, write
+from kernelwright.workflows.create.codegen import launch_configs, launch_repairs, write
 
 MAX_REPAIRS = 3
 BENCH_MODES = ("quick", "full", "none")
@@ -64,7 +64,21 @@ def classify(returncode: int, output: str) -> tuple[str, str]:
     rel = [float(m) for m in re.findall(r"Greatest relative difference: ([0-9.e+-]+)", output)]
     if rel and max(rel) < 0.05:
         return "soft", f"tolerance at the edge (max relative difference {max(rel):.3g})"
+    if _crashed(returncode, output):
+        return "hard", f"crash: {first}"
     return "hard", f"wrong numbers: {first}"
+
+
+def _crashed(returncode: int, output: str) -> bool:
+    """Whether a failed run raised (or died) rather than compared and found values apart: the
+    first error pytest shows is an exception other than an assertion, or the process was
+    killed by a signal or Python's fatal error handler."""
+    if returncode < 0 or "Fatal Python error" in output or "Segmentation fault" in output:
+        return True
+    if "Mismatched elements" in output or "not close" in output:
+        return False
+    first = re.search(r"^E\s+((?:\w+\.)*[A-Z]\w*)(?::|$)", output, re.M)
+    return first is not None and first.group(1).rpartition(".")[2] != "AssertionError"
 
 
 def run_tests(pkg_root: Path, name: str, log: Path) -> tuple[int, str]:
@@ -108,7 +122,6 @@ def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
     """Generate under workdir/pkg, test, repair with smaller configs; profile.repairs grows."""
     workdir = Path(workdir)
     pkg_root = workdir / "pkg"
-    configs = (profile.launch.configs if profile.launch else None) or DEFAULT_CONFIGS
     result = VerifyResult(passed=False, gate="hard")
     while True:
         k = len(profile.repairs)
@@ -116,8 +129,9 @@ def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
         log = workdir / f"test_attempt{k}.log"
         rc, out = run_tests(pkg_root, profile.name, log)
         gate, reason = classify(rc, out)
+        configs = launch_configs(profile)
         launch = launch_repairs(profile)
-        cfg = dict(configs[min(launch, len(configs) - 1)])
+        cfg = configs[min(launch, len(configs) - 1)]
         result.attempts.append(Attempt(k, cfg, gate, reason, log))
         result.files, result.gate = files, gate
         # a smaller launch config cannot fix code that does not import or compile
@@ -126,7 +140,10 @@ def verify(profile: KernelProfile, workdir: str | Path) -> VerifyResult:
             break
         repair = stored_repair(profile, out, reason)
         if repair is None:
-            nxt = configs[min(launch + 1, len(configs) - 1)]
+            if launch + 1 >= len(configs):  # the smallest config failed too: nothing left to try
+                result.attempts[-1].reason += f" (no smaller launch config than {cfg} to try)"
+                break
+            nxt = configs[launch + 1]
             repair = Repair(attempt=k + 1, change=f"launch config {cfg} -> {nxt}", reason=reason)
         profile.repairs.append(repair)
     return result
