@@ -291,6 +291,56 @@ def test_looped_backward_copies_the_forward_row_values(name, passes, tmp_path, m
     assert spy.count == passes
 
 
+def test_cosine_similarity_walks_a_long_row_once(tmp_path, monkeypatch):
+    # the norms are taken out of the sum (sum(a b) / (|a| |b|), each norm clamped as PyTorch
+    # clamps it): the three sums are one level, so the looped forward is one partial launch and
+    # the backward one launch over (a, b, dy) with the forward's row values; a row of zeros
+    # (a clamped norm) keeps PyTorch's value and gradients
+    mod, fn = _op(tmp_path, "cosine_similarity_loss")
+    assert hasattr(mod, "_cosine_similarity_loss_fwd_part1")
+    assert not hasattr(mod, "_cosine_similarity_loss_fwd_part2")
+    assert not any(k.startswith("_cosine_similarity_loss_bwd_part") for k in vars(mod))
+    monkeypatch.setattr(mod, "_config", lambda kernel, n, device: (4, 1, 4))
+    monkeypatch.setattr(mod, "LOOP_BLOCK", 4)
+    monkeypatch.setattr(mod, "_sm_count", lambda device: 3)
+    g = torch.Generator().manual_seed(8)
+    a, b = torch.randn(3, 4, 22, generator=g), torch.randn(3, 4, 22, generator=g)
+    a[1, 2] = 0.0
+
+    def ref(a, b):
+        return 1.0 - F.cosine_similarity(a, b, dim=-1).mean()
+
+    spy = _Passes(mod, "cosine_similarity_loss", a.numel(), monkeypatch)
+    _check_fp64(fn, ref, [a, b])
+    assert spy.count == 4  # a, b, da, db: one walk of the row
+
+
+def _check_fp64(fn, ref, xs, tol=1e-4):
+    """fn in fp32 against ref in fp64: a clamped norm's gradients are ~1/eps, where PyTorch's
+    own fp32 gradient is ~1e-4 off the fp64 one; NaN anywhere fails."""
+    xs = [x.to(DEVICE).requires_grad_() for x in xs]
+    refs = [x.detach().double().requires_grad_() for x in xs]
+    y, y_ref = fn(*xs), ref(*refs)
+    torch.testing.assert_close(y, y_ref.float(), atol=1e-5, rtol=1e-5)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.device)
+    got = torch.autograd.grad(y, xs, dy)
+    want = torch.autograd.grad(y_ref, refs, dy.double())
+    for g, w in zip(got, want, strict=True):
+        assert g.isfinite().all()
+        torch.testing.assert_close(g.double(), w, atol=1e-5, rtol=tol)
+
+
+def test_a_row_of_zeros_has_pytorchs_norm_gradient(tmp_path):
+    # the 2-norm's gradient at a vector of zeros is 0 in PyTorch (its backward masks the zero
+    # norm), and the generated op's too: F.normalize's clamped norm (the cosine loss above is
+    # the case where differentiating pow(sum(x^2), 0.5) gave 0 * inf = NaN for the row)
+    mod, fn = _op(tmp_path, "l2_normalize")
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 6, 40, generator=g)
+    x[2, 3] = 0.0
+    _check_fp64(fn, lambda t: F.normalize(t, dim=-1), [x])
+
+
 def _gather(a, i):
     return torch.gather(a, -1, i.unsqueeze(-1)).squeeze(-1)
 

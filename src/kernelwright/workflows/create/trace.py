@@ -23,6 +23,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kernelwright.profiles.kernel import Graph, GraphNode
 from kernelwright.workflows.create import onehot
+from kernelwright.workflows.create.factored import factored
 from kernelwright.workflows.create.load import Reference
 from kernelwright.workflows.create.products import products
 
@@ -45,7 +46,27 @@ _EXTRA_DECOMPS = [
 def decompositions() -> dict:
     table = dict(core_aten_decompositions())
     table.update(get_decompositions(_EXTRA_DECOMPS))
+    table[aten.linalg_vector_norm.default] = _vector_norm
     return table
+
+
+_TORCH_VECTOR_NORM = get_decompositions([aten.linalg_vector_norm])[aten.linalg_vector_norm.default]
+
+
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    """The 2-norm as sqrt(sum(x * x)), with PyTorch's gradient at a vector of zeros: 0 (its
+    backward masks the zero norm). PyTorch's decomposition, pow(sum(x^2), 0.5), is differentiated
+    to 0.5 * 0^-0.5 * 0 = NaN there, a NaN gradient for every row of zeros (a padding row
+    normalised, a zero vector in a cosine similarity). Any other norm: that decomposition."""
+    if ord != 2 or dtype is not None or not x.is_floating_point():
+        return _TORCH_VECTOR_NORM(x, ord, dim, keepdim, dtype=dtype)
+    dims = None if dim is None or (not isinstance(dim, int) and len(dim) == 0) else dim
+    squares = torch.sum(x * x) if dims is None else torch.sum(x * x, dims, keepdim=keepdim)
+    if dims is None and keepdim:
+        squares = squares.reshape([1] * x.dim())
+    nonzero = squares > 0
+    # the inner where keeps sqrt's derivative finite where the outer one takes the 0 branch
+    return torch.where(nonzero, torch.sqrt(torch.where(nonzero, squares, 1.0)), 0.0)
 
 
 class TraceError(RuntimeError):
@@ -265,7 +286,9 @@ def trace(ref: Reference) -> Traced:
         decompositions=decompositions(),
     )
     try:
-        with products():  # cumprod/prod with backward formulas the row templates lower
+        # cumprod/prod with backward formulas the row templates lower; cosine_similarity with
+        # its norms outside the sum (one walk of a long row)
+        with products(), factored():
             out = compiled(*tensors)
             flat = list(out) if isinstance(out, (tuple, list)) else [out]
             diff = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
