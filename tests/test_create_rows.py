@@ -315,6 +315,35 @@ def test_cosine_similarity_walks_a_long_row_once(tmp_path, monkeypatch):
     assert spy.count == 4  # a, b, da, db: one walk of the row
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_row_constants_leave_a_hand_written_sum(keep, tmp_path, monkeypatch):
+    # normalise, multiply, sum over the row, written by hand (dim 1 of [A, N, B], a row of
+    # another dim, here): the norms are factors of the summed product, so they leave the sum
+    # and the looped forward is one partial launch; values and gradients are PyTorch's
+    name = f"cos_hand_{int(keep)}"
+    mod, fn = _op(tmp_path, name, f"""
+        import torch
+        import torch.nn.functional as F
+
+        def {name}(a, b):
+            return (F.normalize(a, dim=1) * 2.0 * F.normalize(b, dim=1)).sum(1, keepdim={keep})
+
+        def get_inputs():
+            return [torch.randn(3, 16, 5), torch.randn(3, 16, 5)]
+        """)  # fmt: skip
+    parts = [k for k in vars(mod) if k.startswith(f"_{name}_fwd_part")]
+    assert parts == [f"_{name}_fwd_part1"], parts
+    _small_tiles(mod, monkeypatch)
+    g = torch.Generator().manual_seed(10)
+    a, b = torch.randn(4, 22, 3, generator=g), torch.randn(4, 22, 3, generator=g)
+    a[1, :, 2] = 0.0  # a row of zeros: a clamped norm
+
+    def ref(a, b):
+        return (F.normalize(a, dim=1) * 2.0 * F.normalize(b, dim=1)).sum(1, keepdim=keep)
+
+    _check_fp64(fn, ref, [a, b])
+
+
 def _check_fp64(fn, ref, xs, tol=1e-4):
     """fn in fp32 against ref in fp64: a clamped norm's gradients are ~1/eps, where PyTorch's
     own fp32 gradient is ~1e-4 off the fp64 one; NaN anywhere fails."""

@@ -23,7 +23,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 
 from kernelwright.profiles.kernel import Graph, GraphNode
 from kernelwright.workflows.create import onehot
-from kernelwright.workflows.create.factored import factored
+from kernelwright.workflows.create.factored import factor_sums, factored
 from kernelwright.workflows.create.load import Reference
 from kernelwright.workflows.create.products import products
 
@@ -323,6 +323,7 @@ def trace(ref: Reference) -> Traced:
     # one_hot's comparison with an arange (and its range check) as one node the rows lower
     folded = {name for gm in captured.values() for name in onehot.fold(gm)}
     fw = captured["fw"]
+    factor_sums(fw)  # row constants out of sums over the row (one walk of a long row)
     fw_rename = {f"primals_{i + 1}": n for i, n in enumerate(names)}
     fw_out = list(fw.graph.output_node().args[0])
     for node, name in zip(fw_out[: len(flat)], outs, strict=True):
