@@ -143,6 +143,41 @@ def test_ref_and_inputs_are_refused_for_an_op_target(tmp_path):
     assert got.exit_code == 2 and f"{missing}: no such file or directory" in got.output
 
 
+def test_an_unknown_ref_op_is_a_usage_error(tmp_path):
+    # --ref naming no registry op: one line naming it and the known ops, exit 2 (not 1, which
+    # says a divergence was localised), before any probe runs
+    for ref, hint in (("nope", "Known: "), ("rms_nrom", "Did you mean 'rms_norm'?")):
+        got = CliRunner().invoke(
+            app,
+            ["debug", "debug_planted:relu_squared_tail_tiles", "--ref", ref, "--yes",
+             "--out", str(tmp_path)],
+            env={"COLUMNS": "300"},
+        )  # fmt: skip
+        assert got.exit_code == 2, got.output
+        assert f"no op {ref!r}" in got.output and hint in got.output
+        assert "Traceback" not in got.output and not (tmp_path / "profile.yaml").exists()
+
+
+def test_dtype_and_backend_are_checked_for_an_op_target(tmp_path):
+    # the op's bisection probes float32, bfloat16 and float16: another dtype is refused, every
+    # spelling of those is taken (the plan stops for review: nothing runs)
+    def debug(*extra):
+        return CliRunner().invoke(app, ["debug", "rms_norm", *extra, "--out", str(tmp_path)],
+                                  env={"COLUMNS": "300"})  # fmt: skip
+
+    got = debug("--dtype", "int8", "--yes")
+    assert got.exit_code == 2, got.output
+    assert "'int8': one of" in got.output and "bf16" in got.output and "fp16" in got.output
+    for spelled in ("bf16", "float16", "fp32"):
+        got = debug("--dtype", spelled, "--force")
+        assert got.exit_code == 0 and "Plan:" in got.output, got.output
+    # without --compiled nothing is compiled: --backend is refused, named as such
+    for backend in ("foo", "inductor"):
+        got = debug("--backend", backend, "--yes")
+        assert got.exit_code == 2, got.output
+        assert "--backend applies with --compiled only" in got.output
+
+
 def test_localisation_rate(corpus):
     results, _ = corpus
     missed = {b.name: localised(b, results[b.name].profile) for b in planted.BUGS}

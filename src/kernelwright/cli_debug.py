@@ -54,7 +54,10 @@ def debug(
     ] = None,
     dtype: Annotated[
         str,
-        typer.Option(help="MODEL: float32 or bfloat16 (fp32, bf16), both models in it."),
+        typer.Option(
+            help="MODEL: float32 or bfloat16 (fp32, bf16), both models in it. An op is probed "
+            "at float32, bfloat16 and float16 alike; for one, --dtype must be one of those."
+        ),
     ] = "float32",
     reference_dtype: Annotated[
         str | None,
@@ -75,12 +78,12 @@ def debug(
         ),
     ] = False,
     backend: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="--compiled: the compiler after the rewrite (aot_eager runs on a CPU; eager, "
-            "inductor)."
+            help="--compiled only: the compiler after the rewrite (aot_eager, the default, runs "
+            "on a CPU; eager, inductor)."
         ),
-    ] = "aot_eager",
+    ] = None,
     force: Force = False,
 ) -> None:
     """Bisect where an op diverges from its fp32 reference: forward or which gradient, dtype,
@@ -98,8 +101,14 @@ def debug(
 
     console = make_console()
     if compiled:
-        _compiled(target, dtype, reference_dtype, backend, seed, name, out)
+        _compiled(target, dtype, reference_dtype, backend or "aot_eager", seed, name, out)
         return
+    if backend is not None:  # nothing is compiled without --compiled: the value would go unused
+        raise typer.BadParameter(
+            f"{backend!r}: --backend applies with --compiled only (the compiler after the "
+            "rewrite); without it nothing is compiled",
+            param_hint="--backend",
+        )
     if not op_like(target):
         from kernelwright.workflows.debug.model import is_model
 
@@ -108,6 +117,7 @@ def debug(
             return
         if ("/" in target or target.endswith((".json", ".py"))) and not Path(target).exists():
             raise typer.BadParameter(f"{target}: no such file or directory", param_hint="TARGET")
+    _check_op_dtype(dtype)
     opts = DebugOptions(
         target,
         ref=ref,
@@ -147,6 +157,15 @@ def debug(
     console.print(f"[red]diverged:[/] {escape(d.summary)}")
     console.print(f"smallest failing shape {tuple(d.minimal_shape)}; repro: python {result.repro}")
     raise typer.Exit(1)
+
+
+def _check_op_dtype(dtype: str) -> None:
+    """An op target's --dtype: one the bisection probes (it probes every one of them), in any
+    of its spellings; a usage error naming them otherwise."""
+    from kernelwright.cli_bench import dtype_option
+    from kernelwright.workflows.debug.bisect import DTYPES
+
+    dtype_option(dtype, allowed=tuple(DTYPES))
 
 
 def _label(target: str, name: str | None) -> str:

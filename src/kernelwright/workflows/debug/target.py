@@ -305,7 +305,10 @@ def plan(
             sys_path = [importable(path, module)]
         load(target)
         if ref is not None and ":" not in ref:
-            entry = registry.get(ref)  # an unknown name lists the known ones
+            try:
+                entry = registry.get(ref)
+            except registry.UnknownOpError as e:  # its message lists the known ops
+                raise TargetError(f"--ref: {e}") from None
             cases = _library_cases(entry, fn=target)
             if inputs is not None:
                 maker, family = _maker_for(target, inputs)
