@@ -344,6 +344,32 @@ def test_row_constants_leave_a_hand_written_sum(keep, tmp_path, monkeypatch):
     _check_fp64(fn, ref, [a, b])
 
 
+@pytest.mark.parametrize("dim", [1, -1])
+def test_dims_counted_from_the_first_bind_the_traced_rank(dim, tmp_path):
+    # softmax(x, dim=1) of a 2-D x is the last dim's softmax at rank 2 only: at rank 3 the
+    # reference normalises another dim, so the op refuses other ranks instead of flattening
+    # them into rows; written with dim=-1 it runs any rank
+    name = f"sm_dim_{'pos' if dim > 0 else 'neg'}"
+    mod, fn = _op(tmp_path, name, f"""
+        import torch
+
+        def {name}(x):
+            return torch.softmax(x, dim={dim})
+
+        def get_inputs():
+            return [torch.randn(4, 96)]
+        """)  # fmt: skip
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(5, 7, generator=g).to(DEVICE)
+    torch.testing.assert_close(fn(x), torch.softmax(x, dim), atol=1e-6, rtol=1e-5)
+    x3 = torch.randn(2, 5, 9, generator=g).to(DEVICE)
+    if dim > 0:
+        with pytest.raises(ValueError, match="rank-2 inputs only"):
+            fn(x3)
+    else:
+        torch.testing.assert_close(fn(x3), torch.softmax(x3, -1), atol=1e-6, rtol=1e-5)
+
+
 def _check_fp64(fn, ref, xs, tol=1e-4):
     """fn in fp32 against ref in fp64: a clamped norm's gradients are ~1/eps, where PyTorch's
     own fp32 gradient is ~1e-4 off the fp64 one; NaN anywhere fails."""

@@ -106,6 +106,9 @@ class KernelProfile(YamlProfile):
     # tier 2: the dims of the main input every row reduction reduces, negative (-1 = the last);
     # one dim, or several adjacent ones (a norm over [C, H, W], a loss over every dim)
     reduction_dims: list[int] = Field(default_factory=list)
+    # the reference's dims count from the first one (softmax(x, dim=1) of a 2-D x): one more
+    # leading dim changes what it computes, so the op runs at the traced rank only
+    rank_bound: bool = False
     forward: Graph = Field(default_factory=Graph)
     backward: Graph = Field(default_factory=Graph)
     # after a reduction over the rows' values (cross-entropy's mean): the ops from there on,

@@ -69,6 +69,36 @@ class Reference:
         return [k for k, _ in self.module.named_parameters()]
 
 
+def rank_bound(ref: Reference) -> bool:
+    """Whether `ref` depends on its inputs' rank: given its example inputs with one more leading
+    dim of size 1 (those of the main rank), does it give the same values? A reference written
+    with dim=-1 does, and a loss over every row; softmax(x, dim=1) of a 2-D x then normalises
+    another dim, and cross_entropy reads dim 1 as the classes (so a kernel that flattens the
+    leading dims into rows would compute something else than the reference at that rank)."""
+    rank = max((t.dim() for t in ref.example_inputs), default=0)
+    if rank == 0:
+        return False
+    ins = [t.clone() for t in ref.example_inputs]
+    lifted = [t[None] if t.dim() == rank else t for t in ins]
+    params = [t.clone() for t in ref.params]
+    try:
+        with torch.no_grad():
+            outs = [_flat(ref.call(*x, *params)) for x in (ins, lifted)]
+        for one, more in zip(*outs, strict=True):
+            want = one[None] if one.dim() else one
+            if more.shape != want.shape or not torch.allclose(
+                more.double(), want.double(), rtol=1e-4, atol=1e-5, equal_nan=True
+            ):
+                return True
+    except Exception:  # noqa: BLE001  a leading dim the reference does not accept: bound
+        return True
+    return False
+
+
+def _flat(out) -> list[torch.Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
 def run_eagerly(ref: Reference) -> tuple[str, str] | None:
     """Run `ref` once on copies of its example inputs: (node, reason) where no kernel can do
     what it does — it writes an input in place, or computes with gradients off (torch.no_grad,

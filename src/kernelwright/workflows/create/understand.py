@@ -48,7 +48,12 @@ from kernelwright.workflows.create.graph import (
     _op,
     formula,
 )
-from kernelwright.workflows.create.load import Reference, load_reference, run_eagerly
+from kernelwright.workflows.create.load import (
+    Reference,
+    load_reference,
+    rank_bound,
+    run_eagerly,
+)
 from kernelwright.workflows.create.lowering import (
     ELEMENTWISE,
     NOT_LOWERED,
@@ -430,6 +435,7 @@ def understand(
         saved=traced.saved,
         recomputed=traced.recomputed,
         upcast_fp32=_upcast(fwd, bwd),
+        rank_bound=rank_bound(ref),
     )
     for out in traced.output_names:
         notes.append(f"forward: {out} = {formula(fwd, out)}")
