@@ -292,7 +292,13 @@ def create(
             help="Resume from a reviewed (edited) profile YAML.", exists=True, dir_okay=False
         ),
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Also write a standalone package here.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write the standalone package, once it passes its tests, to DIR/<name>/.",
+            metavar="DIR",
+        ),
+    ] = None,
     into_library: Annotated[
         bool,
         typer.Option(
@@ -315,7 +321,16 @@ def create(
             "reads fewer bytes). With --from-profile it replaces the reviewed choice."
         ),
     ] = None,
-    force: Force = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Overwrite an edited profile.yaml (without it an edited profile is kept: this "
+            "run's goes beside it as profile.new.yaml and the command stops, exit 2), and "
+            "replace an --out DIR/<name>/ that is not a package `create` wrote (without it "
+            "such a folder is refused, exit 2). A kernel that fails its tests replaces nothing.",
+        ),
+    ] = False,
     implements: Annotated[
         str | None,
         typer.Option(
@@ -328,12 +343,15 @@ def create(
 ) -> None:
     """PyTorch reference → reviewed KernelProfile → generated Triton kernel, tests, benchmark.
 
-    A profile.yaml you edited is never overwritten without --force.
+    A profile.yaml you edited, or an --out folder other than a package `create` wrote, is never
+    overwritten without --force.
     """
+    from rich.markup import escape
+
     from kernelwright.profiles.base import ProfileError
     from kernelwright.workflows.create.implements import ImplementsError
     from kernelwright.workflows.create.load import name_problem
-    from kernelwright.workflows.create.run import RUNS
+    from kernelwright.workflows.create.run import RUNS, OutError
     from kernelwright.workflows.create.run import create as run_create
 
     console = make_console()
@@ -358,6 +376,9 @@ def create(
         )
     except ImplementsError as e:
         raise typer.BadParameter(str(e), param_hint="--implements") from None
+    except OutError as e:  # before any work: one line
+        console.print(str(e), style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except ProfileError as e:  # the --from-profile file: one line per problem, unwrapped
         console.print(str(e), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -365,8 +386,6 @@ def create(
         raise typer.BadParameter(str(e), param_hint="SOURCE") from None
     except Exception as e:  # noqa: BLE001  a kernelwright bug: one line and a log, no traceback
         import traceback
-
-        from rich.markup import escape
 
         log = RUNS / "create_error.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +395,8 @@ def create(
             f"kernelwright bug, not the reference's; the traceback is in {log}, please report it"
         )
         raise typer.Exit(1) from None
+    for note in result.notes:  # what the person should know of the generated op
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if result.stage == "kept":
         console.print(result.message, style="yellow", markup=False)
         raise typer.Exit(2)
