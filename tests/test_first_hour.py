@@ -113,7 +113,7 @@ def test_a_created_package_works_on_its_own_after_triton(tmp_path):
     code = f"""
 import triton
 import torch
-from {name} import softmax, {name}_ref
+from {name} import {name} as softmax, {name}_ref
 x = torch.randn(5, 24, generator=torch.Generator().manual_seed(0))
 torch.testing.assert_close(softmax(x), {name}_ref(x), rtol=1e-4, atol=1e-5)
 print("ok")

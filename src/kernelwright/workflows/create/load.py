@@ -79,7 +79,10 @@ def rank_bound(ref: Reference) -> bool:
     if rank == 0:
         return False
     ins = [t.clone() for t in ref.example_inputs]
-    lifted = [t[None] if t.dim() == rank else t for t in ins]
+    main = next(t for t in ins if t.dim() == rank).shape
+    # the main input and those shaped like its leading dims (a per-row index) get the new dim;
+    # a weight broadcast from the right does not
+    lifted = [t[None] if t.dim() and t.shape == main[: t.dim()] else t for t in ins]
     params = [t.clone() for t in ref.params]
     try:
         with torch.no_grad():
