@@ -370,6 +370,18 @@ def test_dims_counted_from_the_first_bind_the_traced_rank(dim, tmp_path):
         torch.testing.assert_close(fn(x3), torch.softmax(x3, -1), atol=1e-6, rtol=1e-5)
 
 
+def test_float64_and_integer_inputs_are_refused_not_rounded(tmp_path):
+    # the kernels compute in fp32: a float64 or int64 tensor would come back rounded (an int64
+    # around 2**30 off by tens), so the op says which input and what to do
+    mod, fn = _op(tmp_path, "relu_squared", tier=1)
+    x = torch.randn(3, 8, dtype=torch.float64, device=DEVICE)
+    with pytest.raises(TypeError, match=r"x is torch.float64; the kernel takes float32"):
+        fn(x)
+    with pytest.raises(TypeError, match=r"x is torch.int64"):
+        fn(torch.arange(24, device=DEVICE).view(3, 8) + 2**30)
+    torch.testing.assert_close(fn(x.float()), torch.relu(x.float()) ** 2)
+
+
 def _check_fp64(fn, ref, xs, tol=1e-4):
     """fn in fp32 against ref in fp64: a clamped norm's gradients are ~1/eps, where PyTorch's
     own fp32 gradient is ~1e-4 off the fp64 one; NaN anywhere fails."""
