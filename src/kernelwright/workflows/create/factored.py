@@ -110,7 +110,7 @@ def _constant_along(node, dims, full: tuple[int, ...]) -> bool:
 
 
 def _factors(node, out: list, power: int) -> None:
-    """`node` as a product: (factor, +1 or -1) pairs, through mul, div and broadcasts."""
+    """`node` as a product: (factor, +1 or -1) pairs, through mul and div."""
     if isinstance(node, torch.fx.Node) and node.op == "call_function":
         if node.target is _aten.mul.Tensor:
             _factors(node.args[0], out, power)
