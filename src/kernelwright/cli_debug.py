@@ -55,7 +55,7 @@ def debug(
     dtype: Annotated[
         str,
         typer.Option(
-            help="MODEL: float32 or bfloat16 (fp32, bf16), both models in it. An op is probed "
+            help="MODEL: float32 or bfloat16 (fp32, bf16), both models in it. An op is checked "
             "at float32, bfloat16 and float16 alike; for one, --dtype must be one of those."
         ),
     ] = "float32",
@@ -160,7 +160,7 @@ def debug(
 
 
 def _check_op_dtype(dtype: str) -> None:
-    """An op target's --dtype: one the bisection probes (it probes every one of them), in any
+    """An op target's --dtype: one the bisection runs (it runs every one of them), in any
     of its spellings; a usage error naming them otherwise."""
     from kernelwright.cli_bench import dtype_option
     from kernelwright.workflows.debug.bisect import DTYPES

@@ -152,7 +152,7 @@ def shape_dims(spec: BenchSpec, shape) -> str:
 
 def _free(device: torch.device, *, collect: bool = True) -> None:
     # gc only when something may sit in a reference cycle (an exception's traceback holds
-    # the frames, and their tensors) and only on a GPU, whose memory the next row measures (a
+    # the frames, and their tensors) and only on a GPU, whose memory the next row records (a
     # full collection walks every object a process holds).
     if device.type == "cuda":
         if collect:

@@ -109,21 +109,15 @@ def launch_repairs(profile: KernelProfile) -> int:
 
 def launch_configs(profile: KernelProfile, row: bool | None = None) -> list[dict]:
     """The launch configs a Verify repair steps down, in order: the profile's own when they
-    fit the template (a row kernel needs rows and warps, the element-wise one a whole tile),
-    else the template's defaults. `row` None: whether the profile's kernel is a row kernel."""
-    if row is None:
-        row = _Emitter(profile).row
+    fit the template (a row kernel needs rows and warps, the element-wise one a whole tile; a
+    profile planned for row kernels whose only reductions are parameter gradients, e.g. DyT,
+    takes the element-wise defaults), else the template's. `row` None: the profile's kind."""
+    row = _Emitter(profile).row if row is None else row
+    keys = ("rows", "num_warps") if row else ("block_n", "rows", "num_warps")
     configs = (profile.launch.configs if profile.launch else None) or []
-    if row:
-        if not configs or not all("rows" in c and "num_warps" in c for c in configs):
-            configs = ROW_CONFIGS
-        return [{"rows": c["rows"], "num_warps": c["num_warps"]} for c in configs]
-    # the element-wise template tiles [rows, block_n]: a profile whose launch plan is for row
-    # kernels (tier 2 whose only reductions are parameter gradients, e.g. DyT) takes the
-    # element-wise defaults instead of failing on a missing key
-    if not configs or not all("block_n" in c and "rows" in c and "num_warps" in c for c in configs):
-        configs = DEFAULT_CONFIGS
-    return [dict(c) for c in configs]
+    if not configs or not all(k in c for c in configs for k in keys):
+        configs = ROW_CONFIGS if row else DEFAULT_CONFIGS
+    return [{k: c[k] for k in keys} for c in configs]
 
 
 def _config(profile: KernelProfile, row: bool = False) -> dict[str, int]:
