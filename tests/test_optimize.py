@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import re
 import shutil
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from kernelwright.workflows.optimize import (
     GateResult,
     OptimizeOptions,
     PreflightError,
+    notebook,
     optimize,
 )
 from kernelwright.workflows.optimize import loop as loop_mod
@@ -92,6 +94,28 @@ def test_dry_run_is_marked_placeholder_everywhere(dry_run):
         with f.open() as fh:
             timings = {row["timing"] for row in csv.DictReader(fh)}
         assert timings == {"placeholder"}, f.name
+
+
+def test_dry_run_report_says_nothing_was_applied_and_repeats_nothing(dry_run):
+    result, _, _ = dry_run
+    ws = result.workspace
+    report = (ws / "report.md").read_text()
+    assert "## Table (dry run: not applied)" in report and "## Table applied" not in report
+    assert str(2**31 - 1) not in report  # the open-ended last row reads as ∞
+    for name, start in (("report.md", "# optimize"), ("profile.md", "- ")):  # the device line
+        line = next(x for x in (ws / name).read_text().splitlines() if x.startswith(start))
+        words = re.findall(r"\w+", line.replace("`hopper` table entry", "").lower())
+        assert len(words) == len(set(words)), line
+    # tuning the device's own entry (the default): its name once, and no empty Plots section
+    own = result.profile.model_copy(update={"arch": result.profile.device_arch})
+    text = notebook.report_md(own, result.records, stop="x", winner=result.final.winner,
+                              applied="", plots=[])  # fmt: skip
+    words = re.findall(r"\w+", text.splitlines()[0].lower())
+    assert len(words) == len(set(words)) and "## Plots" not in text, text.splitlines()[0]
+    for r in result.records:
+        notes = (ws / f"v{r.version}_notes.md").read_text()
+        assert notes.startswith(f"# v{r.version}: {r.strategy} — ")
+        assert not [x for x in notes.splitlines() if x.count("over v0") > 1], r.version
 
 
 def test_dry_run_leaves_the_library_alone(dry_run):
@@ -235,11 +259,13 @@ def test_finalize_gate_keeps_or_reverts_the_table(tmp_path, gate_passes):
         if gate_passes:
             assert final.library_written and table_copy.read_bytes() != original
             assert setup.table["fwd"][setup.arch] == from_profile(winner.table)["fwd"]
+            assert "## Table applied" in (setup.workspace / "report.md").read_text()
         else:
             assert "REVERTED" in final.applied
             assert table_copy.read_bytes() == original  # byte for byte
             assert setup.table == before
-            assert "REVERTED" in (setup.workspace / "report.md").read_text()
+            report = (setup.workspace / "report.md").read_text()
+            assert "REVERTED" in report and "## Table (not applied)" in report
         assert (setup.workspace / "table_backup.py").read_bytes() == original
     finally:
         setup.table.clear()

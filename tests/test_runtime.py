@@ -89,6 +89,30 @@ def test_interpreter_selected_without_gpu_and_explicit_setting_kept():
     assert out.stdout.strip() == "0", out.stderr
 
 
+def test_info_says_there_is_no_gpu_and_shows_no_gpu_figures(monkeypatch):
+    from typer.testing import CliRunner
+
+    import kernelwright.runtime as runtime
+    from kernelwright.cli import app
+    from kernelwright.runtime.device import _INTERPRETER
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # one table row a line
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "device_info", lambda: _INTERPRETER)
+    out = " ".join(CliRunner().invoke(app, ["info"]).output.split())
+    assert "no CUDA GPU: kernels run through Triton's interpreter on the CPU" in out, out
+    for figure in ("SMs", "L2", "memory", "arch", "CUDA None"):
+        assert figure not in out, out
+    gpu = dataclasses.replace(
+        _INTERPRETER, backend="cuda", name="NVIDIA H100", arch="hopper", capability=(9, 0),
+        sm_count=132, l2_bytes=50 * 2**20, total_memory_bytes=80 * 2**30,
+    )  # fmt: skip
+    monkeypatch.setattr(runtime, "device_info", lambda: gpu)
+    out = " ".join(CliRunner().invoke(app, ["info"]).output.split())
+    for figure in ("NVIDIA H100", "hopper (sm_90)", "SMs │ 132", "L2 │ 50 MiB", "80.0 GiB"):
+        assert figure in out, out
+
+
 def test_rows_view_keeps_row_strides_and_copies_only_when_needed():
     base = torch.randn(6, 10)
     view = rows_view("op", "x", base[:, :7])

@@ -104,26 +104,34 @@ def demo() -> None:
 
 @app.command()
 def info() -> None:
-    """Print the device kernels run on: architecture, SMs, L2, memory, and versions."""
+    """Print the device kernels run on (a GPU's architecture, SMs, L2, memory) and versions."""
     import platform
 
     import torch
     import triton
 
     from kernelwright.bench.specs import importable
-    from kernelwright.runtime import device_info, interpreter_mode
+    from kernelwright.runtime import device_info
 
     d = device_info()
     table = Table(title="kernelwright info", show_header=False, title_justify="left")
-    rows = [
-        ("device", d.name),
-        ("backend", d.backend + ("  (TRITON_INTERPRET=1)" if interpreter_mode() else "")),
-        ("arch", d.arch + (f"  (sm_{d.capability[0]}{d.capability[1]})" if d.capability else "")),
-        ("SMs", str(d.sm_count)),
-        ("L2", f"{d.l2_bytes / 2**20:.0f} MiB"),
-        ("memory", f"{d.total_memory_bytes / 2**30:.1f} GiB"),
+    if d.backend == "interpreter":  # the CPU has no SMs or L2 of a GPU's kind: none are shown
+        why = "TRITON_INTERPRET=1 is set" if torch.cuda.is_available() else "no CUDA GPU"
+        rows = [("device", f"{why}: kernels run through Triton's interpreter on the CPU")]
+    else:
+        sm = f"  (sm_{d.capability[0]}{d.capability[1]})" if d.capability else ""
+        rows = [
+            ("device", d.name),
+            ("backend", d.backend),
+            ("arch", d.arch + sm),
+            ("SMs", str(d.sm_count)),
+            ("L2", f"{d.l2_bytes / 2**20:.0f} MiB"),
+            ("memory", f"{d.total_memory_bytes / 2**30:.1f} GiB"),
+        ]
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
+    rows += [
         ("kernelwright", kernelwright.__version__),
-        ("torch", f"{torch.__version__} (CUDA {torch.version.cuda})"),
+        ("torch", f"{torch.__version__} ({cuda})"),
         ("triton", triton.__version__),
         ("python", platform.python_version()),
         ("liger_kernel", "installed" if importable("liger_kernel") else "not installed"),

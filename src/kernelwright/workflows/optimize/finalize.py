@@ -142,7 +142,13 @@ def finalize(
     report = ws / "report.md"
     report.write_text(
         notebook.report_md(
-            profile, records, stop=stop, winner=winner, applied=result.applied, plots=result.plots
+            profile,
+            records,
+            stop=stop,
+            winner=winner,
+            applied=result.applied,
+            plots=result.plots,
+            written=result.library_written,
         )
     )
     result.report = report

@@ -16,6 +16,7 @@ from kernelwright.profiles.optimization import (
 )
 from kernelwright.workflows.optimize.guardrails import by_key
 from kernelwright.workflows.optimize.strategies import L2_FLAGS
+from kernelwright.workflows.optimize.tables import MAX_N_OPEN
 
 BANNER = (
     "> **PLACEHOLDER TIMINGS** — a dry run: every time below comes from a model of the launch "
@@ -27,6 +28,13 @@ def _f(v: float, spec: str = ".4f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "—"
 
 
+def _device(p: OptimizationProfile) -> str:
+    """The device's name and the architecture the timings were taken on, the architecture left
+    out where the name already says it (the interpreter's)."""
+    arch = p.device_arch
+    return p.gpu if arch.lower() in p.gpu.lower() else f"{p.gpu} ({arch})"
+
+
 def table_md(rows: dict[str, list[ConfigRow]]) -> list[str]:
     out = [
         "| kernel | max_n | block_n | num_warps | rows | num_stages | programs_per_sm | L2 flags |"
@@ -35,8 +43,9 @@ def table_md(rows: dict[str, list[ConfigRow]]) -> list[str]:
     for k, rs in rows.items():
         for r in rs:
             flags = [f for f in L2_FLAGS if getattr(r, f)]
+            max_n = "∞" if r.max_n == MAX_N_OPEN else r.max_n  # the open-ended last row
             out.append(
-                f"| {k} | {r.max_n} | {r.block_n} | {r.num_warps} | {r.rows} | {r.num_stages} "
+                f"| {k} | {max_n} | {r.block_n} | {r.num_warps} | {r.rows} | {r.num_stages} "
                 f"| {r.programs_per_sm} | {', '.join(flags) or '—'} |"
             )
     return out
@@ -60,7 +69,8 @@ def profile_md(p: OptimizationProfile) -> str:
     if p.placeholder:
         lines += [BANNER]
     lines += [
-        f"- GPU: {p.gpu} (timings on `{p.device_arch}`), tuning the `{p.arch}` table entry",
+        f"- {'device' if p.device_arch == 'interpreter' else 'GPU'}: {_device(p)}, "
+        f"tuning the `{p.arch}` table entry",
         f"- goal: {p.goal}, scope: {p.scope} (kernels {', '.join(p.kernels)}; modes "
         f"{', '.join(p.modes)}), variant budget {p.max_variants}"
         + (f", target {p.target}" if p.target else ""),
@@ -113,11 +123,12 @@ def profile_md(p: OptimizationProfile) -> str:
 
 
 def variant_md(r: VariantRecord, sweep_md: Sequence[str] = ()) -> str:
-    lines = [f"# v{r.version}: {r.strategy}  — {r.verdict.upper()}", ""]
+    lines = [f"# v{r.version}: {r.strategy} — {r.verdict.upper()}", ""]
     if r.placeholder:
         lines += [BANNER]
     lines += [
-        f"Built on v{r.parent}. Addresses: {r.addresses}.",
+        f"Built on v{r.parent}. Addresses: "
+        + ("any bottleneck." if r.addresses == "any" else f"{r.addresses}."),
         "",
         "## Hypothesis",
         "",
@@ -142,8 +153,8 @@ def variant_md(r: VariantRecord, sweep_md: Sequence[str] = ()) -> str:
         lines += timings_md(r.measured)
         lines += [
             "",
-            f"objective {_f(r.objective, '.5f')}: {r.gain_pct:+.2f}% over v{r.parent}, "
-            f"{r.vs_baseline_pct:+.2f}% over v0",
+            f"objective {_f(r.objective, '.5f')}: {r.gain_pct:+.2f}% over v{r.parent}"
+            + (f", {r.vs_baseline_pct:+.2f}% over v0" if r.parent else ""),
         ]
     else:
         lines.append("not benchmarked")
@@ -195,8 +206,11 @@ def report_md(
     winner: VariantRecord | None,
     applied: str,
     plots: Sequence[Path],
+    written: bool = False,
 ) -> str:
-    lines = [f"# optimize {p.op} on {p.gpu} ({p.arch})", ""]
+    """`written`: the winner's table is in the library now (else it was only proposed)."""
+    tuned = f", the `{p.arch}` table entry" if p.arch != p.device_arch else ""
+    lines = [f"# optimize {p.op} on {_device(p)}{tuned}", ""]
     if p.placeholder:
         lines += [BANNER]
     lines += [
@@ -226,10 +240,13 @@ def report_md(
             f"{_f(peer.ms_p50) if peer else '—'} |"
         )
     if winner:
-        lines += ["", "## Table applied", "", *table_md(winner.table)]
+        title = "Table (dry run: not applied)" if p.placeholder else "Table (not applied)"
+        lines += ["", f"## {'Table applied' if written else title}", "", *table_md(winner.table)]
     lines += ["", "## Variants", ""]
-    for r in records:
-        lines.append(f"- v{r.version} `{r.strategy}`: {r.verdict} — {r.reason}")
-    lines += ["", "## Plots", ""] + [f"![{q.stem}](plots/{q.name})" for q in plots]
+    lines += [f"- v{r.version} `{r.strategy}`: {r.verdict} — {r.reason}" for r in records] or [
+        "- none tried"
+    ]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{q.stem}](plots/{q.name})" for q in plots]
     lines += ["", "Notebooks: `v*_notes.md`; all variants: `comparison.md`.", ""]
     return "\n".join(lines)
