@@ -108,3 +108,69 @@ def test_op_names():
         "class_op", "op_123start", "torch_op", "c_op", "op_test_x", "softmax"
     ]  # fmt: skip
     assert name_problem("my-op") and name_problem("triton") and not name_problem("my_op")
+
+
+RANDOM = {  # the forward's expression of x -> the call the stop names ("" where none)
+    "x + torch.randn_like(x)": "randn_like",
+    "x * torch.rand(x.shape)": "rand",
+    "torch.bernoulli(torch.sigmoid(x)) * x": "bernoulli",
+    "F.dropout(x, p=0.5)": "dropout",
+    "nn.Dropout(0.1)(x)": "dropout",
+    "x + torch.randn(x.shape, generator=torch.Generator().manual_seed(1))": "randn",
+    "F.dropout(x, p=0.5, training=False) * 2": "",
+    "F.dropout(x, p=0.0) * 2": "",
+}
+
+
+@pytest.mark.parametrize("expr", sorted(RANDOM))
+def test_a_reference_that_draws_random_numbers_stops_saying_so(tmp_path, expr):
+    path = tmp_path / "noisy.py"
+    path.write_text(
+        "import torch\nimport torch.nn.functional as F\nfrom torch import nn\n\n\n"
+        f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}\n\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 16)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    p = understand(str(path))
+    if not RANDOM[expr]:  # dropout that is the identity draws nothing
+        assert p.tier == 1, p.unsupported_reason
+        return
+    assert p.tier == 3 and p.unsupported_node == RANDOM[expr]
+    assert "draws random numbers" in p.unsupported_reason
+    assert "cannot reproduce bit for bit" in p.unsupported_reason
+    if RANDOM[expr] == "dropout":
+        assert "model.eval()" in p.unsupported_reason and "p=0" in p.unsupported_reason
+        assert "mask as an input" in p.unsupported_reason
+
+
+def test_cli_create_stops_cleanly_on_dropout(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kernelwright.cli import app
+
+    ref = tmp_path / "drop.py"
+    ref.write_text("import torch.nn.functional as F\nimport torch\n\n\ndef drop(x):\n"
+                   "    return F.dropout(x, 0.2)\n\n\ndef get_inputs():\n"
+                   "    return [torch.randn(4, 16)]\n")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    got = CliRunner().invoke(app, ["create", str(ref), "--yes"], terminal_width=400)
+    assert got.exit_code == 2, got.output
+    assert "stopped: node 'dropout': the reference draws random numbers" in got.output
+    assert "Traceback" not in got.output
+
+
+def test_a_target_picked_in_a_file_names_the_op(tmp_path):
+    path = tmp_path / "ops.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef squared_relu(x):\n"
+        "    return torch.relu(x) ** 2\n\n\nclass ScaledTanh(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.tanh(x) * 2\n\n\n"
+        "class Model(nn.Module):\n    def forward(self, x):\n        return x * 3\n\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 16)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    assert understand(f"{path}:squared_relu").name == "squared_relu"
+    assert understand(f"{path}:ScaledTanh").function_name == "scaled_tanh"
+    assert understand(f"{path}:ScaledTanh", name="my_tanh").name == "my_tanh"
+    # KernelBench's class is always Model: the file names it, as without a target
+    assert understand(f"{path}:Model").name == understand(str(path)).name == "ops"

@@ -148,7 +148,9 @@ def test_create_keeps_an_edited_profile(tmp_path, monkeypatch):
     assert runner.invoke(app, args).exit_code == 0  # unedited: re-running rewrites it quietly
     assert profile.read_text() == fresh and not (ws / "profile.new.yaml").exists()
 
-    edited = _edit(profile)
+    # an edit of the profile itself (create writes no profile.new.yaml equal to the reviewed one)
+    edited = _edit(profile).replace("notes:\n", "notes:\n- reviewed\n", 1)
+    profile.write_text(edited)
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert profile.read_text() == edited

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelwright.registry.entry import import_module
 
@@ -104,14 +105,15 @@ def _flat(out) -> list[torch.Tensor]:
 
 def run_eagerly(ref: Reference) -> tuple[str, str] | None:
     """Run `ref` once on copies of its example inputs: (node, reason) where no kernel can do
-    what it does — it writes an input in place, or computes with gradients off (torch.no_grad,
-    of which the traced graphs keep no mark) — else None. A reference that fails there is the
-    user's to fix (a ReferenceError says how it failed), not a tier-3 op."""
+    what it does — it writes an input in place, draws random numbers, or computes with gradients
+    off (torch.no_grad, of which the traced graphs keep no mark) — else None. A reference that
+    fails there is the user's to fix (a ReferenceError says how it failed), not a tier-3 op."""
     tensors = [t.clone() for t in ref.example_inputs + ref.params]
     versions = [t._version for t in tensors]
     watch = _GradOff()
+    draws = _Draws(watch)
     try:
-        with watch:
+        with watch, draws:
             ref.call(*tensors)
     except (Exception, SystemExit) as e:
         raise ReferenceError(
@@ -127,6 +129,8 @@ def run_eagerly(ref: Reference) -> tuple[str, str] | None:
             "or a slice assignment on it): a kernel leaves its inputs as they are; compute a "
             "new tensor instead (x * 2, not x.mul_(2))"
         )
+    if draws.call is not None:
+        return draws.call, _random_reason(draws.call, draws.op)
     if watch.off:
         return "no_grad", (
             "the reference computes under torch.no_grad() (or with gradients off): the traced "
@@ -138,13 +142,60 @@ def run_eagerly(ref: Reference) -> tuple[str, str] | None:
 
 class _GradOff(torch.overrides.TorchFunctionMode):
     """Records a torch call made with gradients off: tracing keeps no trace of torch.no_grad, so
-    the generated reference would differentiate what the reference does not."""
+    the generated reference would differentiate what the reference does not. Also keeps the
+    reference's torch call in progress (`call`), which names a random op (`_Draws`)."""
 
     off = False
+    call: Any = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.off = self.off or not torch.is_grad_enabled()
-        return func(*args, **(kwargs or {}))
+        self.call = func  # calls inside it are not seen: the mode is off while it runs
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.call = None
+
+
+class _Draws(TorchDispatchMode):
+    """Records the first aten op of the reference that draws random numbers (`op`) and the name
+    of the reference's torch call that ran it (`call`): an op PyTorch tags as seeded that takes
+    a generator or advances the default one (seeded ops that draw nothing, such as dropout
+    with p = 0 inside attention, are deterministic)."""
+
+    def __init__(self, watch: _GradOff):
+        super().__init__()
+        self.watch, self.op, self.call = watch, None, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.op is not None or torch.Tag.nondeterministic_seeded not in func.tags:
+            return func(*args, **kwargs)
+        before = torch.random.get_rng_state()
+        out = func(*args, **kwargs)
+        given = any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values()))
+        if given or not torch.equal(before, torch.random.get_rng_state()):
+            self.op = func
+            self.call = getattr(self.watch.call, "__name__", None) or func.overloadpacket.__name__
+        return out
+
+
+def _random_reason(call: str, op) -> str:
+    """Why a reference that draws random numbers in `call` (aten `op`) stops, and what to do."""
+    what = f"{call} ({op})"
+    if "dropout" in call:
+        what = f"{call} in training mode ({op})"
+        fix = (
+            "make the dropout the identity — model.eval() (self.eval() in the module's "
+            "__init__), training=False or p=0 — or pass the mask as an input, drawn in "
+            "get_inputs() (x * mask / (1 - p))"
+        )
+    else:
+        fix = "draw the random tensor in get_inputs() and pass it as an input"
+    return (
+        f"the reference draws random numbers: {what}, which a generated kernel cannot "
+        f"reproduce bit for bit (its tests compare it with the reference); {fix}"
+    )
 
 
 def _merge_constants(tensors: list[Any], constants: dict[int, Any]) -> list[Any]:
@@ -391,8 +442,10 @@ def load_reference(source: str, *, name: str | None = None) -> Reference:
     raw = _example_inputs(module, where)
     constants = {i: v for i, v in enumerate(raw) if not isinstance(v, torch.Tensor)}
     inputs = [_fp32(v) for v in raw if isinstance(v, torch.Tensor)]
+    # named after the target picked (path.py:name), else the file; KernelBench's class is
+    # always `Model`, so its file names it
     op_name = name or op_identifier(
-        stem if form == "kernelbench" or path is not None else snake_case(target)
+        snake_case(target) if target is not None and form != "kernelbench" else stem
     )
 
     if form == "function":

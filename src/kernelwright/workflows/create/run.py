@@ -88,6 +88,44 @@ def _baked_note(baked: list[tuple[str, Any]], profile: KernelProfile) -> list[st
     return [f"{values} {verb}: the generated {profile.function_name}() takes {takes} only"]
 
 
+def _save(
+    profile: KernelProfile, path: Path, force: bool, resumed: str | Path | None = None
+) -> str | None:
+    """Save this run's profile as `path`, or None; where a person edited `path` (and not
+    `force`) it stays as it is and the message says why the run stops. This run's profile then
+    goes beside it (profile.new.yaml) only when it differs from the edited one."""
+    if not force and reviewed.edited(path) and _same(path, profile):
+        _drop_new(path, resumed)
+        return (
+            f"{path} was edited since kernelwright wrote it: kept as it is. This run's profile "
+            "is the same apart from comments and layout, so none was written beside it: resume "
+            f"from it (--from-profile {path}), or re-run with --force to overwrite it."
+        )
+    saved = reviewed.save_profile(profile, path, force=force)
+    if saved.kept is None:
+        _drop_new(path, resumed)  # this run's profile is `path` now
+        return None
+    return saved.message
+
+
+def _same(path: Path, profile: KernelProfile) -> bool:
+    try:
+        return KernelProfile.load(path).to_yaml() == profile.to_yaml()
+    except (OSError, ValueError):  # unreadable or no valid profile: an edit of its own
+        return False
+
+
+def _drop_new(path: Path, resumed: str | Path | None = None) -> None:
+    """Remove the profile.new.yaml an earlier run wrote beside `path` (and its digest): once
+    `path` holds this run's profile or was resumed from, it is stale. Not the file this run
+    resumed from (`resumed`)."""
+    new = path.with_name(f"{path.stem}.new{path.suffix}")
+    if resumed is not None and Path(resumed).resolve() == new.resolve():
+        return
+    for p in (new, new.with_name(f".{new.name}.sha256")):
+        p.unlink(missing_ok=True)
+
+
 def _check_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise OutError(f"--out {out} is a file, not a folder: pass a folder for the package")
@@ -160,8 +198,10 @@ def create(
     or "min-bytes", see stored.plan_stored); None keeps a resumed profile's `stored` as
     reviewed and means "recompute" for a new one.
 
-    An edited workspace profile.yaml is never overwritten unless `force`: the new profile goes
-    to profile.new.yaml and the run stops there (stage "kept"; `profiles.reviewed`).
+    An edited workspace profile.yaml is never overwritten unless `force`: the run stops there
+    (stage "kept"; `profiles.reviewed`), with its profile in profile.new.yaml where it differs
+    from the edited one. A profile.new.yaml that a later run made stale (it wrote profile.yaml,
+    or resumed from it) is removed.
 
     implements: with `into_library`, the library op whose "created" implementation the op also
     is (workflows/create/implements.py); checked before Verify, an `ImplementsError` if not.
@@ -201,10 +241,11 @@ def create(
     profile_path = workdir / "profile.yaml"
     if Path(from_profile or "").resolve() == profile_path.resolve():
         reviewed.adopt(profile_path)  # resumed from it: this run carries its edits on
+        _drop_new(profile_path)  # the reviewed profile was chosen over an earlier run's new one
     else:
-        saved = reviewed.save_profile(profile, profile_path, force=force)
-        if saved.kept is not None:
-            return CreateResult(profile, workdir, "kept", message=saved.message, notes=notes)
+        kept = _save(profile, profile_path, force, from_profile)
+        if kept is not None:
+            return CreateResult(profile, workdir, "kept", message=kept, notes=notes)
     if not yes and from_profile is None and profile.tier != 3:  # tier 3: nothing to review
         return CreateResult(profile, workdir, "review", message=str(profile_path), notes=notes)
 
