@@ -334,7 +334,8 @@ def create(
         typer.Option(
             "--force",
             help="Overwrite an edited profile.yaml (without it an edited profile is kept: this "
-            "run's goes beside it as profile.new.yaml and the command stops, exit 2), and "
+            "run's goes beside it as profile.new.yaml where it differs, and the command stops, "
+            "exit 2), and "
             "replace an --out DIR/<name>/ that is not a package `create` wrote (without it "
             "such a folder is refused, exit 2). A kernel that fails its tests replaces nothing.",
         ),
