@@ -50,10 +50,13 @@ def new(
     from kernelwright.profiles.loss import LossProfile
     from kernelwright.profiles.reviewed import save_profile
     from kernelwright.workflows.losses import LossGenError, generate, understand
-    from kernelwright.workflows.losses.lossgen import verify
+    from kernelwright.workflows.losses.lossgen import check_profile, verify
 
     if (file is None) == (from_profile is None):
         console.print("[red]give a loss FILE or --from-profile PATH (one of them)[/red]")
+        raise typer.Exit(2)
+    if from_profile is not None and not from_profile.is_file():
+        console.print(f"profile file {from_profile} does not exist", style="red", markup=False)
         raise typer.Exit(2)
     try:
         if from_profile is not None:
@@ -61,7 +64,7 @@ def new(
         else:
             profile = understand(file, name=name, logits_arg=logits)
     except (LossGenError, ValueError) as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from e
     folder = out or (from_profile.parent if from_profile else Path("kernelwright-runs/losses")
                      / profile.name)  # fmt: skip
@@ -84,9 +87,11 @@ def new(
         console.print(f"review it, then: kernelwright losses new --from-profile {path}")
         return
     try:
+        if from_profile is not None:
+            check_profile(profile, from_profile)
         files = generate(profile, folder)
     except LossGenError as e:
-        console.print(f"[red]{e}[/red]")
+        console.print(str(e), style="red", markup=False)
         raise typer.Exit(2) from e
     for f in files:
         console.print(f"wrote {f}")

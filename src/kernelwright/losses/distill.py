@@ -22,7 +22,15 @@ import torch
 import triton
 
 from kernelwright.losses._stats_kernels import _distill_kernel
-from kernelwright.losses.logprobs import _compute_dtype, _project, _scored, _spread, chunk_rows
+from kernelwright.losses.logprobs import (
+    _compute_dtype,
+    _project,
+    _scored,
+    _spread,
+    check_chunk_size,
+    check_head,
+    chunk_rows,
+)
 from kernelwright.ops.fused_linear_cross_entropy import _addmm_
 from kernelwright.runtime.launch import traced
 
@@ -138,8 +146,8 @@ def fused_linear_distill(
     against the teacher's on `teacher_hidden` [..., Ht], same tokens; `labels` [...] marks the
     tokens kept (not `ignore_index`; only those are computed). The vocabularies must match.
     Under torch.autocast the matmuls run in the autocast dtype; accum_dtype=torch.float32
-    accumulates the weight gradient of bf16 weights in fp32. chunk_size: tokens per chunk
-    (default: as fused linear cross-entropy chooses, for two logits buffers).
+    accumulates the weight gradient of bf16 weights in fp32. chunk_size: tokens per chunk, an
+    int >= 1 (None: as fused linear cross-entropy chooses, for two logits buffers).
 
     num_items_in_batch: "batchmean" divides by it instead of the tokens kept here (the kept
     tokens of every micro-batch of a gradient-accumulated step). return_entropy: also the
@@ -153,6 +161,12 @@ def fused_linear_distill(
         raise ValueError(f"fused_linear_distill: reduction must be one of {REDUCTIONS}")
     if num_items_in_batch is not None and reduction != "batchmean":
         raise ValueError("fused_linear_distill: num_items_in_batch divides the batchmean only")
+    op = "fused_linear_distill"
+    check_head(op, ("student_hidden", "student_weight", "student_bias"), student_hidden,
+               student_weight, student_bias)  # fmt: skip
+    check_head(op, ("teacher_hidden", "teacher_weight", "teacher_bias"), teacher_hidden,
+               teacher_weight, teacher_bias)  # fmt: skip
+    check_chunk_size(op, chunk_size)
     if student_weight.shape[0] != teacher_weight.shape[0]:
         raise ValueError(
             "fused_linear_distill: the student's and the teacher's vocabularies differ "

@@ -53,8 +53,10 @@ def fused_linear_logprobs(
     z = softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap) / temperature (no
     tanh without `softcap`).
 
-    hidden [..., H], weight [V, H] (an lm_head, tied or not), target [...] token ids; a token
-    whose target is `ignore_index` gets 0 (mask it out of any sum). Chunked over tokens: the
+    hidden [..., H] (float), weight [V, H] (an lm_head, tied or not), target token ids
+    (int64/int32) of hidden's leading shape [...]; a token whose target is `ignore_index` gets
+    0 (mask it out of any sum), any other target must lie in [0, V). Chunked over tokens:
+    `chunk_size` tokens per chunk (None: chosen from the sizes; else an int >= 1); the
     forward keeps one chunk's logits at a time, the backward recomputes them. Differentiable in
     hidden, weight and bias; under torch.autocast the matmuls run in the autocast dtype.
 
@@ -65,21 +67,17 @@ def fused_linear_logprobs(
     backward: "recompute" or "stored", what the forward keeps for the backward, and
     entropy_grad=False, an entropy that is only a metric (see `fused_linear_logprob_stats`).
     """
-    if return_entropy:
+    if return_entropy or (softcap is not None and temperature != 1.0) or backward != "recompute":
         st = fused_linear_logprob_stats(
             hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
             logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
-            accum_dtype=accum_dtype, outputs=("entropy",), backward=backward,
-            entropy_grad=entropy_grad,
+            accum_dtype=accum_dtype, outputs=("entropy",) if return_entropy else (),
+            backward=backward, entropy_grad=entropy_grad,
         )  # fmt: skip
-        return st.log_probs, st.entropy
+        return (st.log_probs, st.entropy) if return_entropy else st.log_probs
     _check(temperature, softcap, backward)
-    if (softcap is not None and temperature != 1.0) or backward != "recompute":
-        return fused_linear_logprob_stats(
-            hidden, weight, target, bias=bias, temperature=temperature, softcap=softcap,
-            logit_scale=logit_scale, ignore_index=ignore_index, chunk_size=chunk_size,
-            accum_dtype=accum_dtype, outputs=(), backward=backward,
-        ).log_probs  # fmt: skip
+    _check_inputs(hidden, weight, target, bias, chunk_size)
+    keep = _scored_checked(target, ignore_index, weight.shape[0])
     # Without a cap after it, the temperature folds into the matmul's input:
     # logits * k = (hidden * k) @ weight.T + bias * k (one more rounding in half precision).
     k = logit_scale if softcap is not None else logit_scale / temperature
@@ -87,14 +85,14 @@ def fused_linear_logprobs(
         hidden = hidden * k
         bias = None if bias is None else bias * k
     h2, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
-    keep = _scored(t, ignore_index)
+    if keep is not None:
+        h2, t = h2[keep], t[keep]
     if chunk_size is None:
-        n = h2.shape[0] if keep is None else int(keep.sum())
-        chunk_size = chunk_rows(n, weight.shape[0], _compute_dtype(h2), h2.device)
+        chunk_size = chunk_rows(h2.shape[0], weight.shape[0], _compute_dtype(h2), h2.device)
     nll = fused_linear_cross_entropy(
-        h2 if keep is None else h2[keep],
+        h2,
         weight,
-        t if keep is None else t[keep],
+        t,
         bias,
         ignore_index=ignore_index,
         reduction="none",
@@ -119,6 +117,26 @@ def _scored(t: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
         return None
     keep = t != ignore_index
     n = int(keep.sum())
+    return None if n in (0, t.numel()) else keep
+
+
+def _scored_checked(target: torch.Tensor, ignore_index: int, V: int) -> torch.Tensor | None:
+    """`_scored`'s mask, the targets checked from the same host sync: one that is neither
+    `ignore_index` nor in [0, V) raises, named by its position in `target`."""
+    t = target.reshape(-1)
+    if traced(t) or t.numel() == 0:
+        return None
+    keep = t != ignore_index
+    bad = keep & ((t < 0) | (t >= V))
+    n, n_bad = torch.stack((keep.sum(), bad.sum())).tolist()
+    if n_bad:
+        i = int(bad.nonzero()[0, 0])
+        pos = [str(int(p)) for p in torch.unravel_index(torch.tensor(i), target.shape)]
+        where = f"target[{', '.join(pos)}]" if pos else "target"
+        raise ValueError(
+            f"fused_linear_logprobs: {where} = {int(t[i])} is outside [0, {V}) (the rows of "
+            f"weight) and is not ignore_index ({ignore_index})"
+        )
     return None if n in (0, t.numel()) else keep
 
 
@@ -178,25 +196,10 @@ def fused_linear_logprob_stats(
     if unknown:
         raise ValueError(f"fused_linear_logprob_stats: unknown outputs {sorted(unknown)}; "
                          f"choose from {STATS}")  # fmt: skip
-    check_tensor("fused_linear_logprobs", "hidden", hidden)
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(
-            f"fused_linear_logprobs: weight must be [V, {hidden.shape[-1]}], "
-            f"got {tuple(weight.shape)}"
-        )
-    if target.shape != hidden.shape[:-1]:
-        raise ValueError(
-            f"fused_linear_logprobs: target shape {tuple(target.shape)} != hidden's leading "
-            f"shape {tuple(hidden.shape[:-1])}"
-        )
-    check_same_device("fused_linear_logprobs", hidden=hidden, weight=weight, target=target)
-    t = target.reshape(-1)
-    bad = (t != ignore_index) & ((t < 0) | (t >= weight.shape[0]))
-    if t.numel() and not traced(t) and bool(bad.any()):
-        raise ValueError(f"fused_linear_logprobs: targets outside [0, {weight.shape[0]})")
+    _check_inputs(hidden, weight, target, bias, chunk_size)
+    keep = _scored_checked(target, ignore_index, weight.shape[0])
     want = tuple(name in outputs for name in STATS)
-    h2 = hidden.reshape(-1, hidden.shape[-1])
-    keep = _scored(t, ignore_index)
+    h2, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
     res = _LogprobStats.apply(
         h2 if keep is None else h2[keep], weight, bias, t if keep is None else t[keep],
         float(temperature), None if softcap is None else float(softcap), float(logit_scale),
@@ -218,6 +221,45 @@ def _check(temperature: float, softcap: float | None, backward: str = "recompute
         raise ValueError(f"fused_linear_logprobs: temperature must be > 0, got {temperature}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"fused_linear_logprobs: softcap must be > 0, got {softcap}")
+
+
+def check_chunk_size(op: str, chunk_size: int | None) -> None:
+    """Tokens per chunk: None (chosen from the sizes) or an int >= 1."""
+    ok = chunk_size is None or (
+        isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
+    )
+    if not ok:
+        raise ValueError(f"{op}: chunk_size must be None (chosen from the sizes) or an int >= 1, "
+                         f"got {chunk_size!r}")  # fmt: skip
+
+
+def check_head(op: str, names: tuple[str, str, str], hidden, weight, bias) -> None:
+    """hidden [..., H], weight [V, H] and bias [V] (or None), float tensors; `names` are the
+    three arguments' names in `op`."""
+    h, w, b = names
+    check_tensor(op, h, hidden)
+    check_tensor(op, w, weight, min_dim=2)
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"{op}: {w} must be [V, {hidden.shape[-1]}] (H = {h}'s last "
+                         f"dimension), got {tuple(weight.shape)}")  # fmt: skip
+    if bias is not None:
+        check_tensor(op, b, bias)
+        if tuple(bias.shape) != (weight.shape[0],):
+            raise ValueError(f"{op}: {b} must have shape ({weight.shape[0]},) (one per row of "
+                             f"{w}), got {tuple(bias.shape)}")  # fmt: skip
+
+
+def _check_inputs(hidden, weight, target, bias, chunk_size) -> None:
+    op = "fused_linear_logprobs"
+    check_head(op, ("hidden", "weight", "bias"), hidden, weight, bias)
+    if not isinstance(target, torch.Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{op}: target must be a tensor of token ids (int64 or int32), got "
+                        f"{getattr(target, 'dtype', type(target).__name__)}")  # fmt: skip
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"{op}: target shape {tuple(target.shape)} must equal hidden's leading "
+                         f"shape {tuple(hidden.shape[:-1])}")  # fmt: skip
+    check_same_device(op, hidden=hidden, weight=weight, target=target, bias=bias)
+    check_chunk_size(op, chunk_size)
 
 
 def _compute_dtype(h: torch.Tensor) -> torch.dtype:
@@ -435,14 +477,19 @@ def fused_linear_logprobs_ref(
     softcap: float | None = None,
     logit_scale: float = 1.0,
     accum_dtype: torch.dtype | None = None,
+    backward: str = "recompute",
+    entropy_grad: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """The unfused fp32 reference: the full logits, log_softmax, a gather (and the entropy)."""
+    """The unfused fp32 reference: the full logits, log_softmax, a gather (and the entropy),
+    0 where the target is ignored, as `fused_linear_logprobs`. It takes the same arguments;
+    those that change how, not what, it computes (chunk_size, accum_dtype, backward,
+    entropy_grad) are ignored."""
     logp = logits_ref(hidden, weight, bias, temperature, softcap, logit_scale).log_softmax(-1)
     keep = target != ignore_index
     picked = logp.gather(-1, torch.where(keep, target, 0).unsqueeze(-1)).squeeze(-1)
     logps = torch.where(keep, picked, 0.0)
     if return_entropy:
-        return logps, -(logp.exp() * logp).sum(-1)
+        return logps, torch.where(keep, -(logp.exp() * logp).sum(-1), 0.0)
     return logps
 
 

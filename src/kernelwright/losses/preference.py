@@ -44,6 +44,12 @@ def _check(name: str, *ts: torch.Tensor | None) -> None:
         raise ValueError(f"{name}: the log-prob tensors must share a shape, got {sorted(shapes)}")
 
 
+def _check_beta(name: str, beta: float, loss_type: str, divides: tuple[str, ...]) -> None:
+    if loss_type in divides and not beta > 0:
+        raise ValueError(f"{name}: beta must be > 0 for loss_type {loss_type!r} (the loss "
+                         f"divides by it), got {beta}")  # fmt: skip
+
+
 def _sigmoid_mix(z: torch.Tensor, eps: float) -> torch.Tensor:
     return -F.logsigmoid(z) * (1 - eps) - F.logsigmoid(-z) * eps
 
@@ -84,6 +90,7 @@ def dpo_loss(
         raise ValueError(f"dpo_loss: label_smoothing must be in [0, 0.5), got {label_smoothing}")
     if loss_type != "robust":
         _ignored_smoothing("dpo_loss", loss_type, label_smoothing)
+    _check_beta("dpo_loss", beta, loss_type, ("ipo",))
     _check("dpo_loss", chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps)
     ref_c = torch.zeros_like(chosen_logps) if ref_chosen_logps is None else ref_chosen_logps
     ref_r = torch.zeros_like(rejected_logps) if ref_rejected_logps is None else ref_rejected_logps
@@ -118,6 +125,7 @@ def cpo_loss(
         raise ValueError(f"cpo_loss: loss_type must be one of {CPO_LOSS_TYPES}, got {loss_type!r}")
     if loss_type in ("hinge", "ipo"):
         _ignored_smoothing("cpo_loss", loss_type, label_smoothing)
+    _check_beta("cpo_loss", beta, loss_type, ("ipo", "simpo", "alphapo"))
     _check("cpo_loss", chosen_logps, rejected_logps)
     if alpha != 0:  # AlphaPO's reward shape: (1 - p^(-α)) / α
         chosen = (1 - torch.exp(chosen_logps).pow(-alpha)) / alpha
@@ -193,6 +201,9 @@ def kto_loss(
                          f"got {loss_type!r}")  # fmt: skip
     _check("kto_loss", chosen_logps, ref_chosen_logps)
     _check("kto_loss", rejected_logps, ref_rejected_logps)
+    if torch.is_tensor(kl) and kl.numel() != 1:
+        raise ValueError(f"kto_loss: kl must be a scalar (the batch's reference-KL estimate), "
+                         f"got shape {tuple(kl.shape)}")  # fmt: skip
     chosen_ratio = chosen_logps - ref_chosen_logps
     rejected_ratio = rejected_logps - ref_rejected_logps
     if loss_type == "kto":

@@ -74,8 +74,9 @@ def grpo_loss(
     advantages [B] (or [B, T]) and completion mask [B, T]. old_logps None: the policy that
     sampled is this one (ratio 1); ref_logps is needed when beta > 0; entropies [B, T] when
     top_entropy_quantile < 1; sampling_logps (the sampler's, default old_logps) for the
-    off-policy mask. Metrics as TRL computes them: kl (β ≠ 0); clip_ratio (TRL's
-    clip_ratio/region_mean), clip_ratio_low, clip_ratio_high."""
+    off-policy mask. Each of these is [B, T]; importance_sampling_ratio [B, T] or [B, 1].
+    Metrics as TRL computes them: kl (β ≠ 0); clip_ratio (TRL's clip_ratio/region_mean),
+    clip_ratio_low, clip_ratio_high."""
     if loss_type not in GRPO_LOSS_TYPES:
         raise ValueError(
             f"grpo_loss: loss_type must be one of {GRPO_LOSS_TYPES}, got {loss_type!r}"
@@ -97,6 +98,16 @@ def grpo_loss(
             f"grpo_loss: logps and mask [B, T], advantages [B] or [B, T]; got "
             f"{tuple(logps.shape)}, {tuple(mask.shape)}, {tuple(advantages.shape)}"
         )
+    per_token = dict(old_logps=old_logps, ref_logps=ref_logps, entropies=entropies,
+                     sampling_logps=sampling_logps)  # fmt: skip
+    for name, t in per_token.items():
+        if t is not None and t.shape != logps.shape:
+            raise ValueError(f"grpo_loss: {name} must be [B, T] like logps, "
+                             f"{tuple(logps.shape)}; got {tuple(t.shape)}")  # fmt: skip
+    isr = importance_sampling_ratio  # [B, 1]: TRL's sequence-level correction
+    if isr is not None and isr.shape not in (logps.shape, logps.shape[:1] + (1,)):
+        raise ValueError(f"grpo_loss: importance_sampling_ratio must be [B, T] like logps, "
+                         f"{tuple(logps.shape)} (or [B, 1]); got {tuple(isr.shape)}")  # fmt: skip
     mask = mask.to(logps.dtype)
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     old = logps.detach() if old_logps is None else old_logps

@@ -15,6 +15,7 @@ import torch.fx
 
 from kernelwright.losses.logprobs import fused_linear_logprobs
 from kernelwright.profiles.loss import LossInput, LossProfile
+from kernelwright.profiles.reviewed import edited
 from kernelwright.workflows.create.load import ReferenceError, load_reference
 from kernelwright.workflows.losses.sites import find_sites
 
@@ -96,11 +97,7 @@ def rewrite(profile: LossProfile) -> torch.fx.GraphModule:
     gm = _trace(ref)
     graph = gm.graph
     nodes = {n.name: n for n in graph.nodes}
-    named = [n for s in profile.sites for n in (s.node, s.target)]
-    named += [e.node for e in profile.entropies]
-    if any(n not in nodes for n in named) or profile.logits_arg not in nodes:
-        raise LossGenError(f"{profile.source} changed since its profile was written: run "
-                           f"`kernelwright losses new {profile.source}` again")  # fmt: skip
+    _check_nodes(profile, nodes)
     logits = nodes[profile.logits_arg]
     with graph.inserting_before(logits):
         hidden = graph.placeholder("hidden")
@@ -126,6 +123,60 @@ def rewrite(profile: LossProfile) -> torch.fx.GraphModule:
     graph.lint()
     gm.recompile()
     return gm
+
+
+def _node_fields(profile: LossProfile) -> dict[str, str]:
+    """The profile's fields that name a node of the traced loss: field -> node name."""
+    fields = {"logits_arg": profile.logits_arg}
+    for i, s in enumerate(profile.sites):
+        fields[f"sites[{i}].node"], fields[f"sites[{i}].target"] = s.node, s.target
+    for i, e in enumerate(profile.entropies):
+        fields[f"entropies[{i}].node"] = e.node
+    return fields
+
+
+def check_profile(profile: LossProfile, path: Path | None = None) -> None:
+    """Every node the profile (loaded from `path`) names exists in its traced source; else a
+    LossGenError naming the bad field, or saying that the source changed (`_check_nodes`)."""
+    graph = _trace(_load(profile.source, profile.name)).graph
+    _check_nodes(profile, {n.name: n for n in graph.nodes}, path)
+
+
+def _check_nodes(profile: LossProfile, nodes: dict, path: Path | None = None) -> None:
+    """A node the profile names that the traced source lacks comes from a changed source when
+    the profile at `path` is as kernelwright wrote it (its digest, profiles/reviewed.py);
+    from an edit of the profile when the source, traced afresh, names the same nodes in every
+    other field; else from a changed source."""
+    fields = _node_fields(profile)
+    bad = {k: v for k, v in fields.items() if v not in nodes}
+    if not bad:
+        return
+    listed = ", ".join(f"{k} = {v!r}" for k, v in bad.items())
+    rerun = f"`kernelwright losses new {profile.source}`"
+    if "logits_arg" in bad:
+        args = ", ".join(n for n, node in nodes.items() if node.op == "placeholder")
+        raise LossGenError(f"profile of {profile.name}: logits_arg = {profile.logits_arg!r} is "
+                           f"not an argument of {profile.source} ({args})")  # fmt: skip
+    try:
+        now = _node_fields(understand(profile.source, name=profile.name,
+                                      logits_arg=profile.logits_arg))  # fmt: skip
+    except LossGenError:
+        now = None
+    unedited = path is not None and not edited(path)
+    if (
+        not unedited
+        and now is not None
+        and now.keys() == fields.keys()
+        and all(now[k] == v for k, v in fields.items() if k not in bad)
+    ):
+        traced_as = ", ".join(f"{k} = {now[k]!r}" for k in bad)
+        raise LossGenError(
+            f"profile of {profile.name}: {listed} names no node of the traced loss "
+            f"{profile.source} (tracing it gives {traced_as}); correct the field, or write a "
+            f"fresh profile with {rerun}"
+        )
+    raise LossGenError(f"{profile.source} changed since its profile was written ({listed} "
+                       f"names no node of it now): run {rerun} again")  # fmt: skip
 
 
 def _entropies(profile, graph, nodes, hidden, weight) -> dict[str, torch.fx.Node]:
