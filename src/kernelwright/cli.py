@@ -19,7 +19,7 @@ from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
 from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
-from kernelwright.cli_options import Force
+from kernelwright.cli_options import Force, writable_results_db
 from kernelwright.console import make_console
 from kernelwright.testing.model_configs import ARCHITECTURES
 
@@ -370,6 +370,10 @@ def create(
         raise typer.BadParameter("one of recompute, min-bytes", param_hint="--save")
     if name is not None and (problem := name_problem(name)):
         raise typer.BadParameter(f"{problem}: pick another", param_hint="--name")
+    import torch  # the benchmark runs, and appends its rows to the results database, on a GPU
+
+    if bench != "none" and torch.cuda.is_available():
+        writable_results_db()
     try:
         result = run_create(
             source,

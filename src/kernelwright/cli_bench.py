@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from kernelwright import registry  # the op list in the help (data only: no kernel imported)
+from kernelwright.cli_options import writable_results_db
 from kernelwright.console import make_console
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -161,6 +162,7 @@ def bench(
 
     if flush not in (None, "read", "demote"):
         raise typer.BadParameter("flush must be 'read' or 'demote'", param_hint="--flush")
+    results_db = writable_results_db(db)  # before anything is measured
     ctx = make_context(hide_host=hide_host, flush=flush)
     console.print(
         f"[bold]kernelwright bench[/] on {ctx.gpu} · torch {ctx.torch} · triton {ctx.triton} · "
@@ -174,9 +176,9 @@ def bench(
             "check that the harness works; they are not speeds.[/]"
         )
 
-    from kernelwright.bench.db import ResultsDB, new_run_id
+    from kernelwright.bench.db import new_run_id
 
-    results_db, run_id = ResultsDB(db), new_run_id()
+    run_id = new_run_id()
     all_rows = []
     for p in plans:
         rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
@@ -225,9 +227,11 @@ def _run_with_progress(console: Console, p, **kwargs):
                     f"  [yellow]{row.op}/{row.provider}/{row.mode} {row.shape}:[/] {row.error}"
                 )
             if not console.is_terminal and done[0] % per_shape == 0:
-                # Off a terminal the bar is not drawn: one line per finished shape instead.
+                # Off a terminal the bar is not drawn: one line per finished shape instead
+                # (every provider and mode of it), counted in shapes.
                 console.print(
-                    f"  {row.op} {row.x_name}={row.x_value} ({row.shape}) [{done[0]}/{p.size}]"
+                    f"  {row.op} {row.x_name}={row.x_value} ({row.shape}): "
+                    f"shape {done[0] // per_shape}/{len(p.points)} done"
                 )
 
         return run_plan(p, on_row=on_row, **kwargs)

@@ -16,3 +16,19 @@ Force = Annotated[
         "run's goes beside it as profile.new.yaml and the command stops (exit 2).",
     ),
 ]
+
+
+def writable_results_db(db=None):
+    """The results database a command will append rows to (`ResultsDB.writable`: --db, else
+    $KERNELWRIGHT_RESULTS_DB, else the default), checked before any work: a file that is not
+    one ends the command with one line (exit 2) and is left as it is."""
+    from rich.markup import escape
+
+    from kernelwright.bench.db import ResultsDB, ResultsDBError
+    from kernelwright.console import make_console
+
+    try:
+        return ResultsDB.writable(db)
+    except ResultsDBError as e:
+        make_console().print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2) from None

@@ -288,9 +288,11 @@ def _bench_fanout(jobs: list[BenchJob], out: Path, db: Path | None, workers: int
 
     from kernelwright.bench import print_summary, summary_markdown, write_csv, write_plots
     from kernelwright.bench.context import git_commit
-    from kernelwright.bench.db import ResultsDB, new_run_id
+    from kernelwright.bench.db import new_run_id
+    from kernelwright.cli_options import writable_results_db
     from kernelwright.runtime.fanout import run_tasks
 
+    results_db = writable_results_db(db)  # before anything is measured
     console = _console()
     ops = ", ".join(f"{j.op} ({', '.join(j.providers)})" for j in jobs)
     console.print(f"registry bench: {ops}; workers {workers}", highlight=False)
@@ -302,7 +304,7 @@ def _bench_fanout(jobs: list[BenchJob], out: Path, db: Path | None, workers: int
         progress=lambda line: console.print(escape(line), highlight=False),
         env={"KERNELWRIGHT_COMMIT": git_commit()},
     )
-    results_db, run_id = ResultsDB(db), new_run_id()
+    run_id = new_run_id()
     all_rows, failed = [], []
     for job, r in zip(jobs, results, strict=True):
         if not r.ok:

@@ -32,13 +32,13 @@ DbOption = Annotated[
 ]
 
 
-def _results_db(db: Path | None, *, must_exist: bool = True):
+def _results_db(db: Path | None):
     from rich.markup import escape
 
     from kernelwright.bench.db import ResultsDB, ResultsDBError
 
     try:
-        return ResultsDB.existing(db) if must_exist else ResultsDB(db)
+        return ResultsDB.existing(db)
     except ResultsDBError as e:
         _console().print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(1) from None
@@ -71,7 +71,11 @@ def results(
     source: Annotated[str | None, typer.Option(help="bench, optimize or create.")] = None,
     run: Annotated[str | None, typer.Option(help="'latest' or a run id (or its prefix).")] = None,
     since: Annotated[
-        str | None, typer.Option(help="A date/time (YYYY-MM-DD[THH:MM]) or an age (7d, 12h).")
+        str | None,
+        typer.Option(
+            help="A date/time (YYYY-MM-DD[THH:MM], in UTC unless it ends with an offset such "
+            "as +02:00) or an age (7d, 12h)."
+        ),
     ] = None,
     best: Annotated[
         bool, typer.Option("--best", help="Per (op, shape, mode): the best provider, ratios.")
@@ -142,11 +146,14 @@ def results_import(
     db: DbOption = None,
 ) -> None:
     """Load bench CSVs (as `kernelwright bench` writes them) into the database."""
-    from kernelwright.bench.db import SOURCES, import_csv
+    from rich.markup import escape
+
+    from kernelwright.bench.db import SOURCES, csv_missing_columns, import_csv
+    from kernelwright.cli_options import writable_results_db
 
     if source not in SOURCES:
         raise typer.BadParameter(f"one of {', '.join(SOURCES)}", param_hint="--source")
-    results_db = _results_db(db, must_exist=False)
+    results_db = writable_results_db(db)
     console = _console()
     files = [f for p in csvs for f in (sorted(p.rglob("*.csv")) if p.is_dir() else [p])]
     missing = [str(f) for f in files if not f.is_file()]
@@ -154,6 +161,15 @@ def results_import(
         named = ", ".join(missing) or " ".join(map(str, csvs))
         console.print(f"[red]error:[/] no CSV file at {named}")
         raise typer.Exit(1)
+    # a file named on the command line must be a bench CSV (one found in a folder is skipped)
+    for f in (p for p in csvs if p.is_file()):
+        if lacking := csv_missing_columns(f):
+            console.print(
+                f"[red]error:[/] {escape(str(f))} is not a bench CSV (as `kernelwright bench` "
+                f"writes them): it has no column {', '.join(lacking)}",
+                soft_wrap=True,
+            )
+            raise typer.Exit(2)
     added = 0
     for f in files:
         got = import_csv(results_db, f, source=source)
@@ -198,10 +214,21 @@ def results_readme(
 ) -> None:
     """Regenerate the README's tables between `<!-- results:h100 -->` and
     `<!-- /results:h100 -->` lines (any GPU name) from the database's bench rows."""
+    from rich.markup import escape
+
     from kernelwright.bench.db_views import regenerate_readme
 
     console = _console()
-    rows = _query(_results_db(db), source="bench")
+    results_db = _results_db(db)
+    rows = [r for r in _query(results_db) if r["source"] == "bench"]
+    if not rows:
+        console.print(
+            f"[red]error:[/] {escape(str(results_db.path))} has no bench rows yet (the tables "
+            "are made of them): run `kernelwright bench OP` on a GPU, or load its CSVs with "
+            "`kernelwright results import CSV...`",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
     modes = [m.strip() for m in mode.split(",") if m.strip()] or ["full"]
     wrong = [m for m in modes if m not in ("forward", "backward", "full")]
     if wrong:

@@ -16,6 +16,9 @@ Schema (version in the `meta` table; created on first use):
 A `BenchRow` field added later becomes a column of an existing database the next time it is
 opened (ALTER TABLE ADD COLUMN); a database written by a newer schema version is refused.
 
+A file that is not one of these databases (another SQLite database, or not SQLite at all) is
+refused before anything is written into it; a missing or empty (0-byte) file becomes one.
+
 Concurrent appends are safe: each `append` is one `BEGIN IMMEDIATE` transaction (SQLite's
 file lock serialises writers; a writer waits up to `TIMEOUT_S` for another to finish).
 """
@@ -107,9 +110,38 @@ def _db_values(row: BenchRow) -> dict:
 # --------------------------------------------------------------------------- the database
 
 
+_HOW_TO_FILL = (
+    "by running `kernelwright bench OP` (every bench, optimize and create run appends to it), "
+    "or load earlier bench CSVs with `kernelwright results import CSV...`"
+)
+
+
+def _tables(con: sqlite3.Connection) -> list[str]:
+    """The file's tables; raises sqlite3.DatabaseError for a file that is not SQLite."""
+    got = con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+    return [r[0] for r in got if not r[0].startswith("sqlite_")]
+
+
+def _is_ours(con: sqlite3.Connection, tables: list[str]) -> bool:
+    if "meta" not in tables:
+        return False
+    try:  # another program's `meta` table need not have these columns
+        return con.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchone() is not None
+    except sqlite3.DatabaseError:
+        return False
+
+
+def _not_ours(path: Path, why: str) -> ResultsDBError:
+    return ResultsDBError(
+        f"{path} is not a {why}: kernelwright leaves it as it is. Choose another file with "
+        f"--db or ${ENV_VAR}, or remove this one"
+    )
+
+
 class ResultsDB:
     """One SQLite results file. `ResultsDB(path)` creates it on the first append;
-    `ResultsDB.existing(path)` refuses a missing one with a sentence saying how to make one."""
+    `ResultsDB.existing(path)` refuses a missing or empty one with a sentence saying how to
+    fill one; `ResultsDB.writable(path)` checks, before any work, that rows can be appended."""
 
     def __init__(self, path: str | Path | None = None):
         self.path = db_path(path)
@@ -119,17 +151,44 @@ class ResultsDB:
         db = cls(path)
         if not db.path.is_file():
             raise ResultsDBError(
-                f"no results database at {db.path}. Create one by running `kernelwright bench "
-                "OP` (every bench, optimize and create run appends to it), or load earlier "
-                "bench CSVs with `kernelwright results import CSV...`; another file is chosen "
-                f"with --db or ${ENV_VAR}."
+                f"no results database at {db.path}. Create one {_HOW_TO_FILL}; another file "
+                f"is chosen with --db or ${ENV_VAR}."
             )
-        try:
-            with db._connect() as con:
-                db._check_version(con)
-        except sqlite3.DatabaseError as e:
-            raise ResultsDBError(f"{db.path} is not a results database ({e})") from None
+        with db._connect() as con:
+            if not db._check_file(con):
+                raise ResultsDBError(f"{db.path} is empty: no rows yet. Add some {_HOW_TO_FILL}.")
         return db
+
+    @classmethod
+    def writable(cls, path: str | Path | None = None) -> ResultsDB:
+        """The database rows will be appended to, checked before anything is measured: a
+        missing or empty file is fine (the first append makes it a results database); another
+        SQLite database, a file that is not SQLite, or a newer schema raise `ResultsDBError`."""
+        db = cls(path)
+        if db.path.is_dir():
+            raise ResultsDBError(f"{db.path} is a folder: --db takes a file")
+        if db.path.exists():
+            with db._connect() as con:
+                db._check_file(con)
+        return db
+
+    def _check_file(self, con: sqlite3.Connection) -> bool:
+        """False for a file with no tables (new or 0-byte), True for a results database this
+        kernelwright reads; `ResultsDBError` for anything else. Writes nothing."""
+        try:
+            tables = _tables(con)
+        except sqlite3.DatabaseError as e:
+            raise _not_ours(self.path, f"results database (not an SQLite file: {e})") from None
+        if not tables:
+            return False
+        if not _is_ours(con, tables):
+            raise _not_ours(
+                self.path,
+                f"kernelwright results database (an SQLite database with tables "
+                f"{', '.join(tables)})",
+            )
+        self._check_version(con)
+        return True
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -197,8 +256,13 @@ class ResultsDB:
         sql = f"INSERT INTO results ({names}) VALUES ({marks})"
         cmd = command if command is not None else shlex.join(sys.argv)
         with self._connect() as con:
-            con.execute("BEGIN IMMEDIATE")
             try:
+                con.execute("BEGIN IMMEDIATE")
+            except sqlite3.DatabaseError:
+                self._check_file(con)  # raises its ResultsDBError for a file that is not SQLite
+                raise
+            try:
+                self._check_file(con)  # nothing is written into another program's database
                 self._ensure_schema(con)
                 started = rows[0].timestamp if rows and rows[0].timestamp else _now()
                 con.execute(
@@ -219,6 +283,8 @@ class ResultsDB:
         if not self.path.is_file():
             return False
         with self._connect() as con:
+            if not self._check_file(con):  # no tables yet
+                return False
             got = con.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone()
             return got is not None
 
@@ -426,6 +492,17 @@ def _parse(name: str, text: str):
     return text
 
 
+def _missing_columns(header: Sequence[str] | None) -> list[str]:
+    """The bench CSV columns `header` lacks (those of every version of the CSV)."""
+    return [c for c in COLUMNS[: COLUMNS.index("error") + 1] if c not in (header or ())]
+
+
+def csv_missing_columns(path: str | Path) -> list[str]:
+    """The bench CSV columns the file at `path` lacks: [] for a file `import_csv` reads."""
+    with Path(path).open(newline="") as fh:
+        return _missing_columns(csv.DictReader(fh).fieldnames)
+
+
 @dataclass
 class ImportResult:
     path: Path
@@ -446,10 +523,9 @@ def import_csv(db: ResultsDB, path: str | Path, *, source: str = "bench") -> Imp
     out = ImportResult(path)
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        header = list(reader.fieldnames or [])
-        required = set(COLUMNS[: COLUMNS.index("error") + 1])
-        if not required <= set(header):
-            out.skipped = "not a bench CSV (its columns are not bench.report's)"
+        missing = _missing_columns(reader.fieldnames)
+        if missing:
+            out.skipped = f"not a bench CSV: no column {', '.join(missing)}"
             return out
         records = list(reader)
     groups: dict[tuple, list[dict]] = {}

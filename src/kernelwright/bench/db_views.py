@@ -34,6 +34,13 @@ def _fmt(v: float, spec: str) -> str:
     return format(v, spec) if isinstance(v, (int, float)) and math.isfinite(v) else "—"
 
 
+def _spread(lo: float, hi: float) -> str:
+    """ "0.900–1.100"; one dash when either end is missing (an error row has neither)."""
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (lo, hi)):
+        return "—"
+    return f"{lo:.3f}–{hi:.3f}"
+
+
 def _ok(r: dict) -> bool:
     return not r["error"] and math.isfinite(r["ms_p50"])
 
@@ -61,7 +68,7 @@ LISTING = (
     ("dtype", lambda r: r["dtype"]),
     ("provider", lambda r: r["provider"]),
     ("ms p50", lambda r: _fmt(r["ms_p50"], ".4f")),
-    ("p20–p80", lambda r: f"{_fmt(r['ms_p20'], '.3f')}–{_fmt(r['ms_p80'], '.3f')}"),
+    ("p20–p80", lambda r: _spread(r["ms_p20"], r["ms_p80"])),
     ("GB/s", lambda r: _fmt(r["gbps"], ",.0f")),
     ("%copy", lambda r: _fmt(r["pct_copy_bw"], ".0f")),
     ("peak MB", lambda r: _fmt(r["peak_mem_mb"], ",.0f")),
@@ -204,8 +211,22 @@ _BLOCK = re.compile(
 )
 
 
+_OPENING = re.compile(r"<!-- results:(?P<key>[\w.-]+) -->")
+
+
 def readme_keys(text: str) -> list[str]:
     return [m.group("key") for m in _BLOCK.finditer(text)]
+
+
+def unclosed_markers(text: str) -> list[tuple[str, int]]:
+    """(marker, line number) of each opening marker with no closing one after it (a block
+    would not be found, or would swallow it)."""
+    starts = {m.start("open") for m in _BLOCK.finditer(text)}
+    return [
+        (m.group(0), text.count("\n", 0, m.start()) + 1)
+        for m in _OPENING.finditer(text)
+        if m.start() not in starts
+    ]
 
 
 def gpu_matches_key(gpu: str, key: str) -> bool:
@@ -341,6 +362,12 @@ def regenerate_readme(path: str | Path, rows: Sequence[dict], **kwargs) -> dict[
     """Rewrite the results blocks of the README at `path` (see `update_readme`)."""
     path = Path(path)
     text = path.read_text()
+    if unclosed := unclosed_markers(text):
+        marker, line = unclosed[0]
+        closing = marker.replace("<!-- results:", "<!-- /results:")
+        raise ValueError(
+            f"{path}:{line}: `{marker}` is not closed: put a `{closing}` line where its table ends"
+        )
     if not readme_keys(text):
         raise ValueError(
             f"{path} has no results blocks: put `<!-- results:h100 -->` and "

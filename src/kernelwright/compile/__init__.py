@@ -117,6 +117,8 @@ def compile(
             the forward of each submodule (on the instance) or in the function.
         only: the keys (`Site.key`, "graph:node") of the graph sites that may be replaced;
             the others are left to the backend (None: every site). For bisecting a divergence.
+            Anything but a site key raises ValueError, as does a key of a graph without
+            that site when the graph compiles.
         logits: "keep" (the output as the model returns it) or "drop_with_labels": a Hugging
             Face model called with labels and grad enabled returns `logits=None` beside its
             loss (set on the instance's forward, `compile/logits.py`), so its lm-head and loss
@@ -133,7 +135,8 @@ def compile(
             logits=logits, **torch_compile_kwargs,
         )  # fmt: skip
     logits_option.check(logits, model_or_fn)  # before anything is changed
-    check_db(db)  # a results database that is not one: an error naming it, now
+    # checks the database, the backend and `only` now, as torch.compile checks its backend
+    be = make_backend(backend, report=report, db=db, only=only)
     ensure_log_handler()  # before the loop sites are logged
     if capture_loops:
         model_or_fn, captures = loops.capture(model_or_fn)
@@ -144,7 +147,6 @@ def compile(
             report.extend(sites)
     if logits == "drop_with_labels":
         logits_option.drop_with_labels(model_or_fn, report, log)
-    be = make_backend(backend, report=report, db=db, only=only)
     return torch.compile(model_or_fn, backend=be, **torch_compile_kwargs)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -387,6 +388,20 @@ def _last_location(gm: GraphModule) -> str:
     return "an unknown line"
 
 
+def _site_keys(only: Collection[str]) -> frozenset[str]:
+    """`only` as a set of site keys ("graph:output node", `Site.key`); anything else (an op
+    name, a typo) is a ValueError now rather than a compile that silently replaces nothing."""
+    keys = frozenset([only] if isinstance(only, str) else only)
+    wrong = sorted(k for k in keys if not re.fullmatch(r"\d+:\S+", str(k)))
+    if wrong:
+        raise ValueError(
+            f"only=: not a site key: {', '.join(map(repr, wrong))}. It takes the keys of graph "
+            "sites, 'graph:output node' as `Site.key` gives them (e.g. '0:mul_3'); compile "
+            "once without only= and read `[s.key for s in report]` for the known ones"
+        )
+    return keys
+
+
 def make_backend(
     backend: str | Callable = "inductor",
     *,
@@ -396,8 +411,17 @@ def make_backend(
 ) -> Callable:
     """A Dynamo backend: the pass on each captured graph, then `backend` on the result (`only`:
     the sites that may be replaced, as `rewrite` takes it). A results database that is not one
-    raises `ResultsDBError` naming the file here, not inside Dynamo's BackendCompilerFailed."""
+    raises `ResultsDBError` naming the file here, not inside Dynamo's BackendCompilerFailed;
+    so do a backend Dynamo does not know (as torch.compile's own check) and an `only` key that
+    is not a site key. A key that names a graph's index but none of its sites raises
+    `ValueError` (wrapped by Dynamo) when that graph compiles: its sites are known only then."""
     check_db(db)
+    if isinstance(backend, str):
+        if backend != "inductor":  # Inductor is built by `_inner_compiler` with its options
+            torch._dynamo.lookup_backend(backend)  # raises InvalidBackend for an unknown name
+    elif not callable(backend):
+        raise TypeError(f"backend must be a backend's name or a callable, got {backend!r}")
+    only = None if only is None else _site_keys(only)
     ensure_log_handler()
     counter = [0]
     seen = dict(_break_counts())  # graph breaks Dynamo counted before this backend existed
@@ -420,7 +444,14 @@ def make_backend(
                 line = f"graph break after graph {index} at {at}: {reason[0]}{why}"
                 report.breaks.append(line)
                 log.info(line)
-        rewrite(gm, report, graph=index, db=db, only=only)
+        sites = rewrite(gm, report, graph=index, db=db, only=only)
+        unknown = sorted(k for k in only or () if k.split(":")[0] == str(index))
+        unknown = [k for k in unknown if k not in {s.key for s in sites}]
+        if unknown:
+            raise ValueError(
+                f"only=: no site {', '.join(unknown)} in graph {index}; its sites: "
+                + (", ".join(s.key for s in sites) or "none")
+            )
         return _inner_compiler(backend, kwargs)(gm, example_inputs)
 
     return kernelwright_backend

@@ -303,11 +303,14 @@ def _arch(device: str, arch: str | None) -> str:
 
 
 def open_db(db: str | Path | ResultsDB | None) -> ResultsDB | None:
-    """The results database to read, or None when its file does not exist. A file that is not
-    a results database raises `ResultsDBError` naming it."""
+    """The results database to read, or None when its file does not exist or is empty (0 bytes:
+    nothing measured yet). A file that is not a results database raises `ResultsDBError`
+    naming it."""
+    path = db.path if isinstance(db, ResultsDB) else db_path(db)
+    if path.is_file() and path.stat().st_size == 0:
+        return None
     if isinstance(db, ResultsDB):
         return ResultsDB.existing(db.path)
-    path = db_path(db)
     if not path.exists():
         return None
     return ResultsDB.existing(path)

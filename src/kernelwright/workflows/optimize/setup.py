@@ -2,8 +2,9 @@
 
 Pre-flight confirms, before anything is measured: the op's registry entry, its module with the
 function and the fp32 reference the entry names, its launch-config table, its benchmark spec,
-its test file (the Finalize gate), a CUDA GPU (unless `--dry-run`), that `--gpu` names the GPU
-actually present, and that the goal can be measured. Any failure raises `PreflightError`
+its test file (the Finalize gate), a results database its rows can be appended to and a CUDA
+GPU (both unless `--dry-run`), that `--gpu` names the GPU actually present, and that the goal
+can be measured. Any failure raises `PreflightError`
 saying what is missing and what to do.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from kernelwright import registry
+from kernelwright.bench.db import ResultsDB, ResultsDBError
 from kernelwright.bench.harness import RunContext, Timer, default_timer, make_context
 from kernelwright.bench.specs import BenchSpec, get_spec
 from kernelwright.profiles.reviewed import Saved
@@ -204,6 +206,11 @@ def preflight(opts: OptimizeOptions) -> Setup:
         except ValueError as e:
             raise PreflightError(str(e)) from None
 
+    if not opts.dry_run:  # its rows go to the results database (a dry run's are not kept)
+        try:
+            ResultsDB.writable()
+        except ResultsDBError as e:
+            raise PreflightError(str(e)) from None
     on_gpu = torch.cuda.is_available() and not interpreter_mode()
     _check(
         on_gpu or opts.dry_run,
