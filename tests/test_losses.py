@@ -418,11 +418,11 @@ def test_fused_linear_distill_with_every_token_ignored_is_a_differentiable_zero(
 
 
 def test_fused_linear_distill_says_what_is_wrong():
-    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    h, w = torch.randn(3, 4, device=DEVICE), torch.randn(5, 4, device=DEVICE)
     with pytest.raises(ValueError, match="beta"):
         fused_linear_distill(h, w, h, w, beta=1.5)
     with pytest.raises(ValueError, match="vocabularies"):
-        fused_linear_distill(h, w, h, torch.randn(6, 4))
+        fused_linear_distill(h, w, h, torch.randn(6, 4, device=DEVICE))
     with pytest.raises(ValueError, match="reduction"):
         fused_linear_distill(h, w, h, w, reduction="mean")
 
