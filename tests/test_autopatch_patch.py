@@ -408,9 +408,15 @@ def test_no_labels_no_grad_and_logits_to_keep_keep_the_original_path():
     out, want = model(input_ids=ids, logits_to_keep=1), ref(input_ids=ids, logits_to_keep=1)
     assert out.logits.shape == (B, 1, V)
     assert_close_rel(out.logits, want.logits, what="last logits")
-    # return_dict=False: a tuple (loss first) on the fused path too
-    loss = model(ids, labels=labels, return_dict=False)[0]
-    assert_close_rel(loss, ref(input_ids=ids, labels=labels).loss, what="tuple loss")
+    # return_dict=False: a tuple (loss first) on the fused path too, each field in the unpatched
+    # model's place: the logits (not computed) are None there, not left out
+    got, want = (
+        model(ids, labels=labels, return_dict=False),
+        ref(ids, labels=labels, return_dict=False),
+    )
+    assert len(got) == len(want) and got[1] is None and torch.is_tensor(want[1])
+    assert_close_rel(got[0], want[0], what="tuple loss")
+    assert [type(g) for g in got[2:]] == [type(w) for w in want[2:]]
 
 
 def test_generate_after_patch():

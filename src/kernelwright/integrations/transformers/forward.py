@@ -533,7 +533,12 @@ def causal_lm_forward(plan: CausalLMPlan) -> Callable:
             if name not in result and name in outputs:
                 result[name] = outputs[name]
         output = plan.output_class(**{k: v for k, v in result.items() if k in fields})
-        return output if return_dict else output.to_tuple()
+        if return_dict:
+            return output
+        # as `to_tuple()`, which leaves out None fields, but the logits keep their place (None),
+        # so that positions in the tuple are the unpatched model's: `loss, logits = out[:2]`
+        names = [f.name for f in dataclasses.fields(output)]
+        return tuple(output.get(k) for k in names if k in output or k == "logits")
 
     forward.__name__ = "forward"
     forward.__qualname__ = f"{plan.class_name}.forward"
