@@ -327,6 +327,17 @@ def test_unknown_model_type():
     with pytest.raises(ValueError, match="modeling_\\*.py") as e:
         analyze("llamma")
     assert "'llama'" in str(e.value)  # the close match is suggested
+    with pytest.raises(ValueError) as e:
+        analyze("lama")
+    assert str(e.value).count("'mllama'") == 1  # a type registered twice is suggested once
+
+
+def test_a_hub_id_or_a_missing_path_is_named_as_such(tmp_path):
+    with pytest.raises(ValueError, match="reads like a Hub id: download its config.json"):
+        analyze("meta-llama/Llama-3-8B")
+    for missing in (tmp_path / "nope" / "config.json", "./nope", "nope.json"):
+        with pytest.raises(ValueError, match=f"There is no file or directory {missing}"):
+            analyze(str(missing))
 
 
 # ----------------------------------------------------------------------------- numerical checks

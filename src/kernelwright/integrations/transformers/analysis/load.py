@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -32,6 +31,11 @@ from kernelwright.integrations.transformers.analysis.multimodal import (
     image_text_to_text_class,
     shrink_mrope,
     shrink_multimodal,
+)
+from kernelwright.integrations.transformers.analysis.unknown import (
+    known_types,
+    missing_hint,
+    unknown,
 )
 
 TINY = {
@@ -133,30 +137,6 @@ class Target:
     notes: list[str] = field(default_factory=list)
 
 
-def _known_types() -> tuple[dict, dict]:
-    """(causal-LM, image-text-to-text) model type -> class name, as transformers registers them."""
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-    )
-
-    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-
-def _unknown(source, hint: str = "") -> ValueError:
-    causal, vlm = _known_types()
-    close = difflib.get_close_matches(str(source), [*causal, *vlm], n=3)
-    maybe = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return ValueError(
-        f"{source!r} is not a causal-LM or image-text-to-text model type, path or model that "
-        f"the analyser can read.{hint}{maybe} Pass one of: a model type transformers knows "
-        f"(e.g. 'llama', 'qwen3', 'qwen2_vl'; {len(causal)} causal-LM and {len(vlm)} "
-        "image-text-to-text types are registered), a directory holding config.json or the "
-        "config.json itself, a modeling_*.py file, a PretrainedConfig, or a model instance "
-        "(nn.Module, PEFT-wrapped ones included)."
-    )
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """The transformers model inside PEFT (and similar) wrappers."""
     from transformers import PreTrainedModel
@@ -194,10 +174,10 @@ def resolve(source) -> Target:
         path = Path(source)
         if path.exists():
             return _from_path(path)
-        causal, vlm = _known_types()
+        causal, vlm = known_types()
         if isinstance(source, str) and (source in causal or source in vlm):
             return _from_model_type(source, f"model_type:{source}")
-        raise _unknown(source)
+        raise unknown(source, missing_hint(str(source)))
     raise TypeError(
         f"analyze() takes a model type, a path, a PretrainedConfig or an nn.Module, "
         f"not {type(source).__name__}"
@@ -246,7 +226,7 @@ def _from_path(path: Path) -> Target:
             modeling = sorted(path.glob("modeling_*.py"))
             if len(modeling) == 1:
                 return _from_modeling_file(modeling[0])
-            raise _unknown(str(path), " The directory has no config.json.")
+            raise unknown(str(path), " The directory has no config.json.")
         modeling = sorted(path.glob("modeling_*.py"))
         data = _read_json(cfg_path)
         if modeling and "auto_map" in data:
@@ -256,7 +236,7 @@ def _from_path(path: Path) -> Target:
         return _from_config_json(path)
     if path.suffix == ".py":
         return _from_modeling_file(path)
-    raise _unknown(str(path), " Expected a directory, a .json config or a modeling_*.py file.")
+    raise unknown(str(path), " Expected a directory, a .json config or a modeling_*.py file.")
 
 
 def _read_json(path: Path) -> dict:
@@ -276,7 +256,7 @@ def _from_config_json(path: Path) -> Target:
     data = _read_json(path)
     model_type = data.get("model_type")
     if model_type not in CONFIG_MAPPING:
-        raise _unknown(model_type, f" (model_type of {path})")
+        raise unknown(model_type, f" (model_type of {path})")
     config = CONFIG_MAPPING[model_type].from_dict(data)
     cls = _causal_lm_class(config)
     return Target(model_type, config, cls, str(path), _modeling_file(cls))
@@ -309,12 +289,12 @@ def _from_modeling_file(path: Path) -> Target:
 
 
 def _model_type_of_module(module, path: Path) -> str:
-    causal, vlm = _known_types()
+    causal, vlm = known_types()
     M = {**vlm, **causal}  # a type in both: its causal-LM class
     names = {n for n, v in vars(module).items() if inspect.isclass(v)}
     types_ = [mt for mt, cls in M.items() if cls in names]
     if not types_:
-        raise _unknown(str(path), " It defines no causal-LM class that transformers registers.")
+        raise unknown(str(path), " It defines no causal-LM class that transformers registers.")
     types_.sort(key=lambda mt: (not M[mt].endswith("ForCausalLM"), mt != path.parent.name))
     return types_[0]
 
@@ -369,7 +349,7 @@ def _causal_lm_class(config) -> type:
     `*ForConditionalGeneration`: the analyser patches the text decoder inside it)."""
     import transformers
 
-    M, _vlm = _known_types()
+    M, _vlm = known_types()
     for arch in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, arch, None)
         if cls is not None and arch in M.values():
@@ -378,7 +358,7 @@ def _causal_lm_class(config) -> type:
     if name is None:
         cls = image_text_to_text_class(config)
         if cls is None:
-            raise _unknown(getattr(config, "model_type", None), " (the config's model_type)")
+            raise unknown(getattr(config, "model_type", None), " (the config's model_type)")
         return cls
     return getattr(transformers, name)
 
