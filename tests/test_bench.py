@@ -290,6 +290,10 @@ def test_speedup_is_best_peer_over_ours_and_memory_ratio_likewise():
     rows[0] = _row("kernelwright", 1.0, 100.0, host_ms=0.9)
     md = summary_markdown(rows)
     assert "1.000† / 100" in md and "launch-bound" in md
+    assert "not speeds" not in md
+    # Interpreter rows say so above the tables too, not only in the plots' titles.
+    interp = [replace(r, timing="interpreter") for r in rows]
+    assert "**Interpreter timings, not speeds**" in summary_markdown(interp)
 
 
 # --------------------------------------------------------------------------- failures

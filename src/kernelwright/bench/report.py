@@ -306,6 +306,10 @@ def summary_markdown(rows: Sequence[BenchRow]) -> str:
             f"({', '.join(PEERS)}) / {OURS}; mem ratio likewise for peak memory."
         )
         lines.append("")
+        if first.timing == "interpreter":
+            lines += ["**Interpreter timings, not speeds**: Triton's interpreter on the CPU "
+                      "runs every program one after another; these rows only show that the "
+                      "harness works.", ""]  # fmt: skip
     for (op, mode), group in _groups(summary, "op", "mode").items():
         providers = _providers(group)
         lines.append(f"**{op} · {mode}**")
