@@ -332,6 +332,12 @@ def test_unknown_model_type():
     assert str(e.value).count("'mllama'") == 1  # a type registered twice is suggested once
 
 
+def test_a_profile_reads_in_one_line():
+    text = repr(analyze("llama"))  # what `patch(model)` returns, shown at a prompt
+    assert text.startswith("ModelProfile(llama: LlamaForCausalLM, ") and "\n" not in text
+    assert len(text) < 120
+
+
 def test_a_hub_id_or_a_missing_path_is_named_as_such(tmp_path):
     with pytest.raises(ValueError, match="reads like a Hub id: download its config.json"):
         analyze("meta-llama/Llama-3-8B")

@@ -216,6 +216,14 @@ class ModelProfile(YamlProfile):
     lm_head: LMHeadDecision
     notes: list[str] = Field(default_factory=list)
 
+    def __repr__(self) -> str:
+        # one line, not every field of every decision: the YAML (`to_yaml()`) holds those
+        left = len(self.unsupported())
+        return (
+            f"ModelProfile({self.model_type}: {self.architecture}, {len(self._decisions())} "
+            f"decisions, {left} left alone; to_yaml() for all of them)"
+        )
+
     def unsupported(self) -> list[tuple[str, str]]:
         """(what, why) for every decision the patcher will leave alone."""
         out = []
