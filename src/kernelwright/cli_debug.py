@@ -147,7 +147,7 @@ def debug(
     if profile.divergence is None:
         skipped = sum(p.status == "skipped" for p in profile.probes)
         untried = [p for p in profile.probes if p.status == "not tried"]
-        agree = len(profile.probes) - skipped - len(untried)
+        agree = sum(p.status == "pass" for p in profile.probes)
         console.print(
             f"[green]no divergence[/]: {agree} probes agree with the reference ({skipped} "
             f"skipped, {len(untried)} not tried: see the report)"

@@ -17,7 +17,8 @@ contiguous, normal values, the launch table as it is):
 - values: normal, large (x 1000), all_equal (each row one value), inf (-inf at some
   positions), nan (NaN at some positions);
 - config: every row of the op's launch table at a length it serves ("regime"), and every
-  distinct config of the table forced for all lengths ("forced").
+  distinct config of the table forced for all lengths ("forced"); not applicable to an op
+  that read no row of the table in the other probes (a plain PyTorch function).
 The other axes run as one pass per dtype (the base's failing dtype, else float32, bfloat16,
 float16 until a pass fails); when the base passed, failing probes are then repeated at the
 remaining dtypes.
@@ -88,8 +89,9 @@ class Probe(Strict):
     values: str
     config: str  # "table" (as it is) or the launch config row in force
     # skipped: it ran and says nothing (the reference raised); not tried: it cannot run here
-    # (a huge input without a GPU or the memory it needs), `message` says why
-    status: Literal["pass", "fail", "skipped", "not tried"]
+    # (a huge input without a GPU or the memory it needs); not applicable: the axis does not
+    # apply to this op (config: it read no row of the launch table); `message` says why
+    status: Literal["pass", "fail", "skipped", "not tried", "not applicable"]
     failing: list[str] = Field(default_factory=list)  # the failing passes, in order
     max_error: float = 0.0  # the largest error / tol ratio's error
     passes: list[PassResult] = Field(default_factory=list)

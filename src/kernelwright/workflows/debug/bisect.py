@@ -12,7 +12,9 @@ its shape is then halved, dim by dim, while the same pass still fails.
 
 The huge shape regime (past 2^31 elements) runs only on a CUDA device with the memory it needs
 free (huge.py); elsewhere its probe is "not tried", with the reason, and counts as no probe
-of its axis.
+of its axis. The config axis forces rows of the plan's launch table; an op that read no row
+of it in the probes before (a plain PyTorch function given a library op's --ref) launches
+nothing that table configures, so the axis is "not applicable" instead of run and blamed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,35 @@ class Point:
     forced: tuple[tuple[str, LaunchConfig], ...] = ()  # (kernel, config) served for every n
 
 
+class _Watched(dict):
+    """One kernel's rows per arch, noting every read (`lookup` and `table_rows` read them):
+    whether the op under test consults the launch table at all."""
+
+    def __init__(self, rows: dict, note: Callable[[], None]):
+        super().__init__(rows)
+        self.note = note
+
+    def __getitem__(self, key):
+        self.note()
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.note()
+        return super().__contains__(key)
+
+    def get(self, key, default=None):
+        self.note()
+        return super().get(key, default)
+
+    def values(self):
+        self.note()
+        return super().values()
+
+    def items(self):
+        self.note()
+        return super().items()
+
+
 def describe(cfg: LaunchConfig) -> str:
     """A config's fields that differ from the defaults, plus block_n: "block_n=256 rows=16"."""
     default = LaunchConfig(block_n=cfg.block_n)
@@ -82,6 +113,42 @@ class Runner:
         self.arch_of = lambda k: arch if self.table and arch in self.table[k] else "default"
         self.interpreter = arch == "interpreter"
         self._huge: dict[tuple, huge.Plan] = {}
+        self.reads_table = False  # whether a probe's op read a row of `self.table`
+        self.compared = 0  # probes whose op ran
+
+    def config_not_applicable(self) -> str:
+        """Why the config axis does not apply to this op ("" when it does): no probe so far
+        read its launch table, so forcing the table's configs would change nothing."""
+        if self.table is None or self.reads_table or not self.compared:
+            return ""
+        return (
+            f"not applicable: {self.profile.cases[0].function} read no row of "
+            f"{self.profile.launch_table}.TABLE in the {self.compared} probes before (it "
+            "launches no kernel that table configures; forcing its configs changes nothing)"
+        )
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[None]:
+        """While the op runs, each kernel's rows note a read into `reads_table`."""
+        if self.table is None or self.reads_table:
+            yield
+            return
+        saved = {k: v for k, v in self.table.items() if isinstance(v, dict)}
+
+        def note() -> None:
+            self.reads_table = True
+
+        try:
+            for kernel, rows in saved.items():
+                self.table[kernel] = _Watched(rows, note)
+            yield
+        finally:
+            for kernel, rows in saved.items():
+                watched = self.table[kernel]
+                self.table[kernel] = rows
+                if watched is not rows:  # keep what the op wrote into its table meanwhile
+                    rows.clear()
+                    rows.update(dict.items(watched))
 
     # ------------------------------------------------------------------- one probe
 
@@ -156,10 +223,11 @@ class Runner:
         inputs = with_layout(with_values(inputs, point.values, seed), point.layout)
         rows = list(plan.rows) if plan is not None and plan.chunked else None
         # NaN, inf and overflow are what some regimes are about: numpy's warnings say nothing
-        with self._forced(point.forced), warnings.catch_warnings():
+        with self._forced(point.forced), self._watching(), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             got, skipped = compare(fn, ref, inputs, kwargs, spec.grad_inputs, tol.model_dump(),
                                    seed, poisoned, rows=rows)  # fmt: skip
+        self.compared += 1
         return [PassResult(**r) for r in got], skipped
 
     def _probe(self, point: Point, axis: str, value: str, status: str, start: float,
@@ -178,6 +246,13 @@ class Runner:
             message=message,
             seconds=round(time.perf_counter() - start, 4),
         )
+
+    def not_applicable(self, point: Point, axis: str) -> Probe:
+        why = self.config_not_applicable()
+        probe = self._probe(point, axis, "every config", "not applicable", time.perf_counter(),
+                            why)  # fmt: skip
+        self.progress(progress_line(probe))
+        return probe
 
     def _not_tried(self, point, axis, value, reason, start, quiet) -> Probe:
         probe = self._probe(point, axis, value, "not tried", start, reason)
@@ -267,6 +342,8 @@ def progress_line(p: Probe) -> str:
         return f"  skip {where}: {p.message}"
     if p.status == "not tried":
         return f"  --   {where}: {p.message}"
+    if p.status == "not applicable":
+        return f"  n/a  [{p.axis}]: {p.message}"
     if p.status == "pass":
         return f"  ok   {where}: max err {p.max_error:.2e}"
     bad = next(x for x in p.passes if not x.ok)
@@ -296,6 +373,10 @@ def bisect(profile: DebugProfile, progress: Progress) -> DebugProfile:
         done.append(d)
         progress(f"[axes at {d}]")
         for axis, value, point in axis_points:
+            if axis == "config" and runner.config_not_applicable():
+                if not any(p.status == "not applicable" for p in probes):
+                    probes.append(runner.not_applicable(point, axis))
+                continue
             probe = runner.run(dataclasses.replace(point, dtype=d), axis, value)
             probes.append(probe)
             if probe.status == "fail":
@@ -397,7 +478,9 @@ def probed_values(profile: DebugProfile, probes: list[Probe]) -> dict[str, list[
             out[axis] = list(profile.dtypes)
             continue
         values = [base_values[axis]]
-        values += [p.value for p in probes if p.axis == axis and p.status != "not tried"]
+        values += [
+            p.value for p in probes if p.axis == axis and p.status in ("pass", "fail", "skipped")
+        ]
         out[axis] = list(dict.fromkeys(values))
     return out
 
@@ -407,19 +490,40 @@ def summary(profile: DebugProfile, first: Probe, pass_name: str, row, regime) ->
         "the backward (it raised)" if pass_name == "backward"
         else f"the gradient of {pass_name.split(':', 1)[1]}"
     )  # fmt: skip
+    applies = not any(p.status == "not applicable" for p in profile.probes if p.axis == "config")
     where = (
         f"{first.case}, {first.dtype}, shape {tuple(first.shape)} ({first.shape_regime}), "
-        f"{first.layout}, {first.values} values, launch config {first.config}"
+        f"{first.layout}, {first.values} values"
+        + (f", launch config {first.config}" if applies else "")
     )
     probed = probed_values(profile, profile.probes)
+    loose = looser_dtypes(profile, pass_name, row.error, regime.get("dtype", []))
     confined = []
     for axis in AXES:
         failed, every = regime.get(axis, []), probed.get(axis, [])
-        if failed and len(failed) < len(every):
+        if failed and len(failed) < len(every) and not (axis == "dtype" and loose):
             confined.append(f"{axis} {', '.join(failed)}")
     scope = (
         "; only at " + "; ".join(confined)
         if confined
-        else "; at every probed value of every axis"
+        else "; at every probed value of every axis" if not loose else ""
     )  # fmt: skip
+    if loose:
+        # the error is within those dtypes' tolerances: their pass says nothing about dtype
+        kind = "fwd" if pass_name == "forward" else "bwd"
+        tols = ", ".join(f"{d} {getattr(profile.tolerances[d], kind):.2g}" for d in loose)
+        scope += (
+            f"; fails at dtype {', '.join(regime['dtype'])}, and {', '.join(loose)} pass only "
+            f"within their looser tolerances ({tols}, above this error {row.error:.3g}): "
+            "not confined in dtype"
+        )
     return f"{what} diverges ({row.error:.3g} > tol {row.tol:.3g}) at {where}{scope}"
+
+
+def looser_dtypes(profile: DebugProfile, pass_name: str, error: float, failed: list[str]):
+    """The dtypes whose probes passed although their tolerance for `pass_name` is at least
+    `error`, the divergence's error: a bug that size passes there too, so passing there does
+    not confine it to the failing dtypes."""
+    kind = "fwd" if pass_name == "forward" else "bwd"
+    return [d for d in profile.dtypes if d not in failed and d in profile.tolerances
+            and getattr(profile.tolerances[d], kind) >= error]  # fmt: skip

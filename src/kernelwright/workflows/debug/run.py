@@ -163,8 +163,14 @@ def write_report(profile: DebugProfile, ws: Path, repro: Path | None) -> Path:
         for axis, values in probed.items():
             failed = d.regime.get(axis, [])
             mark = "every value" if failed and len(failed) == len(values) else ", ".join(failed)
+            if any(p.axis == axis and p.status == "not applicable" for p in profile.probes):
+                mark = "not applicable"
             lines.append(f"| {axis} | {mark or '-'} | {len(values)} |")
         lines.append("")
+    not_applicable = [p for p in profile.probes if p.status == "not applicable"]
+    if not_applicable:
+        lines += ["## Not applicable", ""]
+        lines += [f"- {p.axis}: {p.message}" for p in not_applicable] + [""]
     if untried:
         lines += ["## Not tried", ""]
         lines += [f"- {p.axis} {p.value}, {p.dtype}, shape {tuple(p.shape)}: {p.message}"
