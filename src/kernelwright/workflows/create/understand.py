@@ -435,7 +435,8 @@ def understand(
         saved=traced.saved,
         recomputed=traced.recomputed,
         upcast_fp32=_upcast(fwd, bwd),
-        # a tail reads the rows' count at run time (batchmean): probed on references without one
+        # a tail reads the rows' count at run time (batchmean): only references without one
+        # are checked at another rank
         rank_bound=not starts and rank_bound(ref),
     )
     for out in traced.output_names:
