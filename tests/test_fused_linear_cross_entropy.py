@@ -577,7 +577,14 @@ def _bad_input_cases():
             ValueError,
             r"bias must have shape \(10,\)",
         ),
-        "chunk_zero": ((h, w, t), dict(chunk_size=0), ValueError, "chunk_size must be >= 1"),
+        "chunk_zero": ((h, w, t), dict(chunk_size=0), ValueError, "an int >= 1, got 0"),
+        "chunk_float": ((h, w, t), dict(chunk_size=2.5), ValueError, "an int >= 1, got 2.5"),
+        "empty_hidden": (
+            (h[:, :0], w[:, :0], t),
+            {},
+            ValueError,
+            r"empty last dimension \(H = 0\)",
+        ),
         "accum_fp16": (
             (h, w, t),
             dict(accum_dtype=torch.float16),

@@ -79,7 +79,7 @@ def __getattr__(name: str):
                 raise
             raise ImportError(
                 f"kernelwright.{name} needs Hugging Face transformers: "
-                "pip install 'kernelwright[hf]'"
+                "pip install 'transformers>=5' (or, in the checkout, pip install -e '.[hf]')"
             ) from e
         return getattr(_hf, name)
     raise AttributeError(f"module 'kernelwright' has no attribute {name!r}")

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.fx import Node
 
 from kernelwright.compile.patterns import Match, arg, kind, value
@@ -450,6 +451,7 @@ class _LigerCall(torch.autograd.Function):
         return tuple(results) if adapter.outputs > 1 else results[0]
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, *douts):
         adapter, need = ADAPTERS[ctx.op], ctx.need
         saved = list(ctx.saved_tensors)

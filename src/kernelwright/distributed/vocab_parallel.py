@@ -184,6 +184,7 @@ class _VocabParallelCE(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss, *unused):
         (saved,) = ctx.saved_tensors
         if ctx.used:

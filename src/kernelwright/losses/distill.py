@@ -20,6 +20,7 @@ import math
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 
 from kernelwright.losses._stats_kernels import _distill_kernel
 from kernelwright.losses.logprobs import (
@@ -109,6 +110,7 @@ class _ChunkedDistill(torch.autograd.Function):
         return per_token.sum() * scale, ent
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, _):
         saved = list(ctx.saved_tensors)
         has_h, has_w, has_b, w_dtype, b_dtype = ctx.meta

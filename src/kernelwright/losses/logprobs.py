@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 
 from kernelwright.losses._stats_kernels import _stats_bwd_kernel, _stats_fwd_kernel
 from kernelwright.ops.fused_linear_cross_entropy import (
@@ -207,6 +208,10 @@ def fused_linear_logprob_stats(
         backward == "stored" and torch.is_grad_enabled(), bool(entropy_grad),
     )  # fmt: skip
     shape = target.shape
+    if keep is None and t.numel():
+        # every token computed (none ignored, all ignored, or traced): 0 where ignored
+        ignored = t == ignore_index
+        res = tuple(None if x is None else x.masked_fill(ignored, 0) for x in res)
     return LogprobStats(*(None if x is None else _spread(x, keep).reshape(shape) for x in res))
 
 
@@ -339,6 +344,7 @@ class _LogprobStats(torch.autograd.Function):
         return logp, ent, lssp, mean, top1
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, d_logp, d_ent, *_):
         cd, chunk, kw, accum, has_ent, has_rows, h_dtype = ctx.args
         if d_ent is not None and ctx.metric_ent:

@@ -29,6 +29,7 @@ launchers → custom ops → autograd Functions → the entry points the public 
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._elementwise import (
     _cols,
@@ -330,6 +331,7 @@ class _GatedFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dc):
         a2, b2 = ctx.saved_tensors
         op = ACTIVATIONS[ctx.activation]
@@ -373,6 +375,7 @@ class _FusedFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dc):
         (x2,) = ctx.saved_tensors
         dc2 = rows_view(ctx.op, "dc", dc)  # copies a gradient whose last stride is not 1
@@ -413,6 +416,7 @@ class _SingleFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dc):
         (x,) = ctx.saved_tensors  # x itself (contiguous), or its [M, N] view
         activation = ctx.activation

@@ -30,6 +30,7 @@ fused_linear_cross_entropy (argument checks, targets, reductions) is in ops/_los
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._ce_kernels import _ce_fwd_kernel, _ce_fwd_looped_kernel, _ce_scale_kernel
 from kernelwright.ops._held import held_row_fits
@@ -288,6 +289,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss, *unused):
         (saved,) = ctx.saved_tensors
         # a detached alias: the gradient lives in the saved buffer (or in the logits, in place)

@@ -22,6 +22,7 @@ Layer order: launchers → custom ops → autograd Function → `fused_add_rms_n
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._corun import fused_add_rms_norm_bwd_corun_launch
 from kernelwright.ops._park import park_launch, park_phases, park_programs
@@ -270,6 +271,7 @@ class _FusedAddRMSNormFunction(torch.autograd.Function):
         return y, s
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy, d_residual_out):
         s, weight, rstd = ctx.saved_tensors
         want_dw = weight is not None and ctx.needs_input_grad[2]
@@ -339,6 +341,7 @@ def fused_add_rms_norm(
     if weight is not None:
         check_tensor(_OP, "weight", weight)
         check_shape(_OP, "weight", weight, (x.shape[-1],), "the last dimension of x")
+        weight = weight.contiguous()  # the kernels read it at unit stride (a slice, an expand)
     check_same_device(_OP, x=x, residual=residual, weight=weight)
     if casting_mode not in CASTING_MODES:
         raise ValueError(

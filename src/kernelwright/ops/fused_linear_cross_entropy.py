@@ -32,6 +32,7 @@ soft-capping, num_items_in_batch) are those of `kernelwright.ops.cross_entropy`.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._loss import check_loss_args, checked_targets, reduce_rows
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch, scale_grad_
@@ -268,6 +269,7 @@ class _FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_loss, *unused):
         compiling = traced(grad_loss)
         s = grad_loss.reshape(-1)
@@ -351,12 +353,14 @@ def fused_linear_cross_entropy(
         )
     if V == 0:
         raise ValueError(f"{op}: weight has no classes (V = 0)")
+    if H == 0:
+        raise ValueError(f"{op}: hidden and weight have an empty last dimension (H = 0)")
     if bias is not None:
         check_tensor(op, "bias", bias)
         if tuple(bias.shape) != (V,):
             raise ValueError(f"{op}: bias must have shape ({V},), got {tuple(bias.shape)}")
     check_same_device(op, hidden=hidden, weight=weight, target=target, bias=bias)
-    n_rows = hidden.numel() // H if H else 0
+    n_rows = hidden.numel() // H
     check_loss_args(
         op,
         V,
@@ -376,8 +380,10 @@ def fused_linear_cross_entropy(
         )
     if accum_dtype not in (None, torch.float32) and accum_dtype != weight.dtype:
         raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"{op}: chunk_size must be >= 1, got {chunk_size}")
+    if chunk_size is not None and (
+        not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
+    ):
+        raise ValueError(f"{op}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
     hidden, weight, bias, accum_dtype = matmul_inputs(op, hidden, weight, bias, accum_dtype)
     with torch.autocast(hidden.device.type, enabled=False):
         return _FusedLinearCrossEntropyFunction.apply(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
@@ -194,6 +195,7 @@ class _JaggedMeanFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         (offsets,) = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from kernelwright.runtime import device_info
 from kernelwright.runtime.alloc import empty
@@ -131,6 +132,7 @@ class _L2NormFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x2, rstd = ctx.saved_tensors
         dy2 = rows_view("l2_norm", "dy", dy)

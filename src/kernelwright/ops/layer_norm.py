@@ -21,6 +21,7 @@ Layer order: launchers → custom ops → autograd Function → `layer_norm` →
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._corun import layer_norm_bwd_corun_launch
 from kernelwright.ops._ln import (
@@ -300,6 +301,7 @@ class _LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
         dy2 = rows_view("layer_norm", "dy", dy)  # copies an expanded (stride-0) gradient
@@ -348,6 +350,9 @@ def layer_norm(
             check_tensor("layer_norm", name, p)
             check_shape("layer_norm", name, p, (x.shape[-1],), "the last dimension of x")
     check_same_device("layer_norm", x=x, weight=weight, bias=bias)
+    # the kernels read them at unit stride (a slice, an expand)
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
     return _LayerNormFunction.apply(x, weight, bias, float(eps))
 
 

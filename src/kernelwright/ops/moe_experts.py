@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._activations import _activation_grad, _chain
 from kernelwright.ops.swiglu import swiglu_fused_fwd_launch
@@ -233,6 +234,7 @@ class _MoEExpertsFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         x, gate_up_proj, down_proj, top_k_weights, gu, perm, inv, offs = ctx.saved_tensors
         k = ctx.k

@@ -17,6 +17,7 @@ Layer order: launchers → custom ops → autograd Function → `rms_norm` → `
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._norm_reduce import norm_dw_launch
 from kernelwright.ops._partials import few_rows, sum_partials
@@ -230,6 +231,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
         dy2 = rows_view("rms_norm", "dy", dy)
@@ -286,6 +288,7 @@ def rms_norm(
         check_tensor("rms_norm", "weight", weight)
         check_shape("rms_norm", "weight", weight, (x.shape[-1],), "the last dimension of x")
         check_same_device("rms_norm", x=x, weight=weight)
+        weight = weight.contiguous()  # the kernels read it at unit stride (a slice, an expand)
     if casting_mode not in CASTING_MODES:
         raise ValueError(
             f"rms_norm: casting_mode must be one of {sorted(CASTING_MODES)}, got {casting_mode!r}"

@@ -38,6 +38,7 @@ tables) live in ops/_rope_ref.py and are importable from here.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._rope_kernel import _rope_kernel
 from kernelwright.ops._rope_ref import (  # noqa: F401  (re-exported: ops.rope is their home)
@@ -266,6 +267,7 @@ class _RoPEFunction(torch.autograd.Function):
         return q_out, k_out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dq_out, dk_out):
         cos, sin = ctx.saved_tensors
         # dq/dk in q/k's own layout; an unused output's gradient arrives as zeros.

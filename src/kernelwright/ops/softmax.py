@@ -30,6 +30,7 @@ custom ops → autograd Function → `softmax`/`log_softmax` → `Softmax`/`LogS
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright.ops._held import held_row_fits
 from kernelwright.ops._softmax_kernels import (
@@ -256,6 +257,7 @@ class _SoftmaxFunction(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         n = y.shape[-1]

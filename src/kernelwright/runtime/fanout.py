@@ -5,7 +5,7 @@ fill) are lists of independent measurements. `Fanout(workers).run(fn, items)` ca
 for every item and returns one `TaskResult` per item, in the items' order:
 
 - `workers=1` (the default): in this process, one item after the other, as before.
-- Ray installed (`pip install kernelwright[ray]`): one Ray actor per worker, each holding one
+- Ray installed (`pip install ray`): one Ray actor per worker, each holding one
   GPU (`num_gpus=1`, so Ray does the placement and no two actors share a GPU). With a cluster
   address (the `address` argument, else $KERNELWRIGHT_RAY_ADDRESS, else $RAY_ADDRESS) the
   actors spread over the cluster's machines; without one Ray starts on this machine.

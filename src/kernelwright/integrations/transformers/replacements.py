@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from kernelwright import registry
 from kernelwright.ops.layer_norm import layer_norm
@@ -102,6 +103,7 @@ class _ActThenLinear(torch.autograd.Function):
         return torch.nn.functional.linear(h, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         weight, *inputs = ctx.saved_tensors
         leaves = [
