@@ -643,6 +643,13 @@ def test_cli_bench_quick_writes_the_csv(tmp_path):
     assert (tmp_path / "summary.md").exists()
     assert list(tmp_path.glob("rms_norm_*_full.png"))
     assert "speedup" in result.output
+    # a second op into the same folder: summary.md covers both (a CSV of another kind is left out)
+    (tmp_path / "notes.csv").write_text("a,b\n1,2\n")
+    args = ["bench", "relu_squared", "--quick", "--mode", "forward", "--providers", "kernelwright"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path), "--db", str(db), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    summary = (tmp_path / "summary.md").read_text()
+    assert "rms_norm" in summary and "relu_squared" in summary and "notes" not in summary
 
 
 def test_cli_bench_takes_every_dtype_spelling(tmp_path, monkeypatch):

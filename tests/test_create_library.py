@@ -67,6 +67,38 @@ def test_a_failing_gate_removes_everything(profile, tmp_path, monkeypatch):
     assert init.read_text() == before
 
 
+def test_a_failed_or_interrupted_replacement_puts_the_earlier_op_back(
+    profile, tmp_path, monkeypatch
+):
+    assert L.into_library(profile, tmp_path / "log").passed
+    package_dir, repo = L.checkout_paths()
+    module = package_dir / "ops" / "generated" / f"{NAME}.py"
+    test = repo / "tests" / "generated" / f"test_generated_{NAME}.py"
+    module.write_text(module.read_text() + "# the earlier op, as the person left it\n")
+    before = {p: p.read_text() for p in (module, test)}
+    with pytest.raises(L.LibraryError, match="--force to replace it"):
+        L.check_name(NAME, force=False)
+    L.check_name(NAME, force=True)
+    with pytest.raises(L.LibraryError, match="is a library op"):
+        L.check_name("rms_norm", force=True)
+
+    def failing(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 1, "1 failed", "")
+
+    def interrupted(cmd, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(L.subprocess, "run", failing)
+    assert not L.into_library(profile, tmp_path / "log").passed
+    assert {p: p.read_text() for p in before} == before
+    monkeypatch.setattr(L.subprocess, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        L.into_library(profile, tmp_path / "log")
+    assert {p: p.read_text() for p in before} == before
+    init = (package_dir / "ops" / "generated" / "__init__.py").read_text()
+    assert f"kernelwright.ops.generated.{NAME} import" in init
+
+
 def test_not_a_checkout_says_what_to_do(tmp_path):
     pkg = tmp_path / "site-packages" / "kernelwright"
     pkg.mkdir(parents=True)

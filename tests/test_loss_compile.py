@@ -72,7 +72,7 @@ def test_cross_entropy_kernels_compile_for_hopper():
                 for c, combo in enumerate(COMBOS):
                     target_dtype = (torch.int64, torch.int32)[(c + d) % 2]
                     _fwd(cfg, V, dtype, combo, target_dtype)
-        for _, cfg in TABLE["scale"]["default"]:
+        for _, cfg in TABLE["bwd_scale"]["default"]:
             for dtype in DTYPES:
                 g = torch.randn(3, cfg.block_n + 7).to(dtype)
                 cross_entropy_scale_launch(g, torch.tensor([0.5]), config=cfg)  # one scalar

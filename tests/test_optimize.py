@@ -500,3 +500,53 @@ def test_smoke_shapes_cap_the_elements_but_keep_an_odd_row_count():
     capped = smoke_shapes(spec, points, rows=37, max_elements=1 << 19)
     assert [s["n"] for s in capped] == [5000, 70000, 600000]
     assert [s["rows"] for s in capped] == [37, 7, 3]
+
+
+def test_a_new_run_loses_nothing_in_its_workspace(dry_run, tmp_path):
+    # a folder of the person's own files is refused (optimize would have removed report.md)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my thesis")
+    with pytest.raises(PreflightError, match="did not write .*report.md.*--force"):
+        optimize(OptimizeOptions(OP, workspace=mine, **DRY))
+    assert (mine / "report.md").read_text() == "my thesis"
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(PreflightError, match="is a file"):
+        optimize(OptimizeOptions(OP, workspace=afile, **DRY))
+    # a finished run's report, notebooks and proposed table stay unless --force
+    ws = tmp_path / "ws"
+    shutil.copytree(dry_run[0].workspace, ws)
+    report = (ws / "report.md").read_text()
+    with pytest.raises(PreflightError, match=r"earlier run \(v1.*--resume --yes.*--force"):
+        optimize(OptimizeOptions(OP, workspace=ws, **DRY))
+    assert (ws / "report.md").read_text() == report and (ws / "v1.json").exists()
+    again = optimize(OptimizeOptions(OP, workspace=ws, force=True, **DRY))
+    assert again.stage == "review" and not (ws / "report.md").exists()
+
+
+def test_resume_names_a_bad_profile_instead_of_a_traceback(tmp_path):
+    ws = tmp_path / "ws"
+    assert optimize(OptimizeOptions(OP, workspace=ws, max_variants=1, **DRY)).stage == "review"
+    path = ws / "profile.yaml"
+    good = path.read_text()
+    resume = OptimizeOptions(OP, dry_run=True, workspace=ws, resume=True, yes=True)
+    path.write_text(good.replace("goal: speed", "goal: fast"))
+    with pytest.raises(PreflightError, match="--resume: .*goal"):
+        optimize(resume)
+    path.write_text(good)
+    profile = OptimizationProfile.load(path)  # a typo in a strategy's name, listed first
+    profile.strategies.insert(
+        0, profile.strategies[0].model_copy(update={"name": "bogus_strategy"})
+    )
+    profile.save(path)
+    with pytest.raises(PreflightError, match="strategies that do not exist: bogus_strategy"):
+        optimize(resume)
+
+
+def test_cross_entropys_backward_kernel_is_tuned_as_a_backward_one():
+    # the scope and the sweep's timing mode come from the kernel's name
+    from kernelwright.runtime.tables import cross_entropy as ce_table
+    from kernelwright.workflows.optimize.clock import is_backward_kernel
+
+    assert [k for k in ce_table.TABLE if is_backward_kernel(k)] == ["bwd_scale"]

@@ -336,8 +336,9 @@ def create(
             help="Overwrite an edited profile.yaml (without it an edited profile is kept: this "
             "run's goes beside it as profile.new.yaml where it differs, and the command stops, "
             "exit 2), and "
-            "replace an --out DIR/<name>/ that is not a package `create` wrote (without it "
-            "such a folder is refused, exit 2). A kernel that fails its tests replaces nothing.",
+            "replace an --out DIR/<name>/ that is not a package `create` wrote, or an op "
+            "--into-library created before under this name (without it both are refused, exit "
+            "2). A kernel that fails its tests replaces nothing.",
         ),
     ] = False,
     implements: Annotated[
@@ -359,6 +360,7 @@ def create(
 
     from kernelwright.profiles.base import ProfileError
     from kernelwright.workflows.create.implements import ImplementsError
+    from kernelwright.workflows.create.library import LibraryError
     from kernelwright.workflows.create.load import name_problem
     from kernelwright.workflows.create.run import RUNS, OutError
     from kernelwright.workflows.create.run import create as run_create
@@ -389,7 +391,7 @@ def create(
         )
     except ImplementsError as e:
         raise typer.BadParameter(str(e), param_hint="--implements") from None
-    except OutError as e:  # before any work: one line
+    except (OutError, LibraryError) as e:  # before any work: one line
         console.print(str(e), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except ProfileError as e:  # the --from-profile file: one line per problem, unwrapped

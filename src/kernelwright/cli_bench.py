@@ -191,9 +191,13 @@ def bench(
 
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
-    md.write_text(summary_markdown(all_rows))
+    kept = _other_ops_rows(out, {p.spec.op for p in plans})
+    md.write_text(summary_markdown(kept + all_rows))
     print_summary(all_rows, console)
-    console.print(f"Markdown summary: {md}")
+    also = (
+        f" (with {len({r.op for r in kept})} other op(s) whose CSVs are in {out})" if kept else ""
+    )
+    console.print(f"Markdown summary: {md}{also}")
     failed = [r for r in all_rows if r.provider.startswith("kernelwright") and r.error]
     failed = [r for r in failed if not r.error.startswith("skipped")]
     if strict and failed:
@@ -235,3 +239,20 @@ def _run_with_progress(console: Console, p, **kwargs):
                 )
 
         return run_plan(p, on_row=on_row, **kwargs)
+
+
+def _other_ops_rows(out: Path, ran: set[str]) -> list:
+    """The rows of the other ops' bench CSVs in `out` (earlier runs of other ops into the same
+    folder), so that summary.md covers every op there rather than the last run's alone."""
+    from kernelwright.bench.report import read_csv
+
+    rows = []
+    for f in sorted(out.glob("*.csv")):
+        if f.stem in ran:
+            continue
+        try:
+            got = read_csv(f)
+        except (ValueError, TypeError, KeyError, OSError):  # not a bench CSV: not ours to show
+            continue
+        rows += [r for r in got if r.op == f.stem]
+    return rows

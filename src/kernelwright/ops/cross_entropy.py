@@ -130,7 +130,7 @@ def cross_entropy_scale_launch(
     M, V = grad.shape
     if M == 0:
         return
-    cfg = _config("scale", grad, config)
+    cfg = _config("bwd_scale", grad, config)
     stride_s = 0 if s.numel() == 1 else s.stride(0)
     s = s.reshape(-1) if s.numel() == 1 else s
     _ce_scale_kernel[(M,)](

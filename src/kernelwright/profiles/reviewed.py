@@ -34,7 +34,8 @@ class Saved:
         )
 
 
-def _digest_file(path: Path) -> Path:
+def digest_file(path: Path) -> Path:
+    """The hidden file beside `path` that remembers what kernelwright wrote there."""
     return path.with_name(f".{path.name}.sha256")
 
 
@@ -47,7 +48,7 @@ def edited(path: str | Path) -> bool:
     path = Path(path)
     if not path.is_file():
         return False
-    mark = _digest_file(path)
+    mark = digest_file(path)
     return not (mark.is_file() and mark.read_text().strip() == _digest(path.read_text()))
 
 
@@ -55,7 +56,7 @@ def adopt(path: str | Path) -> None:
     """A workflow resumes from `path` (the reviewed profile it loaded): later saves of that
     run carry the edits on and may overwrite it."""
     path = Path(path)
-    _digest_file(path).write_text(_digest(path.read_text()) + "\n")
+    digest_file(path).write_text(_digest(path.read_text()) + "\n")
 
 
 def write(profile: YamlProfile, path: str | Path) -> Path:

@@ -155,7 +155,7 @@ def get_spec(op: str) -> BenchSpec:
             f"{op} has no benchmark spec (its registry entry names none); ops with one: "
             f"{', '.join(SPECS)}"
         )
-    raise registry.unknown_op(op, SPECS, "op with a benchmark spec")
+    raise registry.unknown_op(op, [*SPECS, *created], "op with a benchmark spec")
 
 
 def _with_created(spec: BenchSpec) -> BenchSpec:

@@ -5,7 +5,7 @@ between the statistics and the gradient (from 16384 columns in the logits' own d
 logits past 32768 classes take the looped row instead); longer rows are walked in `block_n`
 chunks twice (an online max/sum pass, then the gradient pass, which re-reads the row, mostly
 from L2).
-"scale": the backward's in-place multiply by the incoming gradient, one program per row,
+"bwd_scale": the backward's in-place multiply by the incoming gradient, one program per row,
 skipped when that gradient is 1.
 
 "default" rows were swept on an H200 (bf16, 8192 rows, forward with the gradient). Small
@@ -31,7 +31,7 @@ TABLE = {
         ],
         "interpreter": [(2**31 - 1, C(block_n=4096, evict_hints=True, reverse_pass=True))],
     },
-    "scale": {
+    "bwd_scale": {
         "default": [(2**31 - 1, C(block_n=4096, num_warps=8))],
         "interpreter": [(2**31 - 1, C(block_n=4096))],
     },

@@ -4,8 +4,12 @@ The op goes to `kernelwright/ops/generated/<name>.py` (exported from
 `kernelwright.ops.generated`), its tests to `tests/generated/test_generated_<name>.py` (run by
 the project's test command from then on) and its benchmark to
 `benchmarks/generated/bench_<name>.py`. The op's test file then runs in a fresh process as a
-gate: if it fails, every file written is removed again and the exports are rewritten without
-it, so a failed attempt leaves the checkout as it was.
+gate: if it fails (or the run is interrupted), every file written is removed again, or given
+back its earlier text, and the exports are rewritten, so a failed attempt leaves the checkout
+as it was.
+
+`check_name` runs before any work: a name a library op has is refused (the library's op would
+hide the created one), and an op already created under that name is replaced only with `force`.
 
 With `implements=OP` the module also declares itself an implementation of library op OP
 (workflows/create/implements.py), checked before anything is written.
@@ -84,6 +88,29 @@ def _all_of(module: Path) -> list[str]:
     raise ValueError(f"{module} has no __all__: it was not written by kernelwright create")
 
 
+class LibraryError(ValueError):
+    """`--into-library` cannot take the op under this name. Raised before the pipeline runs."""
+
+
+def check_name(name: str, force: bool, package_dir: Path | None = None) -> None:
+    """Refuse a library op's name, and an op created before under `name` unless `force`."""
+    from kernelwright import registry
+
+    if name in registry.names(generated=False):
+        raise LibraryError(
+            f"'{name}' is a library op: an op created under that name would be hidden by it. "
+            f"Give it another name with --name (say {name}_created)"
+        )
+    package_dir, _ = checkout_paths(package_dir)
+    module = package_dir / "ops" / "generated" / f"{name}.py"
+    if module.exists() and not force:
+        raise LibraryError(
+            f"'{name}' is already in the library ({module}): pass --force to replace it (if "
+            "the new one fails its tests there, the earlier one is put back), or give this one "
+            "another name with --name"
+        )
+
+
 def library_files(profile: KernelProfile, implements: str | None = None) -> dict[str, str]:
     """The op's files in the library's layout, {relative path: text}; with `implements`, its
     module declares the library op it implements (`ImplementsError` when it cannot)."""
@@ -109,12 +136,16 @@ def into_library(
     package_dir, repo = checkout_paths(package_dir)
     roots = {"ops": package_dir, "tests": repo, "benchmarks": repo}
     written: list[Path] = []
+    earlier: dict[Path, str] = {}  # the text of each file this op replaces, put back on failure
     generated_dir = package_dir / "ops" / "generated"
     files = library_files(profile, implements)  # before anything is written
+    passed = False
     try:
         for rel, text in files.items():
             path = roots[rel.split("/", 1)[0]] / rel
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_file():
+                earlier[path] = path.read_text()
             path.write_text(text)
             written.append(path)
         write_exports(generated_dir)
@@ -127,13 +158,13 @@ def into_library(
         out = proc.stdout + proc.stderr
         log.write_text(out)
         passed = proc.returncode == 0
-    except BaseException:
-        passed = False
-        raise
     finally:
-        if not passed:  # nothing of a failed attempt stays in the checkout
+        if not passed:  # nothing of a failed or interrupted attempt stays in the checkout
             for path in written:
-                path.unlink(missing_ok=True)
+                if path in earlier:
+                    path.write_text(earlier[path])
+                else:
+                    path.unlink(missing_ok=True)
             write_exports(generated_dir)
     if not passed:
         return LibraryResult(False, [], out)

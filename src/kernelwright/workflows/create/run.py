@@ -236,6 +236,10 @@ def create(
         notes = _baked_note(baked, profile)
     if out is not None:
         _check_out(out, profile.name, force)
+    if into_library:
+        from kernelwright.workflows.create.library import check_name
+
+        check_name(profile.name, force)
     workdir = Path(runs) / profile.name
     workdir.mkdir(parents=True, exist_ok=True)
     profile_path = workdir / "profile.yaml"

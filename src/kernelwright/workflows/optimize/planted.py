@@ -106,6 +106,7 @@ def run_planted(
                 OptimizeOptions(
                     op,
                     yes=True,
+                    force=True,  # its own workspace, re-made each run
                     dry_run=dry_run,
                     gpu=arch if dry_run else "auto",
                     workspace=workspace,

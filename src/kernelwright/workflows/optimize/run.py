@@ -11,8 +11,9 @@ import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kernelwright.profiles.base import ProfileError
 from kernelwright.profiles.optimization import OptimizationProfile, VariantRecord
-from kernelwright.profiles.reviewed import Saved
+from kernelwright.profiles.reviewed import Saved, digest_file
 from kernelwright.runtime.fanout import Fanout
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.workflows.optimize.finalize import FinalizeResult, finalize
@@ -25,6 +26,7 @@ from kernelwright.workflows.optimize.setup import (
     Progress,
     preflight,
 )
+from kernelwright.workflows.optimize.strategies import BY_NAME
 from kernelwright.workflows.optimize.tables import ArchRows, get_table, install, rows_for
 
 
@@ -57,7 +59,16 @@ def resume_options(opts: OptimizeOptions) -> tuple[OptimizeOptions, Optimization
         raise PreflightError(
             f"--resume: no profile at {path}; run `kernelwright optimize {opts.op}` first"
         )
-    profile = OptimizationProfile.load(path)
+    try:
+        profile = OptimizationProfile.load(path)
+    except ProfileError as e:
+        raise PreflightError(f"--resume: {e}") from None
+    unknown = [s.name for s in profile.strategies if s.name not in BY_NAME]
+    if unknown:
+        raise PreflightError(
+            f"--resume: {path} names strategies that do not exist: {', '.join(unknown)}; "
+            f"known: {', '.join(BY_NAME)}"
+        )
     if profile.op != opts.op:
         raise PreflightError(f"--resume: {path} is a profile of {profile.op!r}, not {opts.op!r}")
     if profile.placeholder != opts.dry_run:
@@ -84,6 +95,29 @@ def resume_options(opts: OptimizeOptions) -> tuple[OptimizeOptions, Optimization
     )
 
 
+def claim_workspace(ws: Path, force: bool) -> None:
+    """A new run starts in `ws` only where it loses nothing: a folder that is new, empty or
+    optimize's own with no earlier variants; anything else needs `force` (PreflightError)."""
+    if ws.exists() and not ws.is_dir():
+        raise PreflightError(f"--out {ws} is a file, not a folder")
+    if force or not ws.is_dir() or not any(ws.iterdir()):
+        return
+    if not digest_file(ws / "profile.yaml").is_file():
+        names = sorted(p.name for p in ws.iterdir())
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise PreflightError(
+            f"{ws} holds files optimize did not write ({shown}): give another --out, or pass "
+            "--force to run there (files named as optimize's outputs are replaced)"
+        )
+    earlier = [f"v{r.version}" for r in read_records(ws)]
+    earlier += [n for n in ("report.md", "proposed_table.py") if (ws / n).exists()]
+    if earlier:
+        raise PreflightError(
+            f"{ws} holds an earlier run ({', '.join(earlier)}): continue it with --resume --yes, "
+            "or pass --force to start over (its notebooks, report and proposed table are removed)"
+        )
+
+
 def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResult:
     profile = None
     if opts.resume:
@@ -92,6 +126,7 @@ def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResu
             plant_regression(opts.op, profile.arch)
     setup = preflight(opts)
     if profile is None:
+        claim_workspace(setup.workspace, opts.force)
         setup.workspace.mkdir(parents=True, exist_ok=True)
         clear_variants(setup.workspace)
         progress(f"[pre-flight] ok: {opts.op} on {setup.ctx.gpu}, tuning '{setup.arch}'")
