@@ -550,3 +550,13 @@ def test_cross_entropys_backward_kernel_is_tuned_as_a_backward_one():
     from kernelwright.workflows.optimize.clock import is_backward_kernel
 
     assert [k for k in ce_table.TABLE if is_backward_kernel(k)] == ["bwd_scale"]
+
+
+def test_a_dry_runs_gpu_sized_target_is_modelled_not_interpreted(tmp_path):
+    # on the interpreter, 8192x4096 would run for hours: its time is modelled, the rest runs
+    opts = OptimizeOptions(OP, yes=True, workspace=tmp_path / "ws", max_variants=1,
+                           target="full < 0.3 ms at 8192x4096", **DRY)  # fmt: skip
+    result = optimize(opts)
+    assert result.stage == "done" and "target met" in result.stop_reason
+    rows = list(csv.DictReader((tmp_path / "ws" / "v0_bench.csv").open()))
+    assert {r["shape"] for r in rows} >= {"8192x4096", "64x256"}

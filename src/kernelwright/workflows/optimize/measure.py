@@ -128,7 +128,7 @@ class Bench:
         m, n = row_problem(self.spec, point.shape)
         if self.clock is not None:
             self.clock.at(m, n, mode, provider=provider, nbytes=row.bytes)
-        if self.execute:
+        if self.execute and not self._too_big_to_interpret(row):
             row = measure(
                 self.spec,
                 self.spec.provider(provider),
@@ -146,6 +146,12 @@ class Bench:
             row.peak_mem_mb = self.clock.peak_mb(m, n, mode, provider, row.bytes)
         return with_bandwidth(row)
 
+    def _too_big_to_interpret(self, row: BenchRow) -> bool:
+        """A dry run on the interpreter models a large point's time without running it (a
+        --target shape of a GPU's size would take hours there); small points still run, to show
+        the op works."""
+        return self.placeholder and self.ctx.device.type != "cuda" and row.bytes > INTERPRET_BYTES
+
     def run(
         self,
         points: Sequence[Point],
@@ -161,6 +167,9 @@ class Bench:
                 if on_row is not None:
                     on_row(row)
         return rows
+
+
+INTERPRET_BYTES = 16 << 20  # a point moving more than this is modelled, not interpreted
 
 
 def _not_run() -> None:
