@@ -48,7 +48,7 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
-from kernelwright.workflows.create import onehot, pick, staged, tail
+from kernelwright.workflows.create import dtypes, guards, onehot, pick, staged, tail
 from kernelwright.workflows.create.emit import _Emitter
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
     _CONSTS,
@@ -149,7 +149,6 @@ def _out_kinds(profile: KernelProfile, em: _Emitter) -> list[str]:
 
 # a stored intermediate's torch dtype in the generated op (None: the first input's dtype)
 _ST_DTYPES = {"bool": "torch.bool", "fp32": "torch.float32", "same": "None"}
-_OUT_DTYPES = {"torch.int64": "torch.int64", "torch.bool": "torch.bool"}
 
 
 def _camel(name: str) -> str:
@@ -233,18 +232,18 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
     picked = pick.plan(em, out_kinds, keeps)
     if picked:
         looped = [fb for fb in looped if fb["kind"] != "fwd"]
-    # an output's torch dtype when it is not the first input's (max/argmax indices)
+    # an output's torch dtype when it is not the first input's (indices, a cast to float32)
     out_dtypes = [
-        _OUT_DTYPES.get(str(em.fwd_by[o].dtype) if o in em.fwd_by else "", "None")
-        for o in _output_args(em.fwd)[: len(profile.outputs)]
+        dtypes.out_dtype(em.fwd_by.get(o), spec)
+        for o, spec in zip(_output_args(em.fwd), profile.outputs, strict=False)
     ]
     # rows longer than BLOCK_N run (the looped kernels exist and store nothing)
     looped_ok = all(not fb["unsupported"] for fb in looped) and not profile.stored
-    ctx = {
+    ctx = guards.context(profile, em) | {
         "p": profile,
         **_test_shapes(em, looped_ok),
         "looped_ok": looped_ok,
-        "float_outs": [k for k, d in enumerate(out_dtypes) if d == "None"],
+        "float_outs": [k for k, d in enumerate(out_dtypes) if "int" not in d and "bool" not in d],
         "scan": any(n.target in _SCANS for n in em.fwd + em.bwd),
         # products along the row (prod, cumprod): a `_mul` combine, and test inputs whose
         # products stay in range, zeros included

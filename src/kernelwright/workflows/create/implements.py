@@ -28,6 +28,7 @@ import torch
 from kernelwright import registry
 from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.registry.entry import DTYPES, OpEntry
+from kernelwright.workflows.create.dtypes import bool_inputs
 from kernelwright.workflows.create.lowering import MAX_ROW
 
 
@@ -131,8 +132,12 @@ def _capture(profile: KernelProfile, source: str) -> tuple[torch.fx.GraphModule,
     main = profile.inputs[0].example_shape
     gen = torch.Generator().manual_seed(0)
     tensors = []
+    masks = {profile.inputs[i].name for i in bool_inputs(profile)}
     for name in args:
         s = specs[name]
+        if name in masks:
+            tensors.append(torch.rand(s.example_shape, generator=gen) < 0.5)
+            continue
         if s.dtype == "int":
             high = max(1, main[-1] if main else 1)
             tensors.append(torch.randint(0, high, s.example_shape, generator=gen))

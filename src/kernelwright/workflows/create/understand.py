@@ -37,7 +37,7 @@ from kernelwright.profiles.kernel import (
     LaunchPlan,
     TensorSpec,
 )
-from kernelwright.workflows.create import tail
+from kernelwright.workflows.create import dtypes, params, tail
 from kernelwright.workflows.create.graph import (
     LAYOUT,
     REDUCTIONS,
@@ -383,6 +383,7 @@ def understand(
     notes = []
     if ref.constants:
         notes.append(f"non-tensor arguments baked in as constants: {ref.constants}")
+    notes += params.init_notes(ref.param_names, ref.params)
     # A reference that fails in eager is the user's bug, not tier 3: a ReferenceError.
     problem = run_eagerly(ref)
     try:
@@ -445,6 +446,10 @@ def understand(
         if not main:
             raise _Stop("inputs", "the main input is a scalar: nothing to tile")
         _check_float_source(inputs, fwd, traced.output_names)
+        has_tail = bool(tail_graph.nodes)
+        stop = dtypes.int_arith_stop(fwd, bwd) or dtypes.fixed_outputs(ref, outputs, has_tail)
+        if stop:
+            raise _Stop(*stop)
         if tail_stop:
             raise _Stop(*tail_stop)
         _check_ops(fwd, bwd)
