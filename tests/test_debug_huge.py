@@ -193,7 +193,7 @@ def test_debug_localises_the_int32_offsets_to_the_huge_regime(tmp_path, bug):
                               timeout=600, cwd=TESTS.parent)  # fmt: skip
         assert (proc.returncode != 0) == fails, proc.stdout + proc.stderr[-3000:]
         if fails:
-            assert "AssertionError: forward" in proc.stderr
+            assert "tolerance in: forward (rel-err" in proc.stderr
 
 
 @needs_gpu
