@@ -1,5 +1,5 @@
 """`kernelwright.compile`'s arguments are checked when it is called, as torch.compile checks its
-backend: an unknown backend, and an `only` key that names no site."""
+backend: an unknown backend or mode, and an `only` key that names no site."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ def test_an_unknown_backend_is_refused_at_once():
         kernelwright.compile(fn, backend=3)
     kernelwright.compile(fn, backend="aot_eager")  # known names and callables pass
     kernelwright.compile(fn, backend=lambda gm, ex: gm)
+
+
+def test_an_unknown_mode_is_refused_at_once():
+    with pytest.raises(ValueError, match="mode 'nonsense' is not one of torch.compile's modes"):
+        kernelwright.compile(fn, mode="nonsense")
+    kernelwright.compile(fn, mode="max-autotune-no-cudagraphs")  # a real mode passes
 
 
 def test_only_keys_that_name_no_site_are_refused(fresh_dynamo):

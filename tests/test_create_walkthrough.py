@@ -197,3 +197,19 @@ def test_a_bool_input_takes_bool_tensors_only(tmp_path, monkeypatch):
     xs = test._inputs((3, 5), torch.float32)
     assert xs[1].dtype == torch.bool
     test._check((3, 5), torch.float32, True)  # forward and backward against the reference
+
+
+@pytest.mark.parametrize(
+    "lines, says",
+    [
+        (["a, b = x.chunk(2, -1)", "return torch.nn.functional.silu(a) * b"], "pass the parts"),
+        (["return x[..., :4] * 2"], "pass the parts"),
+        (["return x + torch.arange(x.shape[-1], dtype=x.dtype)"], "pass it as an input"),
+    ],
+    ids=["chunk", "slice", "arange"],
+)
+def test_a_stop_says_what_to_pass_instead(tmp_path, lines, says):
+    body = "".join(f"    {line}\n" for line in lines)
+    ref = f"def part(x):\n{body}\n\ndef get_inputs():\n    return [torch.randn(4, 8)]\n"
+    profile = _profile(tmp_path, "part", ref)
+    assert profile.tier == 3 and says in profile.unsupported_reason, profile.unsupported_reason

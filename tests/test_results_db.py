@@ -340,6 +340,9 @@ def test_markdown_csv_table_and_best(filled):
     got = list(csv.DictReader(io.StringIO(res.output)))
     assert len(got) == 5 and list(got[0]) == list(columns())
     assert float(got[0]["ms_p50"]) == 0.4 and got[3]["tag"] == "v1"
+    res = _cli("results", "--db", filled.path, "--csv", "--limit", "2")  # given: honoured
+    newest = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert [r["ms_p50"] for r in newest] == [r["ms_p50"] for r in got[-2:]]
     res = _cli("results", "--db", filled.path)  # the rich table
     assert res.exit_code == 0 and "5 result rows" in res.output and "liger" in res.output
     res = _cli("results", "--db", filled.path, "--best", "--markdown", "--op", "rms_norm")

@@ -84,7 +84,9 @@ def results(
     csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout, every column.")] = False,
     limit: Annotated[
         int,
-        typer.Option(min=0, help="Show at most the newest N rows (0: all; --csv shows all)."),
+        typer.Option(
+            min=0, help="Show at most the newest N rows (0: all; --csv: all unless given)."
+        ),
     ] = 200,
     db: DbOption = None,
 ) -> None:
@@ -110,14 +112,16 @@ def results(
             dtype = parse_dtype(dtype)
     filters = dict(op=op, provider=provider, gpu=gpu, dtype=dtype, mode=mode, source=source)
     rows = _query(results_db, **filters, run=run, since=since)
+    if csv and getattr(ctx.get_parameter_source("limit"), "name", "") != "COMMANDLINE":
+        limit = 0  # a CSV is for a program: every row, unless --limit is given
     if csv and not best:
-        write_rows_csv(rows, sys.stdout)
+        write_rows_csv(rows[-limit:] if limit else rows, sys.stdout)
         return
     if not rows:
         typer.echo(f"No rows in {results_db.path} match these filters.", err=True)
         return
     heads, body = views.best_table(rows) if best else views.listing(rows)
-    left_out = max(0, len(body) - limit) if limit and not csv else 0
+    left_out = max(0, len(body) - limit) if limit else 0
     body = body[left_out:]
     if csv:
         import csv as csv_module

@@ -135,6 +135,13 @@ def compile(
             logits=logits, **torch_compile_kwargs,
         )  # fmt: skip
     logits_option.check(logits, model_or_fn)  # before anything is changed
+    mode = torch_compile_kwargs.get("mode")
+    if mode is not None:  # torch.compile checks it only for its own inductor backend
+        from torch._inductor import list_mode_options
+
+        if mode not in list_mode_options():
+            raise ValueError(f"kernelwright.compile: mode {mode!r} is not one of torch.compile's "
+                             f"modes: {', '.join(list_mode_options())}")  # fmt: skip
     # checks the database, the backend and `only` now, as torch.compile checks its backend
     be = make_backend(backend, report=report, db=db, only=only)
     ensure_log_handler()  # before the loop sites are logged

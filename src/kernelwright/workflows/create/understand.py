@@ -125,17 +125,39 @@ def _check_ops(fwd: Graph, bwd: Graph) -> None:
                 continue  # integer operands: exact on the fp32 tiles (lowering.py)
             if f"aten.{op}" in NOT_LOWERED:
                 raise _Stop(_label(node), f"{where} op {op}: {NOT_LOWERED[f'aten.{op}']}")
-            raise _Stop(
-                _label(node),
-                f"{where} op {op} is not element-wise, a view or a one-dim reduction: no "
-                "template lowers it (matmul, conv and sort are tier 3)",
-            )
+            raise _Stop(_label(node), f"{where} op {op}: {_why_not(op)}")
     if layout:
         node, where = layout
         raise _Stop(
             _label(node),
             f"{where} layout change {_op(node)}: the row templates walk one layout only",
         )
+
+
+# ops with a more useful reason than "no template lowers it": what to do instead
+_PARTS = frozenset(["slice", "split", "split_with_sizes", "chunk", "narrow", "select", "unbind"])
+_BUILT = frozenset(["arange", "iota", "triu", "tril", "empty", "zeros", "ones", "eye", "linspace"])
+_JOINS = frozenset(["cat", "stack", "constant_pad_nd", "pad"])
+
+
+def _why_not(op: str) -> str:
+    if op in _PARTS:
+        return (
+            "takes part of a tensor (a slice, split or chunk): a generated kernel reads whole "
+            "inputs; pass the parts as separate inputs (examples/create/swiglu.py takes gate "
+            "and up)"
+        )
+    if op in _BUILT:
+        return (
+            "builds a tensor inside the forward (a range, a triangular mask): pass it as an "
+            "input (the mask, or the positions)"
+        )
+    if op in _JOINS:
+        return "joins or pads tensors: a generated kernel writes each output from whole inputs"
+    return (
+        "no template lowers it: not element-wise, a view or a reduction over one set of dims "
+        "(matmul, conv and sort are tier 3)"
+    )
 
 
 def _check_float_source(inputs: list[TensorSpec], fwd: Graph, outputs: list[str]) -> None:

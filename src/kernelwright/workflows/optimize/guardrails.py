@@ -116,7 +116,10 @@ def check_pass_trade(variant: dict, parent: dict) -> GuardrailCheck:
             faster = True
     if slower and faster:
         return GuardrailCheck(name=name, passed=False, detail="; ".join(slower))
-    return GuardrailCheck(name=name, passed=True, detail="; ".join(slower) or "no such trade")
+    if slower:  # slower everywhere it moved: no gain elsewhere to trade it for
+        detail = "no pass got faster, so no trade (slower: " + "; ".join(slower) + ")"
+        return GuardrailCheck(name=name, passed=True, detail=detail)
+    return GuardrailCheck(name=name, passed=True, detail="no such trade")
 
 
 def check_vs_baseline(variant: dict, baseline: dict) -> GuardrailCheck:
@@ -145,12 +148,14 @@ def judge(
     g = gain(objective(parent, goal), objective(variant, goal))
     if errors:
         return checks, g, "rejected", "benchmark errors: " + "; ".join(errors)
-    failed = [c.name for c in checks if not c.passed]
-    if failed:
-        return checks, g, "rejected", "guardrail failed: " + "; ".join(failed)
-    if not math.isfinite(g) or g < MIN_GAIN:
-        gtxt = f"{100 * g:+.2f}%" if math.isfinite(g) else "not measurable"
-        return checks, g, "rejected", f"gain {gtxt} is under the {100 * MIN_GAIN:.0f}% bar"
+    broken = [f"{c.name} ({c.detail})" for c in checks if not c.passed]
+    if broken:
+        return checks, g, "rejected", "a guardrail does not hold: " + "; ".join(broken)
+    bar = f"an accepted variant must clear the {100 * MIN_GAIN:.0f}% bar"
+    if not math.isfinite(g):
+        return checks, g, "rejected", f"the objective could not be measured here; {bar}"
+    if g < MIN_GAIN:
+        return checks, g, "rejected", f"the objective moved {100 * g:+.2f}%; {bar}"
     return checks, g, "accepted", f"objective {100 * g:+.2f}% over its parent; guardrails hold"
 
 
