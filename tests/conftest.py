@@ -49,11 +49,18 @@ def _results_db(tmp_path_factory):
     mp.undo()
 
 
+# Tests past 2^31 elements: tens of GiB each on a GPU. Under `-n N --dist loadgroup` they share
+# one worker, so no two of them hold the GPU's memory at once.
+LARGE_MEMORY = ("test_int64_offsets",)
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
+        if item.originalname in LARGE_MEMORY:
+            item.add_marker(pytest.mark.xdist_group("large_memory"))
 
 
 __all__ = ["DEVICE", "H100", "ON_GPU", "interpreter_mode"]
