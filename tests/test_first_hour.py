@@ -181,6 +181,7 @@ def test_autopatch_keeps_an_edited_profile(tmp_path):
 
 
 def test_optimize_keeps_an_edited_profile(tmp_path):
+    from kernelwright.profiles.optimization import OptimizationProfile
     from kernelwright.workflows.optimize import OptimizeOptions, optimize
 
     ws = tmp_path / "ws"
@@ -193,6 +194,14 @@ def test_optimize_keeps_an_edited_profile(tmp_path):
     assert (ws / "profile.yaml").read_text() == edited
     assert again.profile_path == ws / "profile.new.yaml" and again.profile_path.is_file()
     assert "--force" in again.saved.message
+    # resuming from the edited profile: the new one beside it is stale, profile.md is the edit's
+    profile = OptimizationProfile.load(ws / "profile.yaml")
+    profile.max_variants = 1
+    profile.save(ws / "profile.yaml")
+    resume = dict(workspace=ws, dry_run=True, resume=True)
+    optimize(OptimizeOptions("rms_norm", **resume))
+    assert not (ws / "profile.new.yaml").exists() and not (ws / "profile.new.md").exists()
+    assert "variant budget 1" in (ws / "profile.md").read_text()
     forced = optimize(OptimizeOptions("rms_norm", force=True, **opts))
     assert forced.stage == "review" and (ws / "profile.yaml").read_text() != edited
 
