@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 results_app = typer.Typer(
-    help="Query the results database that every bench, optimize and create run appends to "
-    "(filters; a table, --markdown or --csv; --best), import bench CSVs, export, and "
+    help="Query the results database that bench, and optimize and create where they measure, "
+    "append to (filters; a table, --markdown or --csv; --best), import bench CSVs, export, and "
     "regenerate the README's performance tables.",
     no_args_is_help=False,
 )

@@ -111,7 +111,7 @@ def _db_values(row: BenchRow) -> dict:
 
 
 _HOW_TO_FILL = (
-    "by running `kernelwright bench OP` (every bench, optimize and create run appends to it), "
+    "by running `kernelwright bench OP` (bench appends to it, and optimize and create on a GPU), "
     "or load earlier bench CSVs with `kernelwright results import CSV...`"
 )
 
