@@ -70,6 +70,10 @@ def test_a_failing_gate_removes_everything(profile, tmp_path, monkeypatch):
 def test_a_failed_or_interrupted_replacement_puts_the_earlier_op_back(
     profile, tmp_path, monkeypatch
 ):
+    def passing(cmd, **kw):  # the gate itself is tested above
+        return subprocess.CompletedProcess(cmd, 0, "1 passed", "")
+
+    monkeypatch.setattr(L.subprocess, "run", passing)
     assert L.into_library(profile, tmp_path / "log").passed
     package_dir, repo = L.checkout_paths()
     module = package_dir / "ops" / "generated" / f"{NAME}.py"
