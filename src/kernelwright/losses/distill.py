@@ -28,11 +28,11 @@ from kernelwright.losses.logprobs import (
     _project,
     _scored,
     _spread,
-    check_chunk_size,
     check_head,
     chunk_rows,
 )
 from kernelwright.ops.fused_linear_cross_entropy import _addmm_
+from kernelwright.runtime.checks import check_chunk_size
 from kernelwright.runtime.launch import traced
 
 REDUCTIONS = ("batchmean", "sum")

@@ -15,7 +15,7 @@ from kernelwright.ops.fused_linear_cross_entropy import (
     choose_chunk_rows,
     fused_linear_cross_entropy,
 )
-from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.checks import check_chunk_size, check_same_device, check_tensor
 from kernelwright.runtime.launch import traced
 
 
@@ -226,16 +226,6 @@ def _check(temperature: float, softcap: float | None, backward: str = "recompute
         raise ValueError(f"fused_linear_logprobs: temperature must be > 0, got {temperature}")
     if softcap is not None and not softcap > 0:
         raise ValueError(f"fused_linear_logprobs: softcap must be > 0, got {softcap}")
-
-
-def check_chunk_size(op: str, chunk_size: int | None) -> None:
-    """Tokens per chunk: None (chosen from the sizes) or an int >= 1."""
-    ok = chunk_size is None or (
-        isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
-    )
-    if not ok:
-        raise ValueError(f"{op}: chunk_size must be None (chosen from the sizes) or an int >= 1, "
-                         f"got {chunk_size!r}")  # fmt: skip
 
 
 def check_head(op: str, names: tuple[str, str, str], hidden, weight, bias) -> None:

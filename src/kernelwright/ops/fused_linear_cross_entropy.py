@@ -37,7 +37,7 @@ from torch.autograd.function import once_differentiable
 from kernelwright.ops._loss import check_loss_args, checked_targets, reduce_rows
 from kernelwright.ops.cross_entropy import cross_entropy_fwd_launch, scale_grad_
 from kernelwright.runtime.alloc import empty
-from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.checks import check_chunk_size, check_same_device, check_tensor
 from kernelwright.runtime.launch import traced
 from kernelwright.runtime.tables.cross_entropy import (
     CHUNK_BYTES,
@@ -380,10 +380,7 @@ def fused_linear_cross_entropy(
         )
     if accum_dtype not in (None, torch.float32) and accum_dtype != weight.dtype:
         raise ValueError(f"{op}: accum_dtype must be None or torch.float32, got {accum_dtype}")
-    if chunk_size is not None and (
-        not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
-    ):
-        raise ValueError(f"{op}: chunk_size must be None or an int >= 1, got {chunk_size!r}")
+    check_chunk_size(op, chunk_size)
     hidden, weight, bias, accum_dtype = matmul_inputs(op, hidden, weight, bias, accum_dtype)
     with torch.autocast(hidden.device.type, enabled=False):
         return _FusedLinearCrossEntropyFunction.apply(

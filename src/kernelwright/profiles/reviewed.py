@@ -73,3 +73,15 @@ def save_profile(profile: YamlProfile, path: str | Path, *, force: bool = False)
         return Saved(write(profile, path))
     beside = path.with_name(f"{path.stem}.new{path.suffix}")
     return Saved(write(profile, beside), kept=path)
+
+
+def drop_new(path: str | Path, resumed: str | Path | None = None) -> None:
+    """Remove the profile.new.yaml an earlier run wrote beside `path` (with its digest and its
+    .md): once `path` holds this run's profile or was resumed from, it is stale. Not the file
+    this run resumed from (`resumed`)."""
+    path = Path(path)
+    new = path.with_name(f"{path.stem}.new{path.suffix}")
+    if resumed is not None and Path(resumed).resolve() == new.resolve():
+        return
+    for p in (new, digest_file(new), new.with_suffix(".md")):
+        p.unlink(missing_ok=True)

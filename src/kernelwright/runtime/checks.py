@@ -154,3 +154,13 @@ def check_index_flag(flag: torch.Tensor, op: str, name: str, n: int) -> None:
     elif int(flag[0]):
         flag.zero_()
         raise ValueError(msg)
+
+
+def check_chunk_size(op: str, chunk_size: int | None) -> None:
+    """Tokens per chunk: None (chosen from the sizes) or an int >= 1."""
+    ok = chunk_size is None or (
+        isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size >= 1
+    )
+    if not ok:
+        raise ValueError(f"{op}: chunk_size must be None (chosen from the sizes) or an int >= 1, "
+                         f"got {chunk_size!r}")  # fmt: skip

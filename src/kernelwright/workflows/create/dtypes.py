@@ -27,7 +27,7 @@ def fixed_outputs(ref, outputs: list[TensorSpec], has_tail: bool) -> Stop | None
     """Mark the outputs whose dtype does not follow the inputs' (float32 from bf16 inputs as
     from fp32 ones) with dtype "fp32"; a stop for a fixed dtype the kernel cannot write yet.
     `ref` runs once more, on its floating inputs and parameters in bfloat16; a reference that
-    fails there keeps every output in its inputs' dtype, as before."""
+    fails there keeps every output in its inputs' dtype."""
     tensors = ref.example_inputs + ref.params
     half = [t.detach().to(torch.bfloat16) if t.is_floating_point() else t.clone() for t in tensors]
     try:

@@ -95,7 +95,7 @@ def _save(
     `force`) it stays as it is and the message says why the run stops. This run's profile then
     goes beside it (profile.new.yaml) only when it differs from the edited one."""
     if not force and reviewed.edited(path) and _same(path, profile):
-        _drop_new(path, resumed)
+        reviewed.drop_new(path, resumed)
         return (
             f"{path} was edited since kernelwright wrote it: kept as it is. This run's profile "
             "is the same apart from comments and layout, so none was written beside it: resume "
@@ -103,7 +103,7 @@ def _save(
         )
     saved = reviewed.save_profile(profile, path, force=force)
     if saved.kept is None:
-        _drop_new(path, resumed)  # this run's profile is `path` now
+        reviewed.drop_new(path, resumed)  # this run's profile is `path` now
         return None
     return saved.message
 
@@ -113,17 +113,6 @@ def _same(path: Path, profile: KernelProfile) -> bool:
         return KernelProfile.load(path).to_yaml() == profile.to_yaml()
     except (OSError, ValueError):  # unreadable or no valid profile: an edit of its own
         return False
-
-
-def _drop_new(path: Path, resumed: str | Path | None = None) -> None:
-    """Remove the profile.new.yaml an earlier run wrote beside `path` (and its digest): once
-    `path` holds this run's profile or was resumed from, it is stale. Not the file this run
-    resumed from (`resumed`)."""
-    new = path.with_name(f"{path.stem}.new{path.suffix}")
-    if resumed is not None and Path(resumed).resolve() == new.resolve():
-        return
-    for p in (new, new.with_name(f".{new.name}.sha256")):
-        p.unlink(missing_ok=True)
 
 
 def _check_dir(out: Path) -> None:
@@ -245,7 +234,7 @@ def create(
     profile_path = workdir / "profile.yaml"
     if Path(from_profile or "").resolve() == profile_path.resolve():
         reviewed.adopt(profile_path)  # resumed from it: this run carries its edits on
-        _drop_new(profile_path)  # the reviewed profile was chosen over an earlier run's new one
+        reviewed.drop_new(profile_path)  # the reviewed one was chosen over an earlier new one
     else:
         kept = _save(profile, profile_path, force, from_profile)
         if kept is not None:

@@ -148,8 +148,8 @@ class Bench:
 
     def _too_big_to_interpret(self, row: BenchRow) -> bool:
         """A dry run on the interpreter models a large point's time without running it (a
-        --target shape of a GPU's size would take hours there); small points still run, to show
-        the op works."""
+        --target shape of a GPU's size is past what the interpreter can run); small points still
+        run, to show the op works."""
         return self.placeholder and self.ctx.device.type != "cuda" and row.bytes > INTERPRET_BYTES
 
     def run(

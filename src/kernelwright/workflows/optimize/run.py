@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kernelwright.profiles.base import ProfileError
 from kernelwright.profiles.optimization import OptimizationProfile, VariantRecord
-from kernelwright.profiles.reviewed import Saved, digest_file
+from kernelwright.profiles.reviewed import Saved, digest_file, drop_new
 from kernelwright.runtime.fanout import Fanout
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.workflows.optimize import notebook
@@ -96,13 +96,6 @@ def resume_options(opts: OptimizeOptions) -> tuple[OptimizeOptions, Optimization
     )
 
 
-def drop_new(ws: Path) -> None:
-    """Remove the profile.new.yaml (and .md) an earlier run left beside an edited profile.yaml,
-    once that file is stale: this run resumed from profile.yaml, or wrote it."""
-    for name in ("profile.new.yaml", ".profile.new.yaml.sha256", "profile.new.md"):
-        (ws / name).unlink(missing_ok=True)
-
-
 def claim_workspace(ws: Path, force: bool) -> None:
     """A new run starts in `ws` only where it loses nothing: a folder that is new, empty or
     optimize's own with no earlier variants; anything else needs `force` (PreflightError)."""
@@ -130,7 +123,8 @@ def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResu
     profile = None
     if opts.resume:
         opts, profile = resume_options(opts)
-        drop_new(opts.workspace)  # the reviewed profile was chosen over an earlier run's new one
+        # the reviewed profile was chosen over an earlier run's new one
+        drop_new(opts.workspace / "profile.yaml")
         (opts.workspace / "profile.md").write_text(notebook.profile_md(profile))  # as reviewed
         if profile.planted_regression:
             plant_regression(opts.op, profile.arch)
@@ -144,7 +138,7 @@ def optimize(opts: OptimizeOptions, progress: Progress = _quiet) -> OptimizeResu
         progress(f"[Stage 1] bottleneck: {profile.bottleneck.cls}; profile {setup.workspace}")
         kept = setup.saved is not None and setup.saved.kept is not None
         if not kept:
-            drop_new(setup.workspace)  # profile.yaml holds this run's profile now
+            drop_new(setup.workspace / "profile.yaml")  # profile.yaml holds this run's profile now
         if kept or not opts.yes:
             setup.bench.release()
             stage = "kept" if kept else "review"
