@@ -35,6 +35,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(autouse=True)
+def _return_cached_gpu_memory():
+    """Under `pytest -n N` every worker shares the GPU: the caching allocator of each would keep
+    its largest test's blocks reserved, and N such caches fill the GPU's memory."""
+    yield
+    if ON_GPU:
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def device() -> torch.device:
     return DEVICE

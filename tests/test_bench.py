@@ -5,6 +5,7 @@ arithmetic and the plumbing, not the machine. The end-to-end runs use the interp
 shapes.
 """
 
+import functools
 import json
 import math
 import time
@@ -357,12 +358,15 @@ def test_cuda_timer_times_host_overhead_unless_hidden():
     x = torch.randn(2**20, device=DEVICE)
 
     def fn():
-        time.sleep(5e-4)  # 0.5 ms of host work before one tiny kernel: launch-bound
+        time.sleep(2e-3)  # 2 ms of host work before one tiny kernel: launch-bound
         x.add_(1)
 
-    _, with_host, _ = cuda_timer(warmup_ms=5, rep_ms=20)(fn, lambda: None)
-    _, gpu_only, _ = cuda_timer(warmup_ms=5, rep_ms=20, hide_host=True)(fn, lambda: None)
-    assert with_host > 0.3, with_host
+    # A small flush: on a GPU shared with other test workers a 256 MiB flush can outlast the
+    # host's sleep, and the start event would then wait for the kernel already queued.
+    timer = functools.partial(cuda_timer, warmup_ms=5, rep_ms=40, flush_bytes=2**16)
+    _, with_host, _ = timer()(fn, lambda: None)
+    _, gpu_only, _ = timer(hide_host=True)(fn, lambda: None)
+    assert with_host > 1.5, with_host
     assert gpu_only < 0.1, gpu_only
 
 
