@@ -678,7 +678,7 @@ def test_trainer_callback(tmp_path, monkeypatch):
         output_dir=str(tmp_path),
         max_steps=2,
         per_device_train_batch_size=B,
-        use_cpu=DEVICE == "cpu",
+        use_cpu=DEVICE.type == "cpu",
         report_to=[],
         save_strategy="no",
         logging_steps=1,

@@ -93,7 +93,7 @@ def _preference_data(n: int = 8):
 def _common(tmp_path, **kw):
     return dict(
         output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, learning_rate=5e-2,
-        logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0,
+        logging_steps=1, report_to=[], save_strategy="no", use_cpu=DEVICE.type == "cpu", seed=0,
         dataloader_num_workers=0, bf16=False, **kw,
     )  # fmt: skip
 
