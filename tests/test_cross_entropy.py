@@ -540,6 +540,20 @@ def test_in_place_caught_by_the_version_check():
         loss.backward()
 
 
+@pytest.mark.parametrize("view", [False, True])
+def test_in_place_refuses_a_leaf_that_requires_grad(view):
+    # as PyTorch's in-place ops do: the leaf's values would be lost to the gradient
+    a = _logits((5,), 300, torch.float32, 33).requires_grad_()
+    before = a.detach().clone()
+    logits = a[1:] if view else a
+    t = _targets((5,), 300, 33)[1 if view else 0 :]
+    with pytest.raises(RuntimeError, match="in_place=True would write over 'logits', "
+                       + ("a view of " if view else "") + "a leaf"):  # fmt: skip
+        cross_entropy(logits, t, in_place=True)
+    assert torch.equal(a.detach(), before)
+    cross_entropy(logits, t).backward()  # out of place: fine
+
+
 def test_in_place_with_aliased_rows():
     V = 300
     row = _logits((1,), V, torch.float32, 31).requires_grad_()

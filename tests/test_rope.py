@@ -505,6 +505,17 @@ def test_in_place_needs_a_contiguous_last_dim(device):
         rope(*inputs.values(), in_place=True)
 
 
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_in_place_refuses_a_leaf_that_requires_grad(which, device):
+    # as PyTorch's in-place ops do: the leaf's values would be lost to the rotated ones
+    inputs = _inputs(CASES["gqa3"], torch.float32, 25, device)
+    leaf = inputs[which].requires_grad_()
+    before = leaf.detach().clone()
+    with pytest.raises(RuntimeError, match=f"in_place=True would write over '{which}', a leaf"):
+        rope(*inputs.values(), in_place=True)
+    assert torch.equal(leaf.detach(), before)
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 

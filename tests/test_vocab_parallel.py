@@ -165,10 +165,12 @@ def _run_case(case, rank: int, mesh) -> dict:
     cw = split(inp.get("class_weight"), 0)
     if case["kind"] == "ce":
         x = split(inp["logits"], inp["logits"].dim() - 1).requires_grad_()
-        loss = vocab_parallel_cross_entropy(x, inp["target"], cw, **kw)
+        # a model's logits: in place over a leaf that requires grad is refused
+        x_in = x.clone() if kw.get("in_place") else x
+        loss = vocab_parallel_cross_entropy(x_in, inp["target"], cw, **kw)
         _backward(case, loss, inp)
         grads = {"logits": local(x.grad, x)}
-        aliased = not dtensor and x.numel() > 0 and x.grad.data_ptr() == x.data_ptr()
+        aliased = not dtensor and x.numel() > 0 and x.grad.data_ptr() == x_in.data_ptr()
     else:
         aliased = False
         h = inp["hidden"].clone()

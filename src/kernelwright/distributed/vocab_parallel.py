@@ -57,7 +57,7 @@ from kernelwright.ops.fused_linear_cross_entropy import (
     matmul_inputs,
 )
 from kernelwright.runtime.alloc import empty
-from kernelwright.runtime.checks import rows_view
+from kernelwright.runtime.checks import check_in_place, rows_view
 from kernelwright.runtime.launch import traced
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -150,6 +150,8 @@ class _VocabParallelCE(torch.autograd.Function):
         grad = None
         ctx.in_place = False
         if want_grad and ctx.needs_input_grad[0]:
+            if in_place and not traced(logits):
+                check_in_place(op, "logits", logits)
             # In place only over the caller's own storage with no two rows sharing memory (as
             # ops.cross_entropy decides it).
             ctx.in_place = (
@@ -406,7 +408,8 @@ def vocab_parallel_cross_entropy(
             the sizes (one small collective and a host sync), which also checks that the ranks
             agree on the number of tokens and on the targets.
         in_place: write the gradient over this rank's logits slice (saves one [rows, V_r]
-            buffer; the caller must not read the logits afterwards).
+            buffer; the caller must not read the logits afterwards; refused for a leaf that
+            requires grad).
         chunk_size: accepted for compatibility, no effect (the kernels need no temporaries).
         The other options as in `kernelwright.ops.cross_entropy.cross_entropy`.
 

@@ -42,7 +42,7 @@ from kernelwright.ops._loss import (  # noqa: F401  (REDUCTIONS, check_loss_args
 )
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
-from kernelwright.runtime.checks import check_same_device, check_tensor, rows_view
+from kernelwright.runtime.checks import check_in_place, check_same_device, check_tensor, rows_view
 from kernelwright.runtime.launch import LaunchConfig, traced, two_pass_flags
 from kernelwright.runtime.tables.cross_entropy import TABLE
 
@@ -236,6 +236,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
         z_rows = empty((M,), dtype=torch.float32, device=dev) if return_z_loss else None
         grad = None
         if want_grad and ctx.needs_input_grad[0]:
+            if in_place and not compiling:
+                check_in_place("cross_entropy", "logits", logits)
             # In place only when the 2-D view is the caller's own storage (no copy was made)
             # and no two rows share memory (an expanded tensor: a written gradient row would be
             # read back as logits by a later row).
@@ -339,7 +341,7 @@ def cross_entropy(
             gradient accumulation over micro-batches.
         in_place: write the gradient over `logits` (saves one logits-sized buffer; the caller
             must not read `logits` afterwards; autograd's version check catches other users).
-            Ignored under torch.compile.
+            Refused for a leaf that requires grad. Ignored under torch.compile.
 
     The loss is fp32 whatever the logits dtype (a bf16 loss would be 4e-3 off); the gradient
     has the logits' dtype. Class weights get no gradient.

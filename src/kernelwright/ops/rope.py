@@ -50,7 +50,7 @@ from kernelwright.ops._rope_ref import (  # noqa: F401  (re-exported: ops.rope i
 )
 from kernelwright.runtime import device_info, lookup
 from kernelwright.runtime.alloc import empty
-from kernelwright.runtime.checks import check_same_device, check_tensor
+from kernelwright.runtime.checks import check_in_place, check_same_device, check_tensor
 from kernelwright.runtime.launch import LaunchConfig, PlanCache, cdiv, next_pow2, traced
 from kernelwright.runtime.tables.rope import TABLE
 
@@ -376,7 +376,8 @@ def rope(
             memory: the forward's peak drops by the size of q and k) and return (views of)
             them. Autograd is not told, as with Liger's rope: correct only when nothing else
             reads q or k afterwards, which holds in HF attention (the projections' outputs feed
-            rope alone; rope's backward needs only cos/sin). Needs stride(-1) == 1.
+            rope alone; rope's backward needs only cos/sin). Needs stride(-1) == 1;
+            refused for a leaf that requires grad.
 
     Returns:
         (q_embed, k_embed): new tensors of q's and k's shapes and dtype, their dims laid out in
@@ -396,6 +397,9 @@ def rope(
             f"{_OP}: in_place=True needs q and k with a contiguous last dim, got strides "
             f"{tuple(q.stride())} and {tuple(k.stride())}"
         )
+    if in_place and not traced(q):
+        check_in_place(_OP, "q", q)
+        check_in_place(_OP, "k", k)
     cos, sin = _table_view(cos), _table_view(sin)
     return _RoPEFunction.apply(q, k, cos, sin, int(unsqueeze_dim), pairing, bool(in_place))
 

@@ -61,6 +61,18 @@ def check_tensor(
     return t
 
 
+def check_in_place(op: str, name: str, t: torch.Tensor) -> None:
+    """Refuse an in-place write over a leaf that requires grad (a parameter, an input) or a view
+    of one, as PyTorch does: its values would be lost to what the kernel writes."""
+    leaves = [u for u in (t, t._base) if u is not None and u.is_leaf and u.requires_grad]
+    if leaves:
+        view = "" if leaves[0] is t else "a view of "
+        raise RuntimeError(
+            f"{op}: in_place=True would write over '{name}', {view}a leaf tensor that requires "
+            "grad (its values would be lost). Pass the output of a layer, or in_place=False."
+        )
+
+
 def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
     items = [(k, v) for k, v in tensors.items() if v is not None]
     first_name, first = items[0]
