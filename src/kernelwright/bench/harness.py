@@ -195,6 +195,19 @@ def _host_ms(fn: Callable[[], Any], setup: Callable[[], None], device: torch.dev
     return float(np.median(times))
 
 
+class _Alias(torch.autograd.Function):
+    """A leaf's storage as a non-leaf, with no copy and no kernel: in-place writers refuse a
+    leaf that requires grad, as PyTorch's in-place ops do."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
@@ -234,6 +247,10 @@ def measure(
         if spec.grad_through_views:  # the leaves stay in `inputs` for restore and grad reset
             fwd = provider.build(
                 {k: v.view_as(v) if k in spec.grad_inputs else v for k, v in inputs.items()}
+            )
+        elif provider.mutates:  # writes its inputs: hand it non-leaves, as a model's layers do
+            fwd = provider.build(
+                {k: _Alias.apply(v) if k in spec.grad_inputs else v for k, v in inputs.items()}
             )
         else:
             fwd = provider.build(inputs)
