@@ -625,6 +625,36 @@ def test_loss_specs_end_to_end_through_the_kernels(spec, providers, shape):
     assert all(r.ok for r in rows), [(r.provider, r.mode, r.error) for r in rows if r.error]
 
 
+def test_an_interrupted_bench_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kernelwright.bench import harness
+    from kernelwright.cli import app
+
+    real = harness.run_plan
+
+    def ctrl_c_after_two_rows(p, *, on_row, **kwargs):
+        seen = []
+
+        def row_then_maybe_stop(row):
+            on_row(row)
+            seen.append(row)
+            if len(seen) == 2:
+                raise KeyboardInterrupt
+
+        return real(p, on_row=row_then_maybe_stop, **kwargs)
+
+    monkeypatch.setattr(harness, "run_plan", ctrl_c_after_two_rows)
+    db = tmp_path / "results.db"
+    args = ["bench", "relu_squared", "--quick", "--providers", "kernelwright,torch"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path), "--db", str(db)])
+    assert result.exit_code == 130, result.output
+    assert "Kept: the 2 rows measured before the interrupt" in result.output
+    assert len(read_csv(tmp_path / "relu_squared.csv")) == 2
+    assert len(ResultsDB.existing(db).query()) == 2
+    assert not (tmp_path / "summary.md").exists()
+
+
 def test_cli_bench_quick_writes_the_csv(tmp_path):
     from typer.testing import CliRunner
 

@@ -361,3 +361,17 @@ def test_python_dash_m_runs_the_command_line(monkeypatch, capsys):
         runpy.run_module("kernelwright", run_name="__main__")
     assert done.value.code in (0, None)
     assert capsys.readouterr().out.strip() == f"kernelwright {kernelwright.__version__}"
+
+
+def test_ctrl_c_is_reported(monkeypatch, capsys):
+    # typer turns Ctrl-C into a silent exit 130; the command line says it was interrupted
+    from kernelwright import cli
+
+    def interrupted():
+        raise SystemExit(130)
+
+    monkeypatch.setattr(cli, "app", interrupted)
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == 130
+    assert capsys.readouterr().err == "kernelwright: interrupted\n"

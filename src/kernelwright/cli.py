@@ -11,6 +11,7 @@ imports `app`). Without an installed package: `PYTHONPATH=src python -m kernelwr
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -69,27 +70,16 @@ from kernelwright.cli_debug import debug  # noqa: E402
 app.command()(debug)
 
 
-# `kernelwright results ...`: the results database's commands (cli_results.py)
-from kernelwright.cli_results import results_app  # noqa: E402
-
-app.add_typer(results_app, name="results")
-
-
-# `kernelwright registry ...`: implementations and their selection (cli_registry.py)
+# the command groups: results (the results database), registry (implementations and their
+# selection), skills (the workflows for coding agents), losses (post-training losses)
+from kernelwright.cli_losses import losses_app  # noqa: E402
 from kernelwright.cli_registry import registry_app  # noqa: E402
-
-app.add_typer(registry_app, name="registry")
-
-
-# `kernelwright skills ...`: the workflows as skills for coding agents (cli_skills.py)
+from kernelwright.cli_results import results_app  # noqa: E402
 from kernelwright.cli_skills import skills_app  # noqa: E402
 
+app.add_typer(results_app, name="results")
+app.add_typer(registry_app, name="registry")
 app.add_typer(skills_app, name="skills")
-
-
-# `kernelwright losses ...`: the post-training losses workflow (cli_losses.py)
-from kernelwright.cli_losses import losses_app  # noqa: E402
-
 app.add_typer(losses_app, name="losses")
 
 
@@ -591,7 +581,12 @@ _reflow_help(app)
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        if e.code == 130:  # Ctrl-C: typer exits with 130 and says nothing
+            print("kernelwright: interrupted", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

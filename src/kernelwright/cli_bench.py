@@ -181,10 +181,22 @@ def bench(
     run_id = new_run_id()
     all_rows = []
     for p in plans:
-        rows = _run_with_progress(console, p, dtype=torch_dtype, ctx=ctx)
+        measured: list = []  # this plan's rows so far: kept if the run is interrupted
+        try:
+            rows = _run_with_progress(console, p, measured, dtype=torch_dtype, ctx=ctx)
+        except KeyboardInterrupt:
+            if measured:
+                write_csv(measured, out / f"{p.spec.op}.csv", append=append)
+                results_db.append(measured, source="bench", run_id=run_id)
+            console.print(
+                f"Kept: the {len(all_rows) + len(measured)} rows measured before the interrupt "
+                f"(CSVs in {out}, results database run {run_id}); summary.md and the plots of "
+                f"{p.spec.op} are not written."
+            )
+            raise typer.Exit(130) from None
         csv_path = write_csv(rows, out / f"{p.spec.op}.csv", append=append)
-        written = write_plots(rows, out) if plots else []
         results_db.append(rows, source="bench", run_id=run_id)
+        written = write_plots(rows, out) if plots else []
         console.print(f"{p.spec.op}: {len(rows)} rows -> {csv_path}, {len(written)} plot(s)")
         all_rows.extend(rows)
     console.print(f"Results database: {results_db.path} (run {run_id})")
@@ -205,7 +217,7 @@ def bench(
         raise typer.Exit(1)
 
 
-def _run_with_progress(console: Console, p, **kwargs):
+def _run_with_progress(console: Console, p, measured: list, **kwargs):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from kernelwright.bench.harness import run_plan
@@ -224,6 +236,7 @@ def _run_with_progress(console: Console, p, **kwargs):
         task = progress.add_task(f"{p.spec.op} ({', '.join(names)})", total=p.size)
 
         def on_row(row) -> None:
+            measured.append(row)
             done[0] += 1
             progress.advance(task)
             if row.error and not row.error.startswith("skipped"):
