@@ -360,3 +360,35 @@ def test_a_reduction_over_the_rows_values_becomes_the_tail(tmp_path):
             assert "sum(row0, []) / sym_numel(row0)" in " ".join(baked.notes)
         else:
             assert "size 4 of the rows' values is baked into aten.add" in baked.unsupported_reason
+
+
+@pytest.mark.parametrize(
+    "expr, stops",
+    [
+        ("x.permute(0, 1, 2)", False),
+        ("x.transpose(-1, 2)", False),
+        ("x.permute(0, 2, 1)", True),
+    ],
+)
+def test_a_permute_to_the_same_order_is_no_layout_change(tmp_path, expr, stops):
+    path = _write(
+        tmp_path,
+        "same_order.py",
+        f"""
+        import torch
+
+        def same_order(x):
+            return torch.relu({expr}) * 2
+
+        def get_inputs():
+            return [torch.randn(2, 3, 16)]
+        """,
+    )
+    p = understand(str(path))
+    assert (p.unsupported_node is not None) == stops, p.unsupported_reason
+    if stops:
+        assert "layout change permute" in p.unsupported_reason
+    else:
+        assert p.tier == 1
+        assert not any("permute" in n.target or "transpose" in n.target
+                       for g in (p.forward, p.backward) for n in g.nodes)  # fmt: skip

@@ -250,6 +250,31 @@ def _apart(gm: torch.fx.GraphModule, rename: dict[str, str], names: list[str]) -
             used.add(new)
 
 
+def _drop_identity_layouts(gm: torch.fx.GraphModule) -> None:
+    """A permute to the same order (`x.permute(0, 1)`) or a transpose of a dim with itself
+    changes no layout: its users read its input instead."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        val = node.args[0].meta.get("val")
+        rank = val.dim() if isinstance(val, torch.Tensor) else None
+        if not rank:
+            continue
+        if node.target is aten.permute.default:
+            same = [d % rank for d in node.args[1]] == list(range(rank))
+        elif node.target is aten.transpose.int:
+            same = node.args[1] % rank == node.args[2] % rank
+        else:
+            continue
+        if same:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def trace(ref: Reference) -> Traced:
     """Forward and backward graphs of `ref` on its fp32 example inputs."""
     tensors = [t.clone() for t in ref.example_inputs] + [p.clone() for p in ref.params]
@@ -320,6 +345,8 @@ def trace(ref: Reference) -> Traced:
         )
 
     outs = output_names(len(flat))
+    for gm in captured.values():
+        _drop_identity_layouts(gm)
     # one_hot's comparison with an arange (and its range check) as one node the rows lower
     folded = {name for gm in captured.values() for name in onehot.fold(gm)}
     fw = captured["fw"]
