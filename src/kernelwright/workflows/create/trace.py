@@ -255,7 +255,11 @@ def _drop_identity_layouts(gm: torch.fx.GraphModule) -> None:
     changes no layout: its users read its input instead."""
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not isinstance(node.args[0], torch.fx.Node):
+        if (
+            node.op != "call_function"
+            or not node.args
+            or not isinstance(node.args[0], torch.fx.Node)
+        ):
             continue
         val = node.args[0].meta.get("val")
         rank = val.dim() if isinstance(val, torch.Tensor) else None
