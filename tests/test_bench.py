@@ -700,7 +700,7 @@ def test_cli_bench_takes_every_dtype_spelling(tmp_path, monkeypatch):
 
     seen = []
 
-    def run(console, p, *, dtype, ctx):  # the dtype the bench would run in, then stop
+    def run(console, p, measured, *, dtype, ctx):  # the dtype the bench would run in, then stop
         seen.append(dtype)
         raise Stop
 
