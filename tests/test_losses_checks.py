@@ -25,6 +25,7 @@ from kernelwright.losses import (
     fused_linear_logprobs_ref,
     grpo_loss,
     kto_loss,
+    sequence_logprobs,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "losses"
@@ -59,6 +60,33 @@ def test_grpo_rejects_a_per_token_input_of_another_shape(name, value, extra):
     shape = re.escape(str(tuple(value.shape)))
     with pytest.raises(ValueError, match=rf"grpo_loss: {name} must be \[B, T\].*\(2, 3\).*{shape}"):
         grpo_loss(logps, adv, mask, **{name: value}, **extra)
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("top_entropy_quantile", 1.5),
+        ("top_entropy_quantile", -0.1),
+        ("gradient_accumulation_steps", 0),
+        ("max_completion_length", 0),
+    ],
+)
+def test_grpo_rejects_an_option_out_of_its_range(option, value):
+    # before: inf (a division by 0), a quantile above 1 silently kept every token, one below 0
+    # was torch.quantile's error
+    logps, adv, mask = _grpo_inputs()
+    extra = {"entropies": torch.rand(B, T)} if option == "top_entropy_quantile" else {}
+    loss_type = "dr_grpo" if option == "max_completion_length" else "grpo"
+    with pytest.raises(ValueError, match=rf"^grpo_loss: {option} must be .*got {value}"):
+        grpo_loss(logps, adv, mask, loss_type=loss_type, **{option: value}, **extra)
+
+
+@pytest.mark.parametrize("mask_shape", [(T,), (B, T + 1), (1, T)])
+def test_sequence_logprobs_rejects_a_mask_of_another_shape(mask_shape):
+    # a [T] mask broadcast over the batch silently; an unshifted [B, T + 1] one was a raw
+    # PyTorch size error
+    with pytest.raises(ValueError, match=r"^sequence_logprobs: mask shape"):
+        sequence_logprobs(torch.randn(B, T), torch.ones(mask_shape, dtype=torch.bool))
 
 
 def test_grpo_takes_a_sequence_level_importance_ratio():
@@ -145,6 +173,27 @@ def test_distill_checks_each_head(arg, bad, match):
     kw[arg] = bad.to(DEVICE)
     with pytest.raises(ValueError, match="fused_linear_distill: " + match):
         fused_linear_distill(**kw)
+
+
+@pytest.mark.parametrize("ignore_index", [-(2**62), 2**32])
+def test_int32_targets_with_an_ignore_index_beyond_int32_score_every_token(ignore_index):
+    # TRL's adapter passes ignore_index -(2**62); PyTorch wraps it to 0 against an int32
+    # tensor, which ignored every target 0
+    hidden, weight, target = _head()
+    target[:, 0] = 0
+    t32 = target.int()
+    want = fused_linear_logprobs_ref(hidden, weight, target)
+    for return_entropy in (False, True):
+        got = fused_linear_logprobs(hidden, weight, t32, ignore_index=ignore_index,
+                                    return_entropy=return_entropy)  # fmt: skip
+        got = got[0] if return_entropy else got
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    ref = fused_linear_logprobs_ref(hidden, weight, t32, ignore_index=ignore_index)
+    torch.testing.assert_close(ref, want)
+    kd = dict(student_hidden=hidden, student_weight=weight, teacher_hidden=hidden * 0.5,
+              teacher_weight=weight, ignore_index=ignore_index)  # fmt: skip
+    torch.testing.assert_close(fused_linear_distill(labels=t32, **kd),
+                               fused_linear_distill(labels=target, **kd))  # fmt: skip
 
 
 @pytest.mark.parametrize("return_entropy", [False, True])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import sqlite3
 import types
 
@@ -157,6 +158,92 @@ def test_results_messages_say_what_is_wrong(tmp_path):
     assert not (tmp_path / "i.db").exists()
 
 
+def test_a_db_that_is_a_folder_is_named_as_one_by_every_reader(tmp_path, monkeypatch):
+    # a folder read as "no results database here: run bench", whose own check then refused it
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for args in (
+        ("results",),
+        ("results", "export", "--csv", "-"),
+        ("results", "readme", tmp_path / "R.md"),
+        ("registry", "choose", "rms_norm", "--shape", "8x64", "--device", "cuda"),
+    ):
+        res = _cli(*args, "--db", folder)
+        assert res.exit_code == 1, (args, res.output)
+        assert "runs is a folder: --db takes a file" in res.text, (args, res.output)
+        assert "no results database" not in res.text
+    monkeypatch.setenv(ENV_VAR, str(folder))
+    res = _cli("results")
+    assert res.exit_code == 1 and "runs is a folder" in res.text, res.output
+
+
+def test_a_db_path_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path, bench_csv, monkeypatch
+):
+    # before: accepted up front, then a FileExistsError traceback at the first append (after
+    # a bench had measured everything)
+    _stop_measuring(monkeypatch)
+    a_file = tmp_path / "f.db"
+    a_file.write_text("x")
+    for db in (a_file / "x.db", a_file / "a" / "x.db"):
+        for args in (
+            ("results", "import", bench_csv),
+            ("bench", "rms_norm", "--quick", "--out", tmp_path / "out"),
+        ):
+            res = _cli(*args, "--db", db)
+            assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+            assert "f.db is a file, not a folder" in res.text, res.output
+    access = os.access  # refuse writing alone (the command line checks the CSV is readable)
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not mode & os.W_OK and access(p, mode))
+    res = _cli("results", "import", bench_csv, "--db", tmp_path / "n" / "x.db")
+    assert res.exit_code == 2 and "no write permission on" in res.text, res.output
+    assert not (tmp_path / "n").exists()
+
+
+def test_a_malformed_or_binary_csv_is_an_error_not_a_traceback(tmp_path, bench_csv):
+    db = tmp_path / "r.db"
+    lines = bench_csv.read_text().splitlines()
+    head, good = lines[0].split(","), lines[1]
+    bad = good.split(",")
+    bad[head.index("ms_p50")] = "abc"
+    bad[head.index("commit")] = "other"  # a second run: neither is added
+    malformed = tmp_path / "m" / "bad.csv"
+    malformed.parent.mkdir()
+    malformed.write_text("\n".join([lines[0], good, ",".join(bad)]) + "\n")
+    for where in (malformed, malformed.parent):
+        res = _cli("results", "import", where, "--db", db)
+        assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+        assert "bad.csv:3: ms_p50 is 'abc', not a number" in res.text, res.output
+        assert not db.exists()  # the file's good run was not added either
+    binary = tmp_path / "bin.csv"
+    binary.write_bytes(bytes(range(128, 256)))
+    res = _cli("results", "import", binary, "--db", db)
+    assert res.exit_code == 2 and "bin.csv is not a bench CSV" in res.text, res.output
+
+
+def test_export_and_readme_to_a_folder_are_errors_not_tracebacks(tmp_path):
+    db = ResultsDB(tmp_path / "r.db")
+    db.append([_row()], source="bench", run_id="b1", command="test")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    res = _cli("results", "export", "--csv", folder, "--db", db.path)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "cannot write" in res.text and "Is a directory" in res.text, res.output
+    res = _cli("results", "readme", folder, "--db", db.path)
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
+    assert "Is a directory" in res.text, res.output
+
+
+def test_query_errors_go_to_stderr_so_a_csv_on_stdout_stays_clean(tmp_path):
+    db = ResultsDB(tmp_path / "r.db")
+    db.append([_row()], source="bench", run_id="b1", command="test")
+    for args in (("results", "--csv", "--op", "nope"), ("results", "export", "--csv", "-",
+                                                        "--run", "nope")):  # fmt: skip
+        res = CliRunner().invoke(app, [*args, "--db", str(db.path)])
+        assert res.exit_code == 1 and res.stdout == "", (args, res.stdout)
+        assert "error: no " in res.stderr and "'nope'" in res.stderr, res.stderr
+
+
 def test_error_rows_show_one_dash_for_their_spread(tmp_path):
     db = ResultsDB(tmp_path / "r.db")
     bad = _row(ms=math.nan, error="OutOfMemoryError")
@@ -189,7 +276,9 @@ def test_bench_progress_off_a_terminal_counts_shapes(monkeypatch):
     name = types.SimpleNamespace
     plan = name(spec=name(op="rms_norm"), providers=[name(name="a"), name(name="b")],
                 modes=["forward"], points=[1, 2], size=4)  # fmt: skip
-    cli_bench._run_with_progress(Console(file=out, width=200), plan)
+    measured = []
+    cli_bench._run_with_progress(Console(file=out, width=200), plan, measured)
+    assert len(measured) == 4  # every row kept as it arrives (what Ctrl-C writes out)
     lines = [ln.strip() for ln in out.getvalue().splitlines() if ln.strip()]
     assert lines == [
         "rms_norm hidden=1 (64x256): shape 1/2 done",

@@ -32,28 +32,31 @@ DbOption = Annotated[
 ]
 
 
-def _results_db(db: Path | None):
+def _fail(message: str) -> typer.Exit:
+    """The error on stderr (stdout may be a CSV a program reads: `--csv`, `export --csv -`)."""
+    from rich.console import Console
     from rich.markup import escape
 
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(message)}")
+    return typer.Exit(1)
+
+
+def _results_db(db: Path | None):
     from kernelwright.bench.db import ResultsDB, ResultsDBError
 
     try:
         return ResultsDB.existing(db)
     except ResultsDBError as e:
-        _console().print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(1) from None
+        raise _fail(str(e)) from None
 
 
 def _query(results_db, **filters) -> list[dict]:
-    from rich.markup import escape
-
     from kernelwright.bench.db import Filters, ResultsDBError
 
     try:
         return results_db.query(Filters(**filters))
     except ResultsDBError as e:
-        _console().print(f"[red]error:[/] {escape(str(e))}")
-        raise typer.Exit(1) from None
+        raise _fail(str(e)) from None
 
 
 @results_app.callback(invoke_without_command=True)
@@ -176,7 +179,11 @@ def results_import(
             raise typer.Exit(2)
     added = 0
     for f in files:
-        got = import_csv(results_db, f, source=source)
+        try:
+            got = import_csv(results_db, f, source=source)
+        except ValueError as e:  # a malformed cell: nothing of this file is added
+            console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
+            raise typer.Exit(2) from None
         added += got.rows
         note = f" ({got.skipped})" if got.skipped else ""
         console.print(f"{f}: {got.rows} rows in {got.runs} run(s){note}")
@@ -201,9 +208,12 @@ def results_export(
     if str(csv) == "-":
         write_rows_csv(rows, sys.stdout)
         return
-    csv.parent.mkdir(parents=True, exist_ok=True)
-    with csv.open("w", newline="") as fh:
-        write_rows_csv(rows, fh)
+    try:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        with csv.open("w", newline="") as fh:
+            write_rows_csv(rows, fh)
+    except OSError as e:  # a folder, a path that cannot be made or written
+        raise _fail(f"cannot write {csv}: {e}") from None
     _console().print(f"{len(rows)} rows -> {csv}")
 
 
@@ -239,8 +249,8 @@ def results_readme(
         raise typer.BadParameter(f"{wrong[0]!r}: forward, backward or full", param_hint="--mode")
     try:
         done = regenerate_readme(path, rows, modes=modes, all_shapes=all_shapes)
-    except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/] {e}")
+    except (ValueError, OSError) as e:  # no markers, not text; missing, a folder, read-only
+        console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(1) from None
     for key, ok in done.items():
         console.print(f"{key}: " + ("regenerated" if ok else "no bench rows on such a GPU; kept"))

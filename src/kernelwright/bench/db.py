@@ -149,6 +149,8 @@ class ResultsDB:
     @classmethod
     def existing(cls, path: str | Path | None = None) -> ResultsDB:
         db = cls(path)
+        if db.path.is_dir():  # not "no database here: run bench", which would refuse it too
+            raise ResultsDBError(f"{db.path} is a folder: --db takes a file")
         if not db.path.is_file():
             raise ResultsDBError(
                 f"no results database at {db.path}. Create one {_HOW_TO_FILL}; another file "
@@ -163,10 +165,20 @@ class ResultsDB:
     def writable(cls, path: str | Path | None = None) -> ResultsDB:
         """The database rows will be appended to, checked before anything is measured: a
         missing or empty file is fine (the first append makes it a results database); another
-        SQLite database, a file that is not SQLite, or a newer schema raise `ResultsDBError`."""
+        SQLite database, a file that is not SQLite, a newer schema, or a path where no file can
+        be made or written raise `ResultsDBError`."""
         db = cls(path)
         if db.path.is_dir():
             raise ResultsDBError(f"{db.path} is a folder: --db takes a file")
+        # else the first append fails after the measuring; the nearest existing folder:
+        folder = db.path.parent
+        while not folder.exists():
+            folder = folder.parent
+        if not folder.is_dir():
+            raise ResultsDBError(f"cannot make {db.path}: {folder} is a file, not a folder")
+        for t in (db.path, folder) if db.path.exists() else (folder,):  # SQLite's journal too
+            if not os.access(t, os.W_OK):
+                raise ResultsDBError(f"cannot write {db.path}: no write permission on {t}")
         if db.path.exists():
             with db._connect() as con:
                 db._check_file(con)
@@ -492,6 +504,15 @@ def _parse(name: str, text: str):
     return text
 
 
+def _parse_cell(path: Path, rec: dict, name: str):
+    """`_parse` of one cell (a short row's missing cell: empty); ValueError naming its place."""
+    try:
+        return _parse(name, rec[name] or "")
+    except ValueError:
+        kind = "a number" if _ROW_TYPES.get(name) == "float" else "an integer"
+        raise ValueError(f"{path}:{rec['_line']}: {name} is {rec[name]!r}, not {kind}") from None
+
+
 def _missing_columns(header: Sequence[str] | None) -> list[str]:
     """The bench CSV columns `header` lacks (those of every version of the CSV)."""
     return [c for c in COLUMNS[: COLUMNS.index("error") + 1] if c not in (header or ())]
@@ -499,8 +520,11 @@ def _missing_columns(header: Sequence[str] | None) -> list[str]:
 
 def csv_missing_columns(path: str | Path) -> list[str]:
     """The bench CSV columns the file at `path` lacks: [] for a file `import_csv` reads."""
-    with Path(path).open(newline="") as fh:
-        return _missing_columns(csv.DictReader(fh).fieldnames)
+    try:
+        with Path(path).open(newline="") as fh:
+            return _missing_columns(csv.DictReader(fh).fieldnames)
+    except (UnicodeDecodeError, csv.Error):
+        return _missing_columns(None)
 
 
 @dataclass
@@ -516,38 +540,46 @@ def import_csv(db: ResultsDB, path: str | Path, *, source: str = "bench") -> Imp
     or an export of this database. Rows of one invocation share (gpu, commit, timestamp):
     each such group becomes one run of `source` (a create workflow's CSV: "create"), with an
     id derived from them, so importing a file twice adds nothing the second time. An export
-    keeps its runs, sources and tags. A CSV of another schema is skipped."""
+    keeps its runs, sources and tags. A CSV of another schema, or not text, is skipped; a cell
+    that is not of its column's type raises ValueError naming it, and nothing is added."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
     path = Path(path)
     out = ImportResult(path)
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = _missing_columns(reader.fieldnames)
-        if missing:
-            out.skipped = f"not a bench CSV: no column {', '.join(missing)}"
-            return out
-        records = list(reader)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = _missing_columns(reader.fieldnames)
+            if missing:
+                out.skipped = f"not a bench CSV: no column {', '.join(missing)}"
+                return out
+            records = [rec | {"_line": reader.line_num} for rec in reader]  # for its errors
+    except (UnicodeDecodeError, csv.Error) as e:
+        out.skipped = f"not a bench CSV: {e}"
+        return out
     groups: dict[tuple, list[dict]] = {}
     for rec in records:
         if "run_id" in rec and rec["run_id"]:
             key = (rec["run_id"], rec.get("source") or "bench", rec.get("tag", ""))
         else:
-            ident = "|".join(rec.get(k, "") for k in ("gpu", "commit", "timestamp"))
+            ident = "|".join(rec.get(k) or "" for k in ("gpu", "commit", "timestamp"))
             run_id = "csv-" + hashlib.sha1(ident.encode()).hexdigest()[:12]
             key = (run_id, source, f"imported from {path.name}")
         groups.setdefault(key, []).append(rec)
     already = 0
+    runs = []  # every row parsed before any is added: a malformed cell adds nothing
     for (run_id, source, tag), recs in groups.items():
         if db.has_run(run_id):
             already += 1
             continue
         rows = []
         for rec in recs:
-            row = BenchRow(**{c: _parse(c, rec[c]) for c in COLUMNS if c in rec})
+            row = BenchRow(**{c: _parse_cell(path, rec, c) for c in COLUMNS if c in rec})
             row.arch = row.arch or _guess_arch(row.gpu)
             row.dims = row.dims or _guess_dims(row.op, row.shape)
             rows.append(row)
+        runs.append((run_id, source, tag, rows))
+    for run_id, source, tag, rows in runs:
         out.rows += db.append(rows, source=source, run_id=run_id, tag=tag, command=str(path))
         out.runs += 1
     if already:

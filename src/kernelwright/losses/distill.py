@@ -30,6 +30,7 @@ from kernelwright.losses.logprobs import (
     _spread,
     check_head,
     chunk_rows,
+    widen_ids,
 )
 from kernelwright.ops.fused_linear_cross_entropy import _addmm_
 from kernelwright.runtime.checks import check_chunk_size
@@ -185,6 +186,8 @@ def fused_linear_distill(
             f"fused_linear_distill: labels shape {tuple(labels.shape)} != the hidden states' "
             f"leading shape {tuple(student_hidden.shape[:-1])}"
         )
+    if labels is not None:
+        labels = widen_ids(labels, ignore_index)
     keep = None if labels is None else _scored(labels.reshape(-1), ignore_index)
     if keep is not None:  # only the kept tokens are computed
         h_s, h_t = h_s[keep], h_t[keep]

@@ -78,6 +78,7 @@ def fused_linear_logprobs(
         return (st.log_probs, st.entropy) if return_entropy else st.log_probs
     _check(temperature, softcap, backward)
     _check_inputs(hidden, weight, target, bias, chunk_size)
+    target = widen_ids(target, ignore_index)
     keep = _scored_checked(target, ignore_index, weight.shape[0])
     # Without a cap after it, the temperature folds into the matmul's input:
     # logits * k = (hidden * k) @ weight.T + bias * k (one more rounding in half precision).
@@ -109,6 +110,16 @@ def chunk_rows(n: int, V: int, dtype: torch.dtype, device: torch.device) -> int:
     LOGITS_BYTES buffer. Their backward recomputes the logits and the weight gradient is
     read and written once per chunk, so fewer, larger chunks pay off more than there."""
     return choose_chunk_rows(n, V, torch.finfo(dtype).bits // 8, device, budget=LOGITS_BYTES)
+
+
+def widen_ids(t: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """`t` as int64 when `ignore_index` lies outside its integer dtype's range: PyTorch
+    compares an int32 tensor with such a number after wrapping it (-(2**62) becomes 0), which
+    would ignore every target equal to the wrapped value."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        return t
+    info = torch.iinfo(t.dtype)
+    return t if info.min <= ignore_index <= info.max else t.long()
 
 
 def _scored(t: torch.Tensor, ignore_index: int) -> torch.Tensor | None:
@@ -198,6 +209,7 @@ def fused_linear_logprob_stats(
         raise ValueError(f"fused_linear_logprob_stats: unknown outputs {sorted(unknown)}; "
                          f"choose from {STATS}")  # fmt: skip
     _check_inputs(hidden, weight, target, bias, chunk_size)
+    target = widen_ids(target, ignore_index)
     keep = _scored_checked(target, ignore_index, weight.shape[0])
     want = tuple(name in outputs for name in STATS)
     h2, t = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
@@ -481,6 +493,7 @@ def fused_linear_logprobs_ref(
     those that change how, not what, it computes (chunk_size, accum_dtype, backward,
     entropy_grad) are ignored."""
     logp = logits_ref(hidden, weight, bias, temperature, softcap, logit_scale).log_softmax(-1)
+    target = widen_ids(target, ignore_index)
     keep = target != ignore_index
     picked = logp.gather(-1, torch.where(keep, target, 0).unsqueeze(-1)).squeeze(-1)
     logps = torch.where(keep, picked, 0.0)
@@ -505,6 +518,9 @@ def sequence_logprobs(
 ) -> torch.Tensor:
     """Each sequence's log-probability: the sum over its tokens where `mask` is true (the
     mean over them with `average`, as IPO and SimPO take). token_logps, mask: [batch, T]."""
+    if mask.shape != token_logps.shape:  # a [T] mask would broadcast over the batch silently
+        raise ValueError(f"sequence_logprobs: mask shape {tuple(mask.shape)} must equal "
+                         f"token_logps' {tuple(token_logps.shape)}")  # fmt: skip
     mask = mask.to(token_logps.dtype)
     total = (token_logps * mask).sum(-1)
     return total / mask.sum(-1).clamp(min=1) if average else total

@@ -87,6 +87,16 @@ def grpo_loss(
         raise ValueError("grpo_loss: beta > 0 needs ref_logps (the KL to the reference)")
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise ValueError("grpo_loss: loss_type 'dr_grpo' needs max_completion_length")
+    # out of range these divide by zero or mask silently (a quantile above 1 kept every token)
+    if not 0 <= top_entropy_quantile <= 1:
+        raise ValueError(f"grpo_loss: top_entropy_quantile must be in [0, 1], "
+                         f"got {top_entropy_quantile}")  # fmt: skip
+    if not gradient_accumulation_steps >= 1:
+        raise ValueError(f"grpo_loss: gradient_accumulation_steps must be >= 1, "
+                         f"got {gradient_accumulation_steps}")  # fmt: skip
+    if max_completion_length is not None and not max_completion_length >= 1:
+        raise ValueError(f"grpo_loss: max_completion_length must be >= 1, "
+                         f"got {max_completion_length}")  # fmt: skip
     if top_entropy_quantile < 1 and entropies is None:
         raise ValueError("grpo_loss: top_entropy_quantile < 1 needs the per-token entropies")
     if (
