@@ -119,6 +119,15 @@ def test_full_patch_includes_experts():
         torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item())
 
 
+def test_the_profile_notes_do_not_say_patched_experts_are_not():
+    # the stacked experts' note (printed by `kernelwright autopatch`) agrees with the patch
+    model = tiny_model("qwen3_moe", num_hidden_layers=1)
+    profile = patch(model, analyze(model, check=False), rms_norm=False, rope=False)
+    assert patch_record(model).count("moe_experts") == 1
+    note = next(n for n in profile.notes if "stacked expert weights" in n)
+    assert "not patched" not in note and "moe_experts" in note
+
+
 def test_flag_off_leaves_experts():
     model = tiny_model("mixtral", num_hidden_layers=1)
     patch(model, moe_experts=False)

@@ -293,6 +293,29 @@ def test_cli_sweep_refuses_unknown_types_and_model_with_sweep(tmp_path):
     assert both.exit_code != 0
 
 
+def test_cli_sweep_refuses_options_that_cannot_work(tmp_path, monkeypatch):
+    # a timeout <= 0 (every type would end "timed out"), negative workers, an --out that is a
+    # file and one MODEL's options: one usage line (exit 2) before any type is swept
+    from kernelwright import cli_sweep
+
+    ran = []
+    monkeypatch.setattr(cli_sweep, "_sweep_mapping", lambda *a: ran.append(a))
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    cases = [
+        (["--timeout", "-5"], "--timeout"),
+        (["--timeout", "0"], "--timeout"),
+        (["--jobs", "-1"], "--jobs"),
+        (["--emit", str(tmp_path / "t.py")], "--emit"),
+        (["--no-check"], "--no-check"),
+        (["--out", str(a_file)], "--out"),
+    ]
+    for args, flag in cases:
+        got = CliRunner().invoke(app, ["autopatch", "--sweep", "--only", "llama", *args])
+        assert got.exit_code == 2 and f"Invalid value for {flag}" in got.output, got.output
+    assert ran == [] and a_file.read_text() == "mine"
+
+
 def test_cli_sweep_takes_every_dtype_spelling(tmp_path, monkeypatch):
     from kernelwright import cli_sweep
 

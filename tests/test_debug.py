@@ -143,6 +143,15 @@ def test_ref_and_inputs_are_refused_for_an_op_target(tmp_path):
     assert got.exit_code == 2 and f"{missing}: no such file or directory" in got.output
 
 
+def test_a_path_that_is_no_model_or_created_op_is_named_as_such(tmp_path):
+    # a directory without config.json (or a file that is neither): what it lacks, not "no op"
+    for path in (tmp_path, tmp_path / "notes.txt"):
+        (tmp_path / "notes.txt").write_text("mine")
+        got = CliRunner().invoke(app, ["debug", str(path), "--yes"], env={"COLUMNS": "300"})
+        assert got.exit_code == 2, got.output
+        assert "is neither a model" in got.output and "no op" not in got.output, got.output
+
+
 def test_an_unknown_ref_op_is_a_usage_error(tmp_path):
     # --ref naming no registry op: one line naming it and the known ops, exit 2 (not 1, which
     # says a divergence was localised), before any probe runs

@@ -217,3 +217,47 @@ def test_cli_dtype_takes_every_spelling(monkeypatch):
     assert seen == ["bfloat16", "float32", "bfloat16"]  # the workflows' names
     result = runner.invoke(app, ["debug", "llama", "--dtype", "fp16"])
     assert result.exit_code == 2 and "bf16/bfloat16" in result.output
+
+
+def test_a_config_json_is_read_as_the_file_it_is(tmp_path):
+    # a .json beside another model's config.json is its own config, not the one beside it;
+    # a file that is not a JSON object is a ValueError naming it (a usage error on the CLI)
+    from transformers import LlamaConfig, Qwen2Config
+
+    from kernelwright.workflows.debug.model import build_config
+
+    LlamaConfig(hidden_size=64, num_hidden_layers=1).save_pretrained(tmp_path)
+    Qwen2Config(hidden_size=64, num_hidden_layers=1).to_json_file(tmp_path / "qwen.json")
+    assert build_config(str(tmp_path / "qwen.json")).model_type == "qwen2"
+    assert build_config(str(tmp_path)).model_type == "llama"
+    for text, why in (("{bad", "is not valid JSON"), ("[1, 2]", "holds a JSON list")):
+        (tmp_path / "bad.json").write_text(text)
+        result = CliRunner().invoke(app, ["debug", str(tmp_path / "bad.json")],
+                                    env={"COLUMNS": "300"})  # fmt: skip
+        assert result.exit_code == 2 and why in result.output, result.output
+
+
+def test_options_a_model_run_cannot_use_are_refused_before_it_runs(tmp_path, monkeypatch):
+    # an --out that is a file (or under one), and an op's flags given to a model: one usage
+    # line (exit 2) before anything is built, never a traceback after the run or a flag ignored
+    from kernelwright.workflows.debug import compiled, model
+
+    ran = []
+    monkeypatch.setattr(model, "debug_model", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(compiled, "debug_compiled", lambda *a, **k: ran.append(a))
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    cases = [
+        (["llama", "--out", str(a_file)], "is a file"),
+        (["llama", "--compiled", "--out", str(a_file)], "is a file"),
+        (["llama", "--out", str(a_file / "ws")], "cannot be made under it"),
+        (["rms_norm", "--out", str(a_file), "--yes"], "is a file"),
+        (["llama", "--ref", "rms_norm"], "--ref applies to an op"),
+        (["llama", "--resume"], "--resume applies to an op"),
+        (["llama", "--compiled", "--inputs", "x"], "--inputs applies to an op"),
+        (["rms_norm", "--reference-dtype", "same"], "--reference-dtype applies to a model"),
+    ]
+    for args, why in cases:
+        result = CliRunner().invoke(app, ["debug", *args], env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and why in result.output, (args, result.output)
+    assert ran == [] and a_file.read_text() == "mine"

@@ -147,7 +147,8 @@ def autopatch(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="Profile YAML (default kernelwright-runs/autopatch/<type>/profile.yaml); "
+            help="Profile YAML, or a directory to hold profile.yaml (default "
+            "kernelwright-runs/autopatch/<type>/profile.yaml); "
             "with --sweep, the results directory (default kernelwright-runs/autopatch/sweep)."
         ),
     ] = None,
@@ -159,7 +160,11 @@ def autopatch(
         ),
     ] = True,
     emit: Annotated[
-        Path | None, typer.Option(help="Also write a convergence test for the profile here.")
+        Path | None,
+        typer.Option(
+            help="Also write a convergence test for the profile: a .py file, or a directory. "
+            "A file kernelwright did not emit is kept without --force (exit 2)."
+        ),
     ] = None,
     force: Force = False,
     sweep: Annotated[
@@ -214,7 +219,12 @@ def autopatch(
     from rich.markup import escape
 
     from kernelwright.profiles.reviewed import save_profile
+    from kernelwright.workflows.autopatch import options
 
+    swept = {k: v for k, v in locals().items() if k in options.SWEEP_DEFAULTS}  # as given
+    bad = options.problem(sweep, out, emit, check, force, swept)
+    if bad is not None:
+        raise typer.BadParameter(bad[1], param_hint=bad[0])
     if sweep:
         if model is not None:
             raise typer.BadParameter("give MODEL or --sweep, not both", param_hint="MODEL")
@@ -232,11 +242,7 @@ def autopatch(
         profile = analyze(model, check=check)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="MODEL") from None
-    saved = save_profile(
-        profile,
-        out or Path("kernelwright-runs/autopatch") / profile.model_type / "profile.yaml",
-        force=force,
-    )
+    saved = save_profile(profile, options.profile_path(out, profile.model_type), force=force)
 
     table = Table(title=f"autopatch {profile.architecture} ({profile.modeling_file})")
     for col in ("what", "status", "value", "evidence"):
@@ -264,10 +270,10 @@ def autopatch(
         from kernelwright.workflows.autopatch.emit import emit_convergence_test
 
         try:
-            written = emit_convergence_test(profile, emit)
-        except ValueError as e:
+            written = emit_convergence_test(profile, emit, force=force)
+        except (ValueError, FileExistsError) as e:  # exit 2: kept, as an edited profile is
             console.print(f"No convergence test written: {e}", style="yellow", markup=False)
-            return
+            raise typer.Exit(2 if isinstance(e, FileExistsError) else 1) from None
         console.print(f"Convergence test: {written or emit}")
 
 

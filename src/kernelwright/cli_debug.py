@@ -100,6 +100,11 @@ def debug(
     from kernelwright.workflows.debug.target import op_like
 
     console = make_console()
+    _check_out(out)
+    model_flags = [f for f, v in (("--ref", ref), ("--inputs", inputs), ("--resume", resume)) if v]
+    if compiled and model_flags:  # a model has no reference function, inputs maker or plan
+        raise typer.BadParameter(f"{model_flags[0]} applies to an op, not to --compiled",
+                                 param_hint=model_flags[0])  # fmt: skip
     if compiled:
         _compiled(target, dtype, reference_dtype, backend or "aot_eager", seed, name, out)
         return
@@ -112,12 +117,19 @@ def debug(
     if not op_like(target):
         from kernelwright.workflows.debug.model import is_model
 
+        if is_model(target) and model_flags:
+            raise typer.BadParameter(f"{model_flags[0]} applies to an op, not to a model",
+                                     param_hint=model_flags[0])  # fmt: skip
         if is_model(target):
             _model(target, dtype, reference_dtype, seed, name, out)
             return
         if ("/" in target or target.endswith((".json", ".py"))) and not Path(target).exists():
             raise typer.BadParameter(f"{target}: no such file or directory", param_hint="TARGET")
     _check_op_dtype(dtype)
+    # an op is compared with its fp32 reference at every dtype: there is no view to choose
+    if reference_dtype is not None and op_like(target):
+        raise typer.BadParameter("--reference-dtype applies to a model, not to an op",
+                                 param_hint="--reference-dtype")  # fmt: skip
     opts = DebugOptions(
         target,
         ref=ref,
@@ -157,6 +169,20 @@ def debug(
     console.print(f"[red]diverged:[/] {escape(d.summary)}")
     console.print(f"smallest failing shape {tuple(d.minimal_shape)}; repro: python {result.repro}")
     raise typer.Exit(1)
+
+
+def _check_out(out: Path | None) -> None:
+    """--out is the workspace folder: a file there, or above it, is a usage error before any
+    work (not a traceback once the run is done)."""
+    if out is None:
+        return
+    if out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"{out} is a file; --out is the workspace folder",
+                                 param_hint="--out")  # fmt: skip
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise typer.BadParameter(f"{above} is a file: the workspace {out} cannot be made "
+                                 "under it", param_hint="--out")  # fmt: skip
 
 
 def _check_op_dtype(dtype: str) -> None:

@@ -117,8 +117,12 @@ def build_config(target: str):
 
     path = Path(target)
     if path.is_dir() or path.suffix == ".json":
-        source = path if path.is_dir() else path.parent
-        return _training_ready(AutoConfig.from_pretrained(source), {})
+        from kernelwright.integrations.transformers.analysis.load import _read_json
+
+        # a .json is read as the file it is (`qwen.json` beside another model's config.json
+        # is qwen's config); one that is not a JSON object is a ValueError naming the file
+        _read_json(path / "config.json" if path.is_dir() else path)
+        return _training_ready(AutoConfig.from_pretrained(path), {})
     return tiny_config(target)
 
 

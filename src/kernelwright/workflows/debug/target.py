@@ -326,6 +326,11 @@ def plan(
                               inputs=maker, family=family)]  # fmt: skip
             if isinstance(getattr(mod, "TABLE", None), dict):
                 table = module
+    elif Path(target).exists():  # a path, not an op's name: say what it lacks
+        raise TargetError(
+            f"{target} is neither a model (a config.json, or a directory holding one) nor a "
+            f"created op's workspace (a directory holding pkg/<name>/<name>.py)"
+        )
     else:
         created = sorted(p.name for p in CREATED.glob("*") if created_workspace(p.name))
         hint = f"; created ops in {CREATED}: {', '.join(created)}" if created else ""

@@ -428,8 +428,9 @@ def _moe(ctx: Context) -> MoEDecision:
                     d.evidence.append(fwd.ev(call))
                     break
         ctx.notes.append(
-            f"{d.experts_class}: stacked expert weights (3-D parameters); the expert MLP math "
-            "inside it is not patched"
+            f"{d.experts_class}: stacked expert weights (3-D parameters); `patch` gives each "
+            "instance its guards accept moe_experts (SwiGLU without bias) or the clamped-gate "
+            "kernel, and lists any other it leaves alone with the reason"
         )
     fwd = S.method(ctx.target.model_cls, "forward")
     if fwd is not None:
