@@ -434,6 +434,8 @@ def test_cli_writes_profile(tmp_path):
     assert result.exit_code == 0, result.output
     assert ModelProfile.load(out).architecture == "LlamaForCausalLM"
     assert "LlamaRMSNorm" in result.output and "--no-check" in result.output
+    # a line before the analysis (seconds of building and checking) says what is under way
+    assert result.output.startswith("autopatch llama: a tiny instance built and analysed ...")
     # the review hint gives the whole edit: an unsupported decision without a reason is refused
     hint = " ".join(result.output.split())
     assert "set its `status: unsupported` and fill in `reason:`" in hint
