@@ -19,6 +19,7 @@ from conftest import ON_GPU, package_beside_cwd
 from typer.testing import CliRunner
 
 from kernelwright.cli import app
+from kernelwright.profiles import reviewed
 from kernelwright.profiles.debug import DebugProfile
 from kernelwright.workflows.debug import DebugOptions, TargetError, debug_op, plan
 from kernelwright.workflows.debug.bisect import bisect, probed_values
@@ -264,6 +265,58 @@ def test_review_stop_edit_and_resume(tmp_path):
     assert len(profile.probes) == 2  # float32 base, the gemma case
     assert profile.divergence.case == "rms_norm_no_offset (gemma)"
     assert (tmp_path / "repro.py").exists()
+
+
+def test_a_workspace_of_other_files_is_refused_before_any_work(tmp_path, monkeypatch):
+    # debug replaces profile.yaml and report.md and removes repro.py before bisecting: in a
+    # folder it did not write, that would lose a person's files
+    def debug(*args):
+        return CliRunner().invoke(app, ["debug", *map(str, args)], env={"COLUMNS": "300"})
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("repro.py", "report.md"):
+        (mine / name).write_text(f"my {name}")
+    for args in (["rms_norm", "--yes"], ["llama"]):  # an op, a model: refused before it is built
+        got = debug(*args, "--out", mine)
+        assert got.exit_code == 2, got.output
+        line = f"{mine} holds files debug did not write (report.md, repro.py): give another --out"
+        assert got.output.count("\n") == 1 and line in got.output and "--force" in got.output
+        assert sorted(p.name for p in mine.iterdir()) == ["report.md", "repro.py"]
+    from kernelwright.profiles.workspace import WorkspaceError
+    from kernelwright.workflows.debug.compiled import debug_compiled
+
+    with pytest.raises(WorkspaceError, match="did not write"):
+        debug_compiled("llama", workspace=mine)
+    # the default workspace alike
+    monkeypatch.chdir(tmp_path)
+    default = tmp_path / "kernelwright-runs" / "debug" / "rms_norm"
+    default.mkdir(parents=True)
+    (default / "notes.txt").write_text("mine")
+    got = debug("rms_norm")
+    assert got.exit_code == 2 and "did not write (notes.txt)" in got.output, got.output
+    # another workflow's profile (optimize's, its digest beside it) is not debug's either
+    (default / "notes.txt").unlink()
+    (default / "profile.yaml").write_text("op: rms_norm\ngoal: speed\n")
+    reviewed.adopt(default / "profile.yaml")
+    got = debug("rms_norm")
+    assert got.exit_code == 2 and "did not write (.profile.yaml.sha256, profile.yaml)" in got.output
+    # --force runs there (the plan stops for review: nothing of mine is removed yet)
+    got = debug("rms_norm", "--out", mine, "--force")
+    assert got.exit_code == 0 and (mine / "repro.py").read_text() == "my repro.py", got.output
+    # an earlier debug run's workspace is debug's own: a new run replaces its outputs
+    ws = tmp_path / "ws"
+    for _ in range(2):
+        got = debug("rms_norm", "--out", ws)
+        assert got.exit_code == 0 and "Plan:" in got.output, got.output
+    # a plan written by hand may be resumed alone in its folder, not beside others' files
+    hand = tmp_path / "hand"
+    hand.mkdir()
+    (hand / "profile.yaml").write_text((ws / "profile.yaml").read_text())
+    (hand / "report.md").write_text("mine")
+    got = debug("rms_norm", "--resume", "--out", hand)
+    assert got.exit_code == 2 and "did not write (report.md)" in got.output, got.output
+    assert (hand / "report.md").read_text() == "mine"
 
 
 def test_unknown_targets_are_refused():

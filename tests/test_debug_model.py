@@ -15,7 +15,9 @@ from typer.testing import CliRunner
 
 from kernelwright.cli import app
 from kernelwright.profiles.debug import ModelDebugProfile, ModuleCheck, TolSpec, VsFp32
+from kernelwright.profiles.workspace import owned
 from kernelwright.workflows.debug.model import debug_model, first_divergence, is_model
+from kernelwright.workflows.debug.run import KINDS
 
 
 def wrong_eps(model):
@@ -125,6 +127,8 @@ def test_a_forward_divergence_is_the_first_module_whose_output_leaves(tmp_path):
     assert all(m.forward_error == 0.0 for m in before)
     assert result.plot is not None and result.plot.stat().st_size > 10_000
     assert ModelDebugProfile.load(tmp_path / "profile.yaml").divergence.module == d.module
+    # the workspace is debug's own now: a later run may replace its outputs there
+    assert owned(tmp_path, KINDS)
 
 
 def test_a_backward_divergence_is_the_module_whose_input_gradient_leaves(tmp_path):

@@ -90,3 +90,21 @@ def test_bench_shape_errors_say_what_to_write(tmp_path):
     got = _cli("bench", "rms_norm", "--shape", "8by64", "--db", tmp_path / "r.db")
     assert got.exit_code != 0 and "8192x4096" in got.output
     assert not (tmp_path / "r.db").exists()
+
+
+def test_a_malformed_shape_is_a_usage_error_naming_the_form(tmp_path):
+    # choose and bench read --shape alike: positive sizes joined by x, nothing else (a size
+    # of 0 or below, a sign, a digit separator, an empty size), exit 2 before any work
+    db = tmp_path / "r.db"
+    malformed = ("0x4096", "-1x5", "abc", "", "8192x", "8192x4096x0", "+5x3", "1_000x5")
+    for text in malformed:
+        for command in ("choose", "bench"):
+            got = _cli(command, "rms_norm", f"--shape={text}", "--db", db)
+            assert got.exit_code == 2, (command, text, got.output)
+            said = f"{text!r}: write it as positive sizes joined by x, the main input's shape"
+            assert said in got.output, got.output
+    assert not db.exists()
+    # more dims are a main input of more dims: every one before the last counts rows, said
+    for text, read in (("8192x4096x2x3", "67108864 rows of 3"), ("4096", "1 row of 4096")):
+        got = _cli("choose", "rms_norm", "--shape", text, "--db", db, "--device", "cpu")
+        assert got.exit_code == 0 and f"({read})" in got.output, got.output

@@ -20,7 +20,7 @@ from rich.table import Table
 
 import kernelwright  # noqa: F401  (selects the Triton interpreter on machines without a GPU)
 from kernelwright import registry  # the op lists in the help (data only: no kernel imported)
-from kernelwright.cli_options import Force, writable_results_db
+from kernelwright.cli_options import ForceWorkspace, writable_results_db
 from kernelwright.console import make_console
 
 app = typer.Typer(
@@ -345,7 +345,7 @@ def optimize(
             "the library is never written.",
         ),
     ] = False,
-    force: Force = False,
+    force: ForceWorkspace = False,
     workers: Workers = "1",
 ) -> None:
     """Make OP faster on this GPU: profile → versioned variants with notebooks → the winner.

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from kernelwright.cli_options import Force
+from kernelwright.cli_options import ForceWorkspace
 from kernelwright.console import make_console
 
 
@@ -84,7 +85,7 @@ def debug(
             "on a CPU; eager, inductor)."
         ),
     ] = None,
-    force: Force = False,
+    force: ForceWorkspace = False,
 ) -> None:
     """Bisect where an op diverges from its fp32 reference: forward or which gradient, dtype,
     shape regime, layout, extreme values, launch config; shrink the failing input; write
@@ -92,7 +93,8 @@ def debug(
     gradient) leaves the unpatched model's, and the error's growth per module (a plot).
 
     Exit 0: no divergence (or stopped for review); 1: a divergence was localised; 2: stopped
-    (an edited profile kept, or a target that cannot be resolved).
+    (an edited profile kept, a workspace holding files debug did not write, or a target that
+    cannot be resolved).
     """
     from rich.markup import escape
 
@@ -106,7 +108,7 @@ def debug(
         raise typer.BadParameter(f"{model_flags[0]} applies to an op, not to --compiled",
                                  param_hint=model_flags[0])  # fmt: skip
     if compiled:
-        _compiled(target, dtype, reference_dtype, backend or "aot_eager", seed, name, out)
+        _compiled(target, dtype, reference_dtype, backend or "aot_eager", seed, name, out, force)
         return
     if backend is not None:  # nothing is compiled without --compiled: the value would go unused
         raise typer.BadParameter(
@@ -121,7 +123,7 @@ def debug(
             raise typer.BadParameter(f"{model_flags[0]} applies to an op, not to a model",
                                      param_hint=model_flags[0])  # fmt: skip
         if is_model(target):
-            _model(target, dtype, reference_dtype, seed, name, out)
+            _model(target, dtype, reference_dtype, seed, name, out, force)
             return
         if ("/" in target or target.endswith((".json", ".py"))) and not Path(target).exists():
             raise typer.BadParameter(f"{target}: no such file or directory", param_hint="TARGET")
@@ -142,7 +144,8 @@ def debug(
         workspace=out,
     )
     try:
-        result = debug_op(opts, progress=lambda line: console.print(escape(line)))
+        with _claimed():
+            result = debug_op(opts, progress=lambda line: console.print(escape(line)))
     except TargetError as e:
         raise typer.BadParameter(str(e), param_hint="TARGET") from None
     if result.stage == "kept":
@@ -185,6 +188,19 @@ def _check_out(out: Path | None) -> None:
                                  "under it", param_hint="--out")  # fmt: skip
 
 
+@contextmanager
+def _claimed():
+    """A workspace holding files debug did not write: one line saying which and what to do,
+    exit 2 (the run stops before any work)."""
+    from kernelwright.profiles.workspace import WorkspaceError
+
+    try:
+        yield
+    except WorkspaceError as e:
+        make_console().print(str(e), style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def _check_op_dtype(dtype: str) -> None:
     """An op target's --dtype: one the bisection runs (it runs every one of them), in any
     of its spellings; a usage error naming them otherwise."""
@@ -200,7 +216,7 @@ def _label(target: str, name: str | None) -> str:
 
 def _model(
     target: str, dtype: str, reference_dtype: str | None, seed: int, name: str | None,
-    out: Path | None,
+    out: Path | None, force: bool,
 ) -> None:  # fmt: skip
     from rich.markup import escape
 
@@ -210,15 +226,17 @@ def _model(
     console = make_console()
     label = _label(target, name)
     try:
-        result = debug_model(
-            target,
-            workspace=out or Path("kernelwright-runs/debug") / label,
-            dtype=dtype,
-            reference_dtype=reference_dtype,
-            seed=seed,
-            name=label,
-            progress=lambda line: console.print(escape(line)),
-        )
+        with _claimed():
+            result = debug_model(
+                target,
+                workspace=out or Path("kernelwright-runs/debug") / label,
+                dtype=dtype,
+                reference_dtype=reference_dtype,
+                seed=seed,
+                name=label,
+                progress=lambda line: console.print(escape(line)),
+                force=force,
+            )
     except ValueError as e:  # transformers cannot build a causal LM of this config
         raise typer.BadParameter(str(e), param_hint="TARGET") from None
     console.print(f"Report: {result.report}" + (f"  plot: {result.plot}" if result.plot else ""))
@@ -246,7 +264,7 @@ def _check_dtypes(dtype: str, reference_dtype: str | None, dtypes, reference_vie
 
 def _compiled(
     target: str, dtype: str, reference_dtype: str | None, backend: str, seed: int,
-    name: str | None, out: Path | None,
+    name: str | None, out: Path | None, force: bool,
 ) -> None:  # fmt: skip
     from rich.markup import escape
 
@@ -271,16 +289,18 @@ def _compiled(
     console = make_console()
     label = _label(target, name)
     try:
-        result = debug_compiled(
-            target,
-            workspace=out or Path("kernelwright-runs/debug") / label,
-            dtype=dtype,
-            reference_dtype=reference_dtype,
-            seed=seed,
-            backend=backend,
-            name=label,
-            progress=lambda line: console.print(escape(line)),
-        )
+        with _claimed():
+            result = debug_compiled(
+                target,
+                workspace=out or Path("kernelwright-runs/debug") / label,
+                dtype=dtype,
+                reference_dtype=reference_dtype,
+                seed=seed,
+                backend=backend,
+                name=label,
+                progress=lambda line: console.print(escape(line)),
+                force=force,
+            )
     except (TargetError, ValueError) as e:
         raise typer.BadParameter(str(e), param_hint="TARGET") from None
     console.print(f"Report: {result.report}")

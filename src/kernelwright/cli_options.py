@@ -17,6 +17,18 @@ Force = Annotated[
     ),
 ]
 
+# a command that also writes its outputs into a workspace folder (--out, or its default)
+ForceWorkspace = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Overwrite an edited profile.yaml, and run in a workspace holding files this "
+        "command did not write (files named as its outputs are replaced). Without it an edited "
+        "profile is kept (this run's goes beside it as profile.new.yaml) and such a workspace "
+        "is refused; both stop the command (exit 2).",
+    ),
+]
+
 
 def writable_results_db(db=None):
     """The results database a command will append rows to (`ResultsDB.writable`: --db, else

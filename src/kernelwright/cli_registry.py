@@ -4,6 +4,8 @@ results database. Registered on the main app in cli.py."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -41,6 +43,20 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
+def site_shape(text: str) -> tuple[int, ...]:
+    """A call site's main-input shape as --shape takes it: positive sizes joined by x
+    (8192x4096, 4x2048x4096: the last dim is the row length, the ones before it count the
+    rows); anything else is a usage error naming that form."""
+    parts = text.strip().lower().split("x")
+    if all(re.fullmatch(r"[0-9]+", p.strip()) and int(p) > 0 for p in parts):
+        return tuple(int(p) for p in parts)
+    raise typer.BadParameter(
+        f"{text!r}: write it as positive sizes joined by x, the main input's shape, e.g. "
+        "8192x4096 or 4x2048x4096 (the last is the row length)",
+        param_hint="--shape",
+    )
+
+
 def _entry(op: str):
     from kernelwright import registry
 
@@ -76,7 +92,13 @@ def registry_list(
 @registry_app.command("choose")
 def registry_choose(
     op: Annotated[str, typer.Argument(help="The op.")],
-    shape: Annotated[str, typer.Option(help="The main input's shape, e.g. 8192x4096.")],
+    shape: Annotated[
+        str,
+        typer.Option(
+            help="The main input's shape: positive sizes joined by x, e.g. 8192x4096 or "
+            "4x2048x4096 (the last is the row length, the ones before it count the rows)."
+        ),
+    ],
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "bf16",
     device: Annotated[
         str | None,
@@ -101,14 +123,8 @@ def registry_choose(
 
     _entry(op)
     dtype = dtype_option(dtype)
-    try:
-        dims = tuple(int(s) for s in shape.lower().split("x"))
-    except ValueError:
-        dims = ()
-    if not dims or min(dims) < 1:
-        raise typer.BadParameter(
-            f"{shape!r}; write it as positive sizes, e.g. 8192x4096", param_hint="--shape"
-        ) from None
+    dims = site_shape(shape)
+    shape = "x".join(map(str, dims))
     if device is None:
         import torch
 
@@ -122,7 +138,9 @@ def registry_choose(
         raise _fail(str(e)) from None
     console = _console()
     console.print(f"{op} {shape} {dtype} on {device}: [bold]{c.impl}[/]", highlight=False)
-    console.print(f"  bucket: {c.bucket}", highlight=False)
+    rows = math.prod(dims[:-1])  # how the shape was read: every dim before the last counts rows
+    read = f"{rows} row{'s' * (rows != 1)} of {dims[-1]}"
+    console.print(f"  bucket: {c.bucket} ({read})", highlight=False)
     console.print(f"  why: {c.reason}", highlight=False, markup=False)
     for name, why in c.rejected:
         console.print(f"  not {name}: {why}", highlight=False, markup=False)
@@ -213,18 +231,13 @@ def _at_sites(jobs: list[BenchJob], shapes: list[str]) -> BenchJob:
 
     if len(jobs) != 1:
         raise typer.BadParameter("a call site's shape is one op's: give one op", param_hint="OP")
-    texts = [t.strip() for value in shapes for t in value.split(",") if t.strip()]
+    # an empty --shape is refused as malformed, not read as no shape (the spec's sweeps)
+    texts = [t.strip() for value in shapes for t in value.split(",") if t.strip()] or [""]
     interpreter = interpreter_mode() or not torch.cuda.is_available()
     points = []
     for text in texts:
         try:
-            site = tuple(int(d) for d in text.lower().split("x"))
-        except ValueError:
-            raise typer.BadParameter(
-                f"{text!r}; write it as 8192x4096", param_hint="--shape"
-            ) from None
-        try:
-            dims = bench_dims(jobs[0].op, site, interpreter=interpreter)
+            dims = bench_dims(jobs[0].op, site_shape(text), interpreter=interpreter)
         except SiteShapeError as e:
             raise _fail(str(e)) from None
         points.append(tuple(dims.items()))

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from kernelwright.profiles import reviewed
 from kernelwright.profiles.debug import (
     CompiledDebugProfile,
     CompiledDivergence,
@@ -56,6 +57,7 @@ from kernelwright.workflows.debug.model import (
     reference_view,
 )
 from kernelwright.workflows.debug.numerics import _finite_error
+from kernelwright.workflows.debug.run import claim
 
 Progress = Callable[[str], None]
 
@@ -270,10 +272,13 @@ def debug_compiled(
     db=None,
     name: str | None = None,
     progress: Progress = lambda _: None,
+    force: bool = False,
 ) -> CompiledResult:
+    # `force`: run in a workspace holding files debug did not write (else WorkspaceError)
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     view = reference_view(dtype, reference_dtype)
+    claim(workspace, force)
     device = default_device()
     model32, batch, arch = build(target, seed)
     model32 = model32.to(device).train()
@@ -347,7 +352,7 @@ def debug_compiled(
     profile.verdict = "diverged" if profile.divergence else "no divergence"
     profile.runs = runs
     workspace.mkdir(parents=True, exist_ok=True)
-    profile.save(workspace / "profile.yaml")
+    reviewed.write(profile, workspace / "profile.yaml")  # its digest: the workspace is debug's
     return CompiledResult(workspace, profile, write_compiled_report(profile, workspace))
 
 

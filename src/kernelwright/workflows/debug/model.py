@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from kernelwright.profiles import reviewed
 from kernelwright.profiles.debug import (
     ModelDebugProfile,
     ModelDivergence,
@@ -52,6 +53,7 @@ from kernelwright.runtime import default_device, device_info
 from kernelwright.testing.tolerances import DEFAULT_TOLERANCES
 from kernelwright.workflows.debug.model_report import plot_growth, write_model_report
 from kernelwright.workflows.debug.numerics import _finite_error
+from kernelwright.workflows.debug.run import claim
 
 Progress = Callable[[str], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -246,9 +248,11 @@ def debug_model(
     name: str | None = None,
     progress: Progress = lambda _: None,
     inputs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    force: bool = False,
 ) -> ModelResult:
     # `inputs`: the (input_ids, labels) batch to run, e.g. one of the training run's; by
-    # default `batch` x `seq` tokens of make_batches' bigram language
+    # default `batch` x `seq` tokens of make_batches' bigram language. `force`: run in a
+    # workspace holding files debug did not write (else WorkspaceError, before any work)
     from transformers import AutoModelForCausalLM
 
     from kernelwright.testing.convergence import make_batches
@@ -258,6 +262,7 @@ def debug_model(
     view = reference_view(dtype, reference_dtype)
     two_views = dtype != "float32"
     config = build_config(target)
+    claim(workspace, force)
     device = default_device()
     torch.manual_seed(seed)
     weights = weights_of(target)
@@ -377,7 +382,7 @@ def debug_model(
     workspace.mkdir(parents=True, exist_ok=True)
     plot = plot_growth(profile, workspace / "error_growth.png")
     profile.plot = plot.name if plot else None
-    profile.save(workspace / "profile.yaml")
+    reviewed.write(profile, workspace / "profile.yaml")  # its digest: the workspace is debug's
     report = write_model_report(profile, workspace)
     return ModelResult(workspace, profile, report, plot)
 

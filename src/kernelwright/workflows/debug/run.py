@@ -2,7 +2,9 @@
 
 The workspace is `kernelwright-runs/debug/<name>/`. Without `yes` the run stops after the plan
 (profile.yaml, verdict "pending") for a person to review; `resume` runs the bisection from the
-reviewed profile. An edited profile.yaml is never overwritten without `force`.
+reviewed profile. An edited profile.yaml is never overwritten without `force`, and a run
+starts only in a workspace that is new, empty or debug's own (`claim`): an earlier debug run's
+outputs are replaced, a folder of other files is refused without `force`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelwright.profiles import reviewed
-from kernelwright.profiles.debug import DebugProfile
+from kernelwright.profiles import reviewed, workspace
+from kernelwright.profiles.debug import CompiledDebugProfile, DebugProfile, ModelDebugProfile
 from kernelwright.profiles.reviewed import Saved
 from kernelwright.workflows.debug.bisect import bisect, probed_values
 from kernelwright.workflows.debug.repro import write_repro
@@ -59,6 +61,16 @@ def workspace_of(opts: DebugOptions, name: str) -> Path:
     return opts.workspace or RUNS / name
 
 
+# every kind of profile debug writes: a workspace holding one is debug's own
+KINDS = (DebugProfile, ModelDebugProfile, CompiledDebugProfile)
+
+
+def claim(ws: Path, force: bool, given: tuple[str, ...] = ()) -> None:
+    """Refuse (WorkspaceError, before any work) a workspace holding files debug did not
+    write, unless `force`; `given`: the files the person gave the run there (a plan to resume)."""
+    workspace.claim_workspace(ws, "debug", KINDS, force=force, given=given)
+
+
 def debug_op(opts: DebugOptions, progress: Progress = _quiet) -> DebugResult:
     if opts.resume:
         ws = opts.workspace or RUNS / (opts.name or _default_name(opts.target))
@@ -68,12 +80,14 @@ def debug_op(opts: DebugOptions, progress: Progress = _quiet) -> DebugResult:
         profile = DebugProfile.load(path)
         if profile.target != opts.target:
             raise TargetError(f"--resume: {path} is the plan of {profile.target!r}")
+        claim(ws, opts.force, given=("profile.yaml",))  # a plan written by hand, beside others'
         reviewed.adopt(path)  # this run carries the reviewed edits on
         saved = Saved(path)
     else:
         profile = plan(opts.target, ref=opts.ref, inputs=opts.inputs, seed=opts.seed,
                        name=opts.name)  # fmt: skip
         ws = workspace_of(opts, profile.name)
+        claim(ws, opts.force)
         ws.mkdir(parents=True, exist_ok=True)
         saved = reviewed.save_profile(profile, ws / "profile.yaml", force=opts.force)
         progress(f"[plan] {describe_plan(profile)}; profile {saved.path}")

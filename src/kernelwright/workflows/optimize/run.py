@@ -11,9 +11,10 @@ import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kernelwright.profiles import workspace
 from kernelwright.profiles.base import ProfileError
 from kernelwright.profiles.optimization import OptimizationProfile, VariantRecord
-from kernelwright.profiles.reviewed import Saved, digest_file, drop_new
+from kernelwright.profiles.reviewed import Saved, drop_new
 from kernelwright.runtime.fanout import Fanout
 from kernelwright.runtime.launch import LaunchConfig, Table
 from kernelwright.workflows.optimize import notebook
@@ -99,17 +100,12 @@ def resume_options(opts: OptimizeOptions) -> tuple[OptimizeOptions, Optimization
 def claim_workspace(ws: Path, force: bool) -> None:
     """A new run starts in `ws` only where it loses nothing: a folder that is new, empty or
     optimize's own with no earlier variants; anything else needs `force` (PreflightError)."""
-    if ws.exists() and not ws.is_dir():
-        raise PreflightError(f"--out {ws} is a file, not a folder")
-    if force or not ws.is_dir() or not any(ws.iterdir()):
+    try:
+        earlier_run = workspace.claim_workspace(ws, "optimize", (OptimizationProfile,), force=force)
+    except workspace.WorkspaceError as e:
+        raise PreflightError(str(e)) from None
+    if force or not earlier_run:
         return
-    if not digest_file(ws / "profile.yaml").is_file():
-        names = sorted(p.name for p in ws.iterdir())
-        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        raise PreflightError(
-            f"{ws} holds files optimize did not write ({shown}): give another --out, or pass "
-            "--force to run there (files named as optimize's outputs are replaced)"
-        )
     earlier = [f"v{r.version}" for r in read_records(ws)]
     earlier += [n for n in ("report.md", "proposed_table.py") if (ws / n).exists()]
     if earlier:
