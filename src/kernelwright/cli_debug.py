@@ -201,6 +201,16 @@ def _claimed():
         raise typer.Exit(2) from None
 
 
+def _in_workspace(fn, target: str, out: Path | None, label: str, console, **kwargs):
+    """`fn` (debug_model or debug_compiled) run in its workspace (--out, else the default one
+    named after `label`), its progress on the console."""
+    from rich.markup import escape
+
+    with _claimed():
+        return fn(target, workspace=out or Path("kernelwright-runs/debug") / label, name=label,
+                  progress=lambda line: console.print(escape(line)), **kwargs)  # fmt: skip
+
+
 def _check_op_dtype(dtype: str) -> None:
     """An op target's --dtype: one the bisection runs (it runs every one of them), in any
     of its spellings; a usage error naming them otherwise."""
@@ -226,17 +236,8 @@ def _model(
     console = make_console()
     label = _label(target, name)
     try:
-        with _claimed():
-            result = debug_model(
-                target,
-                workspace=out or Path("kernelwright-runs/debug") / label,
-                dtype=dtype,
-                reference_dtype=reference_dtype,
-                seed=seed,
-                name=label,
-                progress=lambda line: console.print(escape(line)),
-                force=force,
-            )
+        result = _in_workspace(debug_model, target, out, label, console, dtype=dtype,
+                               reference_dtype=reference_dtype, seed=seed, force=force)  # fmt: skip
     except ValueError as e:  # transformers cannot build a causal LM of this config
         raise typer.BadParameter(str(e), param_hint="TARGET") from None
     console.print(f"Report: {result.report}" + (f"  plot: {result.plot}" if result.plot else ""))
@@ -289,18 +290,9 @@ def _compiled(
     console = make_console()
     label = _label(target, name)
     try:
-        with _claimed():
-            result = debug_compiled(
-                target,
-                workspace=out or Path("kernelwright-runs/debug") / label,
-                dtype=dtype,
-                reference_dtype=reference_dtype,
-                seed=seed,
-                backend=backend,
-                name=label,
-                progress=lambda line: console.print(escape(line)),
-                force=force,
-            )
+        result = _in_workspace(debug_compiled, target, out, label, console, dtype=dtype,
+                               reference_dtype=reference_dtype, seed=seed, backend=backend,
+                               force=force)  # fmt: skip
     except (TargetError, ValueError) as e:
         raise typer.BadParameter(str(e), param_hint="TARGET") from None
     console.print(f"Report: {result.report}")
