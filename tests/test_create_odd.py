@@ -54,6 +54,23 @@ CASES = {
     "returns_float": ("def f(x):\n    return 3.0\n" + X, "stop output"),
     "float_from_ints": ("def f(m):\n    return m.float() * 2\n"
                         "def get_inputs():\n    return [torch.rand(4, 16) > 0.5]\n", "stop y"),
+    "not_a_module": ("class Model:\n    def forward(self, x):\n        return x\n" + X,
+                     "error: class Model is not an nn.Module subclass"),
+    "nested_inputs": ("def f(x, ws):\n    return x * ws[0]\n"
+                      "def get_inputs():\n    return [torch.randn(4, 16), [torch.randn(16)]]\n",
+                      "error: argument 1 is a list holding tensors"),
+    "closure": ("def make(k):\n    def g(x):\n        return x * k\n    return g\n"
+                "f = make(3.0)\n" + X, "error: several candidates (f, make)"),
+    "no_derivative": ("def f(x):\n    return x // 2 + x\n" + X, "stop aten.floor_divide"),
+    "reads_item": ("def f(x):\n    return x / x.abs().max().item()\n" + X,
+                   "stop aten._local_scalar_dense.default"),
+    "numpy": ("def f(x):\n    return torch.from_numpy(x.detach().numpy() * 2)\n" + X,
+              "stop numpy"),
+    "mask_index": ("def f(x):\n    return x[x > 0].sum() * x\n" + X, "stop aten.nonzero.default"),
+    "complex_input": ("def f(x, z):\n    return x * z.abs()\n"
+                      "def get_inputs():\n    return [torch.randn(4, 16), "
+                      "torch.randn(4, 16, dtype=torch.complex64)]\n", "stop z"),
+    "constant_output": ("def f(x):\n    return torch.zeros(4, 16) + 1\n" + X, "stop y"),
     # verified by `kernelwright create` (the generated tests pass) once Understand gets these
     "passthrough": ("def f(x, w):\n    return x, x * w\n" + XW, "tier 2"),
     "detached": ("def f(x, w):\n    return x * w.detach()\n" + XW, "tier 1"),

@@ -90,8 +90,9 @@ def rank_bound(ref: Reference) -> bool:
             outs = [_flat(ref.call(*x, *params)) for x in (ins, lifted)]
         for one, more in zip(*outs, strict=True):
             want = one[None] if one.dim() else one
+            wide = torch.complex128 if more.is_complex() else torch.float64  # keep imag parts
             if more.shape != want.shape or not torch.allclose(
-                more.double(), want.double(), rtol=1e-4, atol=1e-5, equal_nan=True
+                more.to(wide), want.to(wide), rtol=1e-4, atol=1e-5, equal_nan=True
             ):
                 return True
     except Exception:  # noqa: BLE001  a leading dim the reference does not accept: bound
@@ -109,6 +110,14 @@ def run_eagerly(ref: Reference) -> tuple[str, str] | None:
     off (torch.no_grad, of which the traced graphs keep no mark) — else None. A reference that
     fails there is the user's to fix (a ReferenceError says how it failed), not a tier-3 op."""
     tensors = [t.clone() for t in ref.example_inputs + ref.params]
+    names = ref.input_names + ref.param_names
+    for n, t in zip(names, tensors, strict=True):
+        if t.is_complex():  # traced as is, it would be generated as a real tensor
+            return n, (
+                f"{n} is {str(t.dtype).removeprefix('torch.')}: a generated kernel computes on "
+                "real fp32 tiles; pass the real and imaginary parts as real tensors "
+                "(torch.view_as_real)"
+            )
     versions = [t._version for t in tensors]
     watch = _GradOff()
     draws = _Draws(watch)
@@ -121,7 +130,6 @@ def run_eagerly(ref: Reference) -> tuple[str, str] | None:
             f"{_first_line(e)}){_cpu_hint(e)}: fix the reference or get_inputs() — they must "
             "run together in eager PyTorch"
         ) from e
-    names = ref.input_names + ref.param_names
     written = [n for n, t, v in zip(names, tensors, versions, strict=True) if t._version != v]
     if written:
         return written[0], (
@@ -302,11 +310,19 @@ def _pick(module: ModuleType, where: str, stem: str) -> tuple[Any, str]:
         obj = objs[0]
         return obj, "module" if inspect.isclass(obj) else "function"
     if not objs:
+        # a class of its own that is no nn.Module (a forward or __call__ is not enough)
+        plain = [
+            n for n, o in sorted(vars(module).items())
+            if inspect.isclass(o) and getattr(o, "__module__", None) == module.__name__
+        ]  # fmt: skip
+        hint = f" (class {plain[0]} is not an nn.Module subclass)" if plain else ""
         raise ReferenceError(
-            f"{where} defines no reference: add a function, an nn.Module subclass, or the "
-            "KernelBench layout (class Model, get_inputs(), get_init_inputs())"
+            f"{where} defines no reference{hint}: add a function, an nn.Module subclass, or the "
+            "KernelBench layout (class Model(nn.Module), get_inputs(), get_init_inputs())"
         )
-    names = ", ".join(o.__name__ for o in objs)
+    # the names the file binds them to (f = make(3.0) binds a closure named g to f)
+    bound = {id(o): a for a, o in sorted(vars(module).items(), reverse=True)}
+    names = ", ".join(sorted(bound.get(id(o), o.__name__) for o in objs))
     raise ReferenceError(
         f"{where} defines several candidates ({names}): pick one with {where}:<name>"
     )
@@ -320,6 +336,15 @@ def _example_inputs(module: ModuleType, where: str) -> list[Any]:
             "96), ...]` returning one example per argument (small, odd sizes are best)"
         )
     inputs = _called(get_inputs, "get_inputs", where)
+    for i, v in enumerate(inputs):
+        # a tensor inside a list would be baked into the kernel as a constant, values and all
+        held = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else []
+        if any(isinstance(t, torch.Tensor) for t in held):
+            raise ReferenceError(
+                f"{where}: get_inputs() argument {i} is a {type(v).__name__} holding tensors: "
+                "a kernel takes each tensor as an argument of its own; take them one by one "
+                "(def f(x, a, b), get_inputs() returning [x, a, b])"
+            )
     if not any(isinstance(t, torch.Tensor) for t in inputs):
         raise ReferenceError(f"{where}: get_inputs() returned no tensor")
     return inputs

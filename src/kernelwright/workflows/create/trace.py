@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import operator
+import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +281,40 @@ def _drop_identity_layouts(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def _known_failure(e: Exception, text: str) -> tuple[str, str] | None:
+    """(node, reason) for a tracing failure whose cause the error names, else None (Understand
+    then lists the likely causes)."""
+    missing = re.search(r"derivative for (aten::\w+) is not implemented", text)
+    if missing:
+        op = missing.group(1).replace("::", ".")
+        return op, (
+            f"PyTorch has no derivative for {missing.group(1)}, so the reference's backward "
+            "fails (in eager PyTorch too) and cannot be traced: .detach() its operand where "
+            "no gradient should flow through it"
+        )
+    name = type(e).__name__
+    if name == "DataDependentOutputException" or "_local_scalar_dense" in text:
+        return "aten._local_scalar_dense.default", (
+            "the reference reads a tensor's value into Python (.item(), float(t), int(t), "
+            ".tolist(), or an if or a loop on a tensor): the traced graphs hold no values, so "
+            "no kernel can be generated from it; compute with tensor ops instead (torch.where "
+            "for a branch)"
+        )
+    if name == "DynamicOutputShapeException":
+        op = text.splitlines()[0].strip() if text else "trace"
+        return op, (
+            f"{op}'s output shape depends on the input's values (boolean-mask indexing, "
+            "nonzero, unique): a kernel's shapes are fixed before it runs; keep the shape "
+            "(torch.where(mask, x, 0), masked_fill) instead"
+        )
+    if ".numpy()" in text:
+        return "numpy", (
+            "the reference computes outside PyTorch (.numpy(), NumPy on a tensor's values): the "
+            "traced graphs see only torch ops; write it with torch ops"
+        )
+    return None
+
+
 def trace(ref: Reference) -> Traced:
     """Forward and backward graphs of `ref` on its fp32 example inputs."""
     tensors = [t.clone() for t in ref.example_inputs] + [p.clone() for p in ref.params]
@@ -316,8 +352,11 @@ def trace(ref: Reference) -> Traced:
     )
     try:
         # cumprod/prod with backward formulas the row templates lower; cosine_similarity with
-        # its norms outside the sum (one walk of a long row)
-        with products(), factored():
+        # its norms outside the sum (one walk of a long row). PyTorch's warnings while tracing
+        # (anomaly mode's report of a failing backward, a scalar read) say nothing the stop
+        # does not: the eager run before it shows the reference's own.
+        with products(), factored(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             out = compiled(*tensors)
             flat = list(out) if isinstance(out, (tuple, list)) else [out]
             diff = [o for o in flat if isinstance(o, torch.Tensor) and o.requires_grad]
@@ -336,6 +375,9 @@ def trace(ref: Reference) -> Traced:
                 node=f"buffer {held[0]}" if held else "global tensor",
                 explained=True,
             ) from e
+        known = _known_failure(e, text)
+        if known is not None:
+            raise TraceError(known[1], node=known[0], explained=True) from e
         first = text.splitlines()[0] if text else ""
         raise TraceError(f"{type(e).__name__}: {first}") from e
     if not flat or not all(isinstance(o, torch.Tensor) for o in flat):

@@ -171,6 +171,28 @@ def _check_float_source(inputs: list[TensorSpec], fwd: Graph, outputs: list[str]
             raise _Stop(out, f"{reason} in a floating input's dtype; pass one, or return integers")
 
 
+def _check_input_dependent(fwd: Graph, outputs: list[str]) -> None:
+    """An output computed from constants alone (torch.zeros(4, 8) + 1) has the traced shape
+    whatever the inputs' shapes, where the kernel's outputs take the inputs' shapes."""
+    nodes = {n.name: n for n in fwd.nodes}
+
+    def names(a) -> list[str]:
+        if isinstance(a, (list, tuple)):
+            return [m for b in a for m in names(b)]
+        return [a] if isinstance(a, str) and a in nodes else []
+
+    reads: dict[str, bool] = {}
+    for n in fwd.nodes:  # in order: every argument's node comes first
+        reads[n.name] = n.op == "placeholder" or any(
+            reads.get(m, False) for m in names([n.args, list(n.kwargs.values())])
+        )
+    for out in outputs:
+        if out in reads and not reads[out]:
+            raise _Stop(out, f"{out} reads no input: it is built from constants alone (such as "
+                        "torch.zeros(4, 8)), so its shape is fixed; build it from an input "
+                        "(torch.zeros_like(x)) or return it outside the op")  # fmt: skip
+
+
 def _reduction_dims(fwd: Graph, main_rank: int) -> list[int]:
     """The dims every forward reduction reduces (negative, ascending), [] without any.
 
@@ -468,6 +490,7 @@ def understand(
         if not main:
             raise _Stop("inputs", "the main input is a scalar: nothing to tile")
         _check_float_source(inputs, fwd, traced.output_names)
+        _check_input_dependent(fwd, traced.output_names)
         has_tail = bool(tail_graph.nodes)
         stop = dtypes.int_arith_stop(fwd, bwd) or dtypes.fixed_outputs(ref, outputs, has_tail)
         if stop:
