@@ -291,6 +291,7 @@ def test_inverse_trig_within_a_few_ulps_of_torch(op, tmp_path):
     assert torch.equal(got[keep].signbit(), want64[keep].signbit())
 
 
+@pytest.mark.slow  # another family through the CLI: relu_squared's run is the representative
 def test_cli_create_verifies_arctan_activation(tmp_path, monkeypatch):
     """atan forward and its backward (1 / (1 + x^2)) through the whole workflow: generated,
     then verified by the generated tests against torch."""
