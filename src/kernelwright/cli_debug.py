@@ -182,8 +182,9 @@ def _check_out(out: Path | None) -> None:
     if out.exists() and not out.is_dir():
         raise typer.BadParameter(f"{out} is a file; --out is the workspace folder",
                                  param_hint="--out")  # fmt: skip
-    above = next((p for p in out.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
+    from kernelwright.profiles.workspace import file_above
+
+    if (above := file_above(out)) is not None:
         raise typer.BadParameter(f"{above} is a file: the workspace {out} cannot be made "
                                  "under it", param_hint="--out")  # fmt: skip
 

@@ -149,7 +149,7 @@ class ResultsDB:
     @classmethod
     def existing(cls, path: str | Path | None = None) -> ResultsDB:
         db = cls(path)
-        if db.path.is_dir():  # not "no database here: run bench", which would refuse it too
+        if db.path.is_dir():  # named as a folder: bench would refuse it as --db too
             raise ResultsDBError(f"{db.path} is a folder: --db takes a file")
         if not db.path.is_file():
             raise ResultsDBError(

@@ -87,7 +87,7 @@ def grpo_loss(
         raise ValueError("grpo_loss: beta > 0 needs ref_logps (the KL to the reference)")
     if loss_type == "dr_grpo" and max_completion_length is None:
         raise ValueError("grpo_loss: loss_type 'dr_grpo' needs max_completion_length")
-    # out of range these divide by zero or mask silently (a quantile above 1 kept every token)
+    # out of range these divide by zero, or (a quantile above 1) keep every token silently
     if not 0 <= top_entropy_quantile <= 1:
         raise ValueError(f"grpo_loss: top_entropy_quantile must be in [0, 1], "
                          f"got {top_entropy_quantile}")  # fmt: skip

@@ -20,6 +20,13 @@ from kernelwright.profiles.base import YamlProfile
 from kernelwright.profiles.reviewed import digest_file
 
 
+def file_above(path: Path) -> Path | None:
+    """The nearest existing folder above `path` when it is a file instead (nothing can be made
+    under it), else None."""
+    above = next((p for p in path.parents if p.exists()), None)
+    return above if above is not None and not above.is_dir() else None
+
+
 class WorkspaceError(Exception):
     """A folder a run may not write in; the message names the files and what to do."""
 

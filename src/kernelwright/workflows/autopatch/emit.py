@@ -15,6 +15,7 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.model import ModelProfile
+from kernelwright.profiles.workspace import file_above
 from kernelwright.testing.convergence import RUNS
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -65,8 +66,7 @@ def path_problem(path: str | Path) -> str | None:
         return f"{path} is a directory: name a .py file, or a directory without the .py"
     if path.suffix != ".py" and path.exists() and not path.is_dir():
         return f"{path} is a file, not a .py file or a directory"
-    above = next((p for p in path.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
+    if (above := file_above(path)) is not None:
         return f"{above} is a file, not a directory: {path} cannot be created under it"
     return None
 

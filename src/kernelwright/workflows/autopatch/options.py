@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernelwright.profiles.workspace import file_above
 from kernelwright.workflows.autopatch.emit import emitted, path_problem
 
 # the options only --sweep reads, with their defaults: given without --sweep they would do nothing
@@ -24,13 +25,6 @@ SWEEP_DEFAULTS = {
 }
 
 
-def _under_a_file(path: Path) -> str | None:
-    above = next((p for p in path.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        return f"{above} is a file, not a directory: {path} cannot be created under it"
-    return None
-
-
 def problem(
     sweep: bool,
     out: Path | None,
@@ -43,8 +37,8 @@ def problem(
     if out is not None:
         if sweep and out.exists() and not out.is_dir():
             return "--out", f"{out} is a file: with --sweep, --out is the results directory"
-        if (why := _under_a_file(out)) is not None:
-            return "--out", why
+        if (above := file_above(out)) is not None:
+            return "--out", f"{above} is a file, not a directory: {out} cannot be created under it"
     if sweep:
         if emit is not None:
             return "--emit", "--emit applies to one MODEL, not to --sweep"
