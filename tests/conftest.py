@@ -58,9 +58,10 @@ def _results_db(tmp_path_factory):
     mp.undo()
 
 
-# Tests past 2^31 elements: tens of GiB each on a GPU. Under `-n N --dist loadgroup` they share
-# one worker, so no two of them hold the GPU's memory at once.
-LARGE_MEMORY = ("test_int64_offsets",)
+# Tests past 2^31 elements: tens of GiB each on a GPU. They are marked `large_memory` (run them
+# alone: `-m large_memory`, then the rest with `-m "not large_memory"`), and under
+# `-n N --dist loadgroup` they share one worker, so no two of them hold the GPU's memory at once.
+LARGE_MEMORY = ("int64_offsets", "int64_row_offsets")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -68,7 +69,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not ON_GPU:
             item.add_marker(skip_gpu)
-        if item.originalname in LARGE_MEMORY:
+        if item.originalname.endswith(LARGE_MEMORY):
+            item.add_marker(pytest.mark.large_memory)
+        if "large_memory" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("large_memory"))
 
 

@@ -176,6 +176,7 @@ def test_the_planted_int32_kernel_wraps_onto_an_earlier_row_in_bounds():
 
 
 @needs_gpu
+@pytest.mark.large_memory
 @pytest.mark.parametrize("bug", planted.GPU_BUGS, ids=lambda b: b.name)
 def test_debug_localises_the_int32_offsets_to_the_huge_regime(tmp_path, bug):
     opts = DebugOptions(f"debug_planted:{bug.name}", ref=bug.ref, yes=True, workspace=tmp_path)
@@ -197,6 +198,7 @@ def test_debug_localises_the_int32_offsets_to_the_huge_regime(tmp_path, bug):
 
 
 @needs_gpu
+@pytest.mark.large_memory
 @pytest.mark.parametrize("target", ["relu_squared", "rms_norm"])
 def test_the_clean_library_passes_the_huge_regime(tmp_path, target):
     profile = plan(target)
