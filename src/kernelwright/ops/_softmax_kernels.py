@@ -180,8 +180,8 @@ def _softmax_bwd_looped_kernel(
     # Rows walked in BLOCK_N chunks: pass 1 reduces sum(dy * y) (softmax) or sum(dy)
     # (log_softmax), pass 2 re-reads dy and y — from L2 with the table's flags — and writes dx,
     # so the DRAM reads and writes fall in separate passes. N is a constexpr, as in layer_norm's
-    # looped forward: with a runtime N this form is slower than the one-row kernel; compiled per
-    # row length (the loops unroll) it is ahead of it at 8192-16384 columns.
+    # looped forward: compiled per row length, its loops unroll, which this two-pass form needs
+    # to keep up with the one-row kernel.
     row = tl.program_id(0).to(tl.int64)
     dy_row = dy_ptr + row * stride_dy
     y_row = y_ptr + row * stride_y

@@ -10,8 +10,8 @@ from kernelwright.runtime.launch import LaunchConfig as C
 _LAST = 2**31 - 1
 
 TABLE = {
-    # Swept on an H200 (bf16, 4096 segments of 1..512 rows). Narrower column tiles than D give
-    # a 4096-segment batch more programs to spread over the SMs. num_stages: the forward's
+    # For batches of thousands of short segments: narrower column tiles than D give such a
+    # batch more programs to spread over the SMs. num_stages: the forward's
     # row-chunk loop staged that deep (1: not staged), cut where fp32 chunks would not fit
     # STAGED_BYTES (jagged_mean._stages). Short rows (D = 64, 128 bytes) are latency-bound:
     # small chunks, several staged, keep loads in flight.
