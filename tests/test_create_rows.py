@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernelwright.runtime.launch import LaunchConfig
 from kernelwright.workflows.create import understand
 from kernelwright.workflows.create.codegen import render, write
 
@@ -650,3 +651,23 @@ def test_an_eager_call_broadcasts_its_shapes_without_torch(tmp_path, monkeypatch
     torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError, match="do not broadcast"):
         fn(x.to(DEVICE), torch.randn(23).to(DEVICE))
+
+
+def test_launch_plans_follow_a_swapped_table(tmp_path, monkeypatch):
+    # the launchers memoize what they read from TABLE; optimize measures a variant by swapping
+    # a kernel's rows in place, and the next call must launch with the variant's config
+    mod, fn = _op(tmp_path, "sum_dim1")  # a row of another dim: "fwd_strided" when in place
+    dev = torch.device(DEVICE)
+    x = torch.randn(3, 40, 5, generator=torch.Generator().manual_seed(9))
+    _check(fn, lambda t: t.sum(1), [x])
+    # in place: 8 rows (b = 5, a power of 2 up), block_n grown to keep the 64 x 64 tile
+    assert mod._plan("fwd", 15, 40, 5, dev)[:3] == (512, 8, 4)
+    assert mod._plan("fwd", 15, 40, 0, dev)[:3] == (256, 16, 4)  # as [M, N] rows
+    variant = [(2**31 - 1, LaunchConfig(block_n=16, rows=2, num_warps=2))]
+    for kernel in ("fwd", "bwd", "fwd_strided", "bwd_strided"):
+        monkeypatch.setitem(mod.TABLE[kernel], "default", variant)
+    assert mod._plan("fwd", 15, 40, 5, dev)[:3] == (16, 2, 2)
+    assert mod._plan("fwd", 15, 40, 0, dev)[:3] == (16, 2, 2)
+    spy = _Passes(mod, "sum_dim1", x.numel(), monkeypatch)  # (spies on the backward only)
+    _check(fn, lambda t: t.sum(1), [x])  # rows of 40 past block_n 16: the looped kernels
+    assert spy.count == 1  # the looped backward's last kernel wrote dx
