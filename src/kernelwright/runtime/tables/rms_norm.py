@@ -53,7 +53,7 @@ TABLE = {
 }
 
 # Few rows (runtime.launch.FewRows): at most 1024 rows of 2049..4096 columns, two rows of 8 warps
-# a program, which fills the GPU better than the table's row (swept at 8192+ rows) there. Not
+# a program, which fills the GPU better there than the table's row, chosen for 8192+ rows. Not
 # retuned by the optimize workflow, whose variants of the "fwd" row do not reach these calls.
 FEW_ROWS = {
     "fwd": {
