@@ -202,8 +202,12 @@ def test_a_bool_input_takes_bool_tensors_only(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "lines, says",
     [
-        (["a, b = x.chunk(2, -1)", "return torch.nn.functional.silu(a) * b"], "pass the parts"),
-        (["return x[..., :4] * 2"], "pass the parts"),
+        # a chunk of an input is generated (the parts form); of a computed tensor it stops
+        (
+            ["a, b = (x * 2).chunk(2, -1)", "return torch.nn.functional.silu(a) * b"],
+            "pass the parts",
+        ),
+        (["return x[..., :4] * 2"], "pass the part as an input"),
         (["return x + torch.arange(x.shape[-1], dtype=x.dtype)"], "pass it as an input"),
     ],
     ids=["chunk", "slice", "arange"],

@@ -39,6 +39,7 @@ class BenchInput:
     example_shape: tuple[int, ...]
     requires_grad: bool
     dtype: str = "same"  # "same" (the benchmark dtype) | "fp32" | "int" (a column index)
+    parts: int = 1  # read in this many equal parts of its last dim (each a [rows, cols] view)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def input_shape(
     ex = spec.example_shape
     if layout is None or layout.classic:
         if spec.broadcast == "full":
-            return (rows, cols)
+            return (rows, cols * spec.parts)
         if spec.broadcast == "row":  # [rows, 1], or [rows] when traced without the row's dim
             dropped = layout is not None and len(ex) == len(layout.traced) - 1
             return (rows,) if dropped else (rows, 1)

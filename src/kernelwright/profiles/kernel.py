@@ -109,6 +109,10 @@ class KernelProfile(YamlProfile):
     # the reference's dims count from the first one (softmax(x, dim=1) of a 2-D x): one more
     # leading dim changes what it computes, so the op runs at the traced rank only
     rank_bound: bool = False
+    # inputs the reference reads in equal parts of their last dim (a chunk): each input's parts,
+    # in order, which stand for it in `inputs` and the graphs; the generated function takes the
+    # input whole and hands the kernels its parts as views
+    input_parts: dict[str, list[str]] = Field(default_factory=dict)
     forward: Graph = Field(default_factory=Graph)
     backward: Graph = Field(default_factory=Graph)
     # after a reduction over the rows' values (cross-entropy's mean): the ops from there on,

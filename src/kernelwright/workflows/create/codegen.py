@@ -48,7 +48,7 @@ from pathlib import Path
 import jinja2
 
 from kernelwright.profiles.kernel import GraphNode, KernelProfile
-from kernelwright.workflows.create import dtypes, guards, onehot, pick, staged, tail
+from kernelwright.workflows.create import dtypes, guards, onehot, parts, pick, staged, tail
 from kernelwright.workflows.create.emit import _Emitter
 from kernelwright.workflows.create.lowering import (  # noqa: F401  (UnsupportedNode: re-exported)
     _CONSTS,
@@ -324,6 +324,7 @@ def render(profile: KernelProfile, *, library: bool = False) -> dict[str, str]:
         "ref_grad_lines": _ref_grad_lines(profile, em) if has_bwd else [],
         "params": [i for i in profile.inputs if i.role == "parameter"],
         "args": [i for i in profile.inputs if i.role != "parameter"],
+        **parts.context(profile),  # inputs read in parts: the public function takes them whole
     }
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),

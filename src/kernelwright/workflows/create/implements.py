@@ -30,6 +30,7 @@ from kernelwright.profiles.kernel import KernelProfile
 from kernelwright.registry.entry import DTYPES, OpEntry
 from kernelwright.workflows.create.dtypes import bool_inputs
 from kernelwright.workflows.create.lowering import MAX_ROW
+from kernelwright.workflows.create.parts import public_inputs
 
 
 class ImplementsError(ValueError):
@@ -75,7 +76,7 @@ def declaration(profile: KernelProfile, op: str, module_text: str) -> dict:
     spec = get_spec(entry.bench)
     shape = next(iter(spec.interpreter_sweeps[0].shapes()))[1]
     wanted = list(spec.make_inputs(shape, torch.float32, "cpu"))
-    have = [i.name for i in profile.inputs]
+    have = [i.name for i in public_inputs(profile)]
     if len(have) != len(wanted):
         raise ImplementsError(
             f"{op} takes {len(wanted)} tensor input(s) ({', '.join(wanted)}); "
@@ -128,7 +129,7 @@ def _capture(profile: KernelProfile, source: str) -> tuple[torch.fx.GraphModule,
     exec(compile(source, f"<{profile.name}_pattern>", "exec"), namespace)  # noqa: S102
     fn = namespace[f"{profile.name}_pattern"]
     args = list(inspect.signature(fn).parameters)
-    specs = {i.name: i for i in profile.inputs}
+    specs = {i.name: i for i in public_inputs(profile)}
     main = profile.inputs[0].example_shape
     gen = torch.Generator().manual_seed(0)
     tensors = []

@@ -11,6 +11,7 @@ from typing import Any
 
 from kernelwright.profiles import reviewed
 from kernelwright.profiles.kernel import KernelProfile
+from kernelwright.workflows.create import parts
 from kernelwright.workflows.create.codegen import UnsupportedNode, render
 
 RUNS = Path("kernelwright-runs/create")
@@ -84,7 +85,7 @@ def _baked_note(baked: list[tuple[str, Any]], profile: KernelProfile) -> list[st
         return []
     values = ", ".join(f"{n}={v!r}" for n, v in baked)
     verb = "is baked in as a constant" if len(baked) == 1 else "are baked in as constants"
-    takes = ", ".join(s.name for s in profile.inputs) or "no tensor"
+    takes = ", ".join(s.name for s in parts.public_inputs(profile)) or "no tensor"
     return [f"{values} {verb}: the generated {profile.function_name}() takes {takes} only"]
 
 

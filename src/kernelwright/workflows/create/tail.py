@@ -221,7 +221,7 @@ def _value(a: Any, env: dict[str, Any]) -> Any:
 
 
 def _kw(k: str, v: Any) -> Any:
-    if isinstance(v, str) and k in ("dtype", "layout") and v.startswith("torch."):
+    if isinstance(v, str) and k in ("dtype", "layout", "memory_format") and v.startswith("torch."):
         return getattr(torch, v.split(".", 1)[1])
     if k == "device" and isinstance(v, str):
         return torch.device(v)

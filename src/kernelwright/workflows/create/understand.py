@@ -37,7 +37,7 @@ from kernelwright.profiles.kernel import (
     LaunchPlan,
     TensorSpec,
 )
-from kernelwright.workflows.create import dtypes, params, tail
+from kernelwright.workflows.create import dtypes, params, parts, tail
 from kernelwright.workflows.create.graph import (
     LAYOUT,
     REDUCTIONS,
@@ -143,9 +143,9 @@ _JOINS = frozenset(["cat", "stack", "constant_pad_nd", "pad"])
 def _why_not(op: str) -> str:
     if op in _PARTS:
         return (
-            "takes part of a tensor (a slice, split or chunk): a generated kernel reads whole "
-            "inputs; pass the parts as separate inputs (examples/create/swiglu.py takes gate "
-            "and up)"
+            "takes part of a computed tensor (a slice, split or chunk): a generated kernel "
+            "reads inputs in equal parts of their last dim (x.chunk(2, -1) of an argument), "
+            "not parts of intermediates; pass the parts as separate inputs"
         )
     if op in _BUILT:
         return (
@@ -434,13 +434,17 @@ def understand(
         if problem:
             raise TraceError(problem[1], node=problem[0], explained=True)
         traced = trace(ref)
-    except TraceError as e:
+        source_ref = ref  # an input cut in parts: ref and traced over the parts (parts.py)
+        ref, traced, cut = parts.over_parts(ref, traced)
+    except (TraceError, parts.PartsStop) as e:
         inputs, _ = _specs(ref, None)
         match = re.search(r"aten\.[\w.]+", str(e))
         return KernelProfile(
             **base,
             tier=3,
-            tier_reason="tracing to aten graphs failed",
+            tier_reason=f"stops at {e.node}"
+            if isinstance(e, parts.PartsStop)
+            else "tracing to aten graphs failed",
             unsupported_node=e.node or (match.group(0) if match else "trace"),
             unsupported_reason=str(e)
             if e.explained
@@ -482,8 +486,12 @@ def understand(
         upcast_fp32=_upcast(fwd, bwd),
         # a tail reads the rows' count at run time (batchmean): only references without one
         # are checked at another rank
-        rank_bound=not starts and rank_bound(ref),
+        rank_bound=not starts and rank_bound(source_ref),
+        input_parts={i: cut.names(i) for i in cut.counts},
     )
+    notes += [
+        f"{i} is read in equal parts of its last dim: {', '.join(cut.names(i))}" for i in cut.counts
+    ]
     for out in traced.output_names:
         notes.append(f"forward: {out} = {formula(fwd, out)}")
     try:
@@ -499,6 +507,8 @@ def understand(
             raise _Stop(*tail_stop)
         _check_ops(fwd, bwd)
         reduction_dims = _reduction_dims(fwd, len(main))
+        if stop := parts.row_stop(cut, reduction_dims, has_tail):
+            raise _Stop(*stop)
         block = reduction_dims or [-1]
         _check_bwd_reductions(bwd, block)
         for spec in inputs + outputs:
