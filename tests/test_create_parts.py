@@ -63,14 +63,24 @@ def test_glu_takes_x_whole_and_its_kernels_the_halves(tmp_path, monkeypatch):
     # not contiguous: every other column of a wider tensor (each part a view with stride 2)
     wide = torch.randn(4, 28, generator=torch.Generator().manual_seed(2))
     _check(glu, lambda t: F.glu(t, dim=-1), [wide[:, ::2]])
-    # the backward writes both halves of dx in place: nothing joins them afterwards
-    y = glu(x.clone().to(DEVICE).requires_grad_(True))
+    # the backward writes both halves of dx in place, and x.grad is that tensor: nothing joins
+    # the halves afterwards, and autograd does not copy it (as it does one held elsewhere)
+    xg = x.detach().clone().to(DEVICE).requires_grad_(True)
+    y = glu(xg)
+    made = []
+
+    def empty(*args, **kwargs):  # keeps the pointers only: a reference would make it copy
+        t = torch.empty(*args, **kwargs)
+        made.append((tuple(t.shape), t.data_ptr()))
+        return t
 
     def no_cat(*args, **kwargs):
         raise AssertionError("the parts' gradients were joined by a copy")
 
+    monkeypatch.setattr(mod, "empty", empty)
     monkeypatch.setattr(torch, "cat", no_cat)
     y.backward(torch.ones_like(y))
+    assert (tuple(xg.shape), xg.grad.data_ptr()) in made
 
 
 def test_a_part_the_reference_does_not_read_gets_a_zero_gradient(tmp_path):
