@@ -21,7 +21,7 @@ import torch
 
 from kernelwright.profiles.kernel import Graph, GraphNode
 from kernelwright.workflows.create.load import Reference
-from kernelwright.workflows.create.trace import short_name
+from kernelwright.workflows.create.trace import Traced, short_name
 
 _CUTS = ("slice", "split_with_sizes", "split")
 
@@ -260,7 +260,7 @@ def parts_reference(ref: Reference, forward: Graph, outputs: int, parts: Parts) 
     return pref
 
 
-def over_parts(ref: Reference, traced):
+def over_parts(ref: Reference, traced: Traced) -> tuple[Reference, Traced, Parts]:
     """(reference, traced graphs, parts): `ref` and its graphs as they are when no input is cut,
     else the reference over the parts and its graphs. Raises PartsStop (node, reason)."""
     from kernelwright.workflows.create.trace import trace
@@ -304,9 +304,16 @@ def context(profile) -> dict:
                          "idx": [names.index(p) for p in ps]})  # fmt: skip
             s = s.model_copy(update={"name": whole, "example_shape": shape})
         pub.append(s)
-    fname = profile.function_name + ("_parts" if cuts else "")
-    return {"cuts": cuts, "pub": pub, "fname": fname,
-            "pub_args": [s for s in pub if s.role != "parameter"]}  # fmt: skip
+    tail = "_parts" if cuts else ""
+    return {
+        "cuts": cuts,
+        "pub": pub,
+        "pub_args": [s for s in pub if s.role != "parameter"],
+        "fname": profile.function_name + tail,
+        # the references over the kernel's inputs (`<op>_ref` takes the whole ones)
+        "ref": f"{profile.name}_ref{tail}",
+        "ref_grads": f"{profile.name}_ref_grads{tail}",
+    }
 
 
 def public_inputs(profile) -> list:

@@ -143,7 +143,7 @@ _JOINS = frozenset(["cat", "stack", "constant_pad_nd", "pad"])
 def _why_not(op: str) -> str:
     if op in _PARTS:
         return (
-            "takes part of a computed tensor (a slice, split or chunk): a generated kernel "
+            "takes part of a computed tensor or a parameter (a slice, split or chunk): a kernel "
             "reads inputs in equal parts of their last dim (x.chunk(2, -1) of an argument), "
             "not parts of intermediates; pass the parts as separate inputs"
         )
