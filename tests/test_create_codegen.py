@@ -365,6 +365,7 @@ def test_cli_create_stops_for_review(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--from-profile" in proc.stdout
+    assert "tier 1: element-wise only" in proc.stdout  # what was understood, for the review
     assert not (tmp_path / "kernelwright-runs/create/silu/pkg").exists()
 
 

@@ -8,6 +8,8 @@ parts form cannot take stop with the node and the reason."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -157,3 +159,14 @@ def test_a_width_taken_from_another_dim_of_the_same_size_stops(tmp_path):
     """
     profile = _profile(tmp_path, "rowdep", src)
     assert profile.tier == 3 and "does not scale" in profile.unsupported_reason
+
+
+def test_the_review_stop_says_which_input_is_read_in_parts(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelwright.cli", "create", str(CORPUS / "glu.py")],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "x is read in 2 equal parts of its last dim" in proc.stdout
+    profile = (tmp_path / "kernelwright-runs/create/glu/profile.yaml").read_text()
+    assert "input_parts:\n  x:\n  - x_part0\n  - x_part1" in profile

@@ -271,6 +271,11 @@ def create(
         console.print(result.message, style="yellow", markup=False)
         raise typer.Exit(2)
     if result.stage == "review":
+        p = result.profile  # what was understood, in one line (and the inputs read in parts)
+        console.print(f"tier {p.tier}: {p.tier_reason}", markup=False, soft_wrap=True)
+        for whole, parts in p.input_parts.items():
+            line = f"{whole} is read in {len(parts)} equal parts of its last dim"
+            console.print(line, markup=False)
         console.print(f"Profile: {result.message}  (review it, then resume with:)")
         console.print(
             f"  kernelwright create --from-profile {result.message}"
