@@ -123,6 +123,9 @@ def test_three_parts_and_another_input_and_a_row_reduction(tmp_path):
     _check(fn, ref, [x, y])
     with pytest.raises(ValueError, match="x has shape .* 3 equal parts"):
         fn(torch.randn(2, 3, 20, device=DEVICE), torch.randn(2, 3, 7, device=DEVICE))
+    # a dtype the kernels do not take: named as the caller passed it, not as a part
+    with pytest.raises(TypeError, match="split3: x is torch.float64"):
+        fn(torch.randn(2, 3, 21, device=DEVICE, dtype=torch.float64), y.to(DEVICE))
 
 
 @pytest.mark.parametrize(
