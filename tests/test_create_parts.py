@@ -173,3 +173,23 @@ def test_the_review_stop_says_which_input_is_read_in_parts(tmp_path):
     assert "x is read in 2 equal parts of its last dim" in proc.stdout
     profile = (tmp_path / "kernelwright-runs/create/glu/profile.yaml").read_text()
     assert "input_parts:\n  x:\n  - x_part0\n  - x_part1" in profile
+
+
+def test_kernelwright_compile_takes_a_site_with_the_parts_shapes():
+    # the generated pattern's site check counts a cut input at its parts' count times the
+    # columns: GLU's [.., 2N] input and [.., N] result fit; a result of another width does not
+    from torch.fx import Graph
+
+    from kernelwright.compile.generated import _problem
+
+    def node(g, shape):
+        n = g.placeholder(f"t{len(g.nodes)}")
+        n.meta["val"] = torch.empty(shape)
+        return n
+
+    g = Graph()
+    x, w, y, wide = node(g, (3, 64)), node(g, (32,)), node(g, (3, 32)), node(g, (3, 64))
+    assert _problem({"x": x, "w": w}, y, {0: 2}) is None
+    assert "shape" in _problem({"x": x, "w": w}, wide, {0: 2})
+    assert "shape" in _problem({"x": x, "w": w}, y)  # not cut: the result must be x's shape
+    assert "w has shape" in _problem({"x": x, "w": node(g, (64,))}, y, {0: 2})

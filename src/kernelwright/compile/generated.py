@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 
 import torch
@@ -81,28 +82,40 @@ def generated_matches(gm: GraphModule) -> dict[Node, Match]:
                 continue
             args = tuple(m.placeholder_nodes)
             tensors = dict(zip(names, args, strict=True))
+            fn = entry.fn()
+            # inputs the op reads in equal parts of their last dim (workflows/create/parts.py)
+            cuts = {pos: k for pos, k, _ in getattr(inspect.getmodule(fn), "CUTS", [])}
             found[output] = Match(
-                f"{entry.name} (generated pattern)", entry.name, entry.fn(), args, {}, inside,
-                tensors, problem=_problem(tensors, output), scalars_ok=True,
+                f"{entry.name} (generated pattern)", entry.name, fn, args, {}, inside,
+                tensors, problem=_problem(tensors, output, cuts), scalars_ok=True,
             )  # fmt: skip
     return found
 
 
-def _problem(tensors: dict[str, Node], output: Node) -> str | None:
+def _problem(
+    tensors: dict[str, Node], output: Node, cuts: dict[int, int] | None = None
+) -> str | None:
     """Why the generated kernel cannot take the site: its inputs broadcast to the first one's
-    shape as [N] per-feature or scalar values only, and its output is the first one's dtype."""
+    shape as [N] per-feature or scalar values only, and its output is the first one's dtype.
+    `cuts`: the inputs read in k equal parts of their last dim, by position (the shape that
+    counts is a part's)."""
+    cuts = cuts or {}
     vals = {k: value(n) for k, n in tensors.items()}
     if any(not isinstance(v, torch.Tensor) for v in vals.values()):
         return "an argument is not a tensor"
     first = next(iter(vals.values()))
-    for name, v in vals.items():
-        if tuple(v.shape) not in (tuple(first.shape), (first.shape[-1],), ()):
+    if first.dim() == 0 or first.shape[-1] % cuts.get(0, 1):
+        return "the first input is not cut in equal parts"
+    full = (*first.shape[:-1], first.shape[-1] // cuts.get(0, 1))
+    for i, (name, v) in enumerate(vals.items()):
+        shapes = [(*full[:-1], full[-1] * cuts[i])] if i in cuts else [full, (full[-1],), ()]
+        if tuple(v.shape) not in shapes:
             return f"{name} has shape {tuple(v.shape)}: the kernel broadcasts [N] and scalars only"
     out = value(output)
     if not isinstance(out, torch.Tensor) or out.dtype != first.dtype:
         return "the result's dtype is not the first input's (eager promotes)"
-    if tuple(out.shape) != tuple(first.shape):
-        return "the result's shape is not the first input's"
+    if tuple(out.shape) != full:
+        return "the result's shape is not the first input's" + (" part's" if cuts else "")
     return None
 
 
