@@ -159,9 +159,9 @@ Row = tuple[int, LaunchConfig]
 # Tables: {kernel name: {arch: [rows]}}. "default" serves any architecture not listed.
 Table = dict[str, dict[str, list[Row]]]
 # Few-rows overrides, beside a table: {kernel: {arch: [(max_m, max_n, cfg)]}}. A row replaces the
-# table's row whose bound is `max_n` when the call has at most `max_m` rows (the tables' rows
-# suit 8192+ rows; with ~1000 a config that fills the GPU differently can win). Kept out of
-# TABLE, which the optimize workflow retunes and models as serving every shape.
+# table's row whose bound is `max_n` when the call has at most `max_m` rows (a table's rows are
+# sized for calls with many rows; with few, another split of the work uses the SMs better). Kept
+# out of TABLE, which the optimize workflow retunes and models as serving every shape.
 FewRows = dict[str, dict[str, list[tuple[int, int, LaunchConfig]]]]
 
 

@@ -53,8 +53,8 @@ TABLE = {
 }
 
 # Few rows (runtime.launch.FewRows): at most 1024 rows of 2049..4096 columns, two rows of 8 warps
-# a program, which fills the GPU better there than the table's row, chosen for 8192+ rows. Not
-# retuned by the optimize workflow, whose variants of the "fwd" row do not reach these calls.
+# a program (two rows' loads in flight per program, where the table's row, sized for many rows,
+# has one). Not retuned by the optimize workflow, whose "fwd" variants do not reach these calls.
 FEW_ROWS = {
     "fwd": {
         "default": [(1024, 4096, C(block_n=4096, rows=2, num_warps=8))],
