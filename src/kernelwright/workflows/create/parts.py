@@ -286,7 +286,8 @@ def row_stop(parts: Parts, reduction_dims: list[int], has_tail: bool) -> tuple[s
 
 def context(profile) -> dict:
     """The templates' view of the parts: `cuts` (per cut input: its name, position among the
-    public inputs, part count and the parts' positions among the kernel's inputs), `pub` (the
+    public inputs, part count and the parts' positions among the kernel's inputs), `groups`
+    (per public input, its positions among the kernel's inputs), `pub` (the
     public function's inputs: a cut input once, at full width) and `fname` (the function over
     the parts; the public function itself when nothing is cut)."""
     first = {ps[0]: name for name, ps in profile.input_parts.items()}
@@ -305,8 +306,14 @@ def context(profile) -> dict:
             s = s.model_copy(update={"name": whole, "example_shape": shape})
         pub.append(s)
     tail = "_parts" if cuts else ""
+    cut = {c["pos"]: c["idx"] for c in cuts}
+    at, groups = 0, []  # per public input: its positions among the kernel's inputs
+    for i in range(len(pub)):
+        groups.append(cut.get(i, [at]))
+        at += len(groups[-1])
     return {
         "cuts": cuts,
+        "groups": groups,
         "pub": pub,
         "pub_args": [s for s in pub if s.role != "parameter"],
         "fname": profile.function_name + tail,
